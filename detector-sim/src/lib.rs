@@ -1,0 +1,305 @@
+//! A writer that behaves like a beamline DAQ (LCLS-II style), for tests, demos and
+//! benchmarks of tailflight.
+//!
+//! Several streams write in parallel, each into a sequence of chunk files that grow by
+//! plain sequential writes at a paced rate, live as "<name>.inprogress" while growing and
+//! are renamed to "<name>" when full or when the run ends; an end-of-run marker lists
+//! every final file. Content is a pure function of (seed, final name, offset) — see
+//! [`fill`] — so any receiver can check any byte range it holds.
+
+mod content;
+mod pacing;
+mod stream;
+mod units;
+
+pub use content::{fill, first_mismatch};
+pub use units::{parse_duration, parse_size};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use stream::{Shared, StreamOutput, WriteLog};
+
+/// What to simulate. Partial configs deserialize with the remaining fields defaulted.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SimConfig {
+    /// Output directory (created if missing).
+    pub dir: PathBuf,
+    /// Run name, e.g. "r0001"; files are "{run}-s{stream:02}-c{chunk:03}.xtc2".
+    pub run: String,
+    /// Files written in parallel, one thread each.
+    pub streams: usize,
+    /// Writes (frames, or blocks of `events_per_write` events) per second per stream;
+    /// 0 writes back to back.
+    pub rate_hz: f64,
+    /// Bytes per frame, or per event when `events_per_write` > 1.
+    pub frame_bytes: usize,
+    /// Events batched into one write: each write is `frame_bytes * events_per_write`
+    /// bytes (1 MHz of 100 B events is `rate_hz` 1000, `frame_bytes` 100,
+    /// `events_per_write` 1000).
+    pub events_per_write: usize,
+    /// Bursts start every `burst_every` after the run's start and last `burst_len`;
+    /// both must be set for bursts to happen.
+    pub burst_every: Option<Duration>,
+    pub burst_len: Option<Duration>,
+    /// Rate multiplier during bursts.
+    pub burst_factor: f64,
+    /// A chunk file is closed and renamed when it reaches this size.
+    pub chunk_bytes: u64,
+    /// The run stops at whichever of `duration` and `total_bytes` comes first; with
+    /// neither it runs until stopped.
+    pub duration: Option<Duration>,
+    /// Bytes for the whole run, split evenly across streams.
+    pub total_bytes: Option<u64>,
+    pub seed: u64,
+    /// If set, one line is appended per write():
+    /// "file offset len unix_nanos_after_write_returned" (file is the final name).
+    pub write_log: Option<PathBuf>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            dir: PathBuf::from("sim-data"),
+            run: "r0001".to_string(),
+            streams: 4,
+            rate_hz: 120.0,
+            frame_bytes: 1 << 20,
+            events_per_write: 1,
+            burst_every: None,
+            burst_len: None,
+            // Only used once bursts are configured; a visible multiplier by default.
+            burst_factor: 4.0,
+            chunk_bytes: 64 << 20,
+            duration: Some(Duration::from_secs(10)),
+            total_bytes: None,
+            seed: 1,
+            write_log: None,
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct SimReport {
+    /// (final name, size) of every file, sorted by name.
+    pub files: Vec<(String, u64)>,
+    pub bytes: u64,
+    pub elapsed: Duration,
+}
+
+/// The end-of-run marker "{run}.end.json", written last (temp file + rename) so its
+/// presence means every listed file has its final name and size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndMarker {
+    pub run: String,
+    pub seed: u64,
+    pub bytes: u64,
+    pub files: Vec<EndFile>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndFile {
+    pub name: String,
+    pub size: u64,
+}
+
+impl EndMarker {
+    pub fn file_name(run: &str) -> String {
+        format!("{run}.end.json")
+    }
+}
+
+/// Blocking. Writes until the duration or total is reached or `stop` is set, then
+/// renames the last chunks and writes the end-of-run marker.
+pub fn run(cfg: &SimConfig, stop: &AtomicBool) -> Result<SimReport> {
+    let write_size = validate(cfg)?;
+    fs::create_dir_all(&cfg.dir)
+        .with_context(|| format!("creating output directory {}", cfg.dir.display()))?;
+    let marker_path = cfg.dir.join(EndMarker::file_name(&cfg.run));
+    if fs::symlink_metadata(&marker_path).is_ok() {
+        bail!(
+            "run {:?} already ended in this directory ({} exists)",
+            cfg.run,
+            marker_path.display()
+        );
+    }
+    let log = cfg.write_log.as_deref().map(WriteLog::open).transpose()?;
+
+    tracing::info!(
+        dir = %cfg.dir.display(), run = %cfg.run, streams = cfg.streams,
+        rate_hz = cfg.rate_hz, write_bytes = write_size, "simulated run starting"
+    );
+    let start = Instant::now();
+    let abort = AtomicBool::new(false);
+    let shared = Shared {
+        cfg,
+        write_size,
+        start,
+        end: cfg.duration.and_then(|d| start.checked_add(d)),
+        stop,
+        abort: &abort,
+        log: log.as_ref(),
+    };
+    let quotas: Vec<Option<u64>> = (0..cfg.streams)
+        .map(|i| {
+            cfg.total_bytes.map(|t| {
+                let n = cfg.streams as u64;
+                t / n + u64::from((i as u64) < t % n)
+            })
+        })
+        .collect();
+
+    let results: Vec<Result<StreamOutput>> = std::thread::scope(|scope| {
+        let mut started = Vec::with_capacity(cfg.streams);
+        for (i, quota) in quotas.iter().copied().enumerate() {
+            let shared = &shared;
+            let spawned = std::thread::Builder::new()
+                .name(format!("sim-s{i:02}"))
+                .spawn_scoped(scope, move || {
+                    let r = stream::run_stream(shared, i, quota)
+                        .with_context(|| format!("stream {i} of run {}", shared.cfg.run));
+                    if r.is_err() {
+                        shared.abort.store(true, Ordering::Relaxed);
+                    }
+                    r
+                });
+            match spawned {
+                Ok(handle) => started.push(Ok(handle)),
+                Err(e) => {
+                    abort.store(true, Ordering::Relaxed);
+                    started
+                        .push(Err(anyhow::Error::new(e)
+                            .context(format!("starting the thread of stream {i}"))));
+                    break;
+                }
+            }
+        }
+        started
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                s.and_then(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow!("stream {i} of run {} panicked", cfg.run)))
+                })
+            })
+            .collect()
+    });
+
+    let flushed = log.as_ref().map_or(Ok(()), WriteLog::flush);
+    let mut files = Vec::new();
+    let mut bytes = 0u64;
+    let mut first_err = None;
+    for r in results {
+        match r {
+            Ok(out) => {
+                files.extend(out.files);
+                bytes += out.bytes;
+            }
+            Err(e) if first_err.is_none() => first_err = Some(e),
+            Err(e) => tracing::error!("{e:#}"),
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    flushed?;
+    let elapsed = start.elapsed();
+    files.sort();
+
+    let marker = EndMarker {
+        run: cfg.run.clone(),
+        seed: cfg.seed,
+        bytes,
+        files: files
+            .iter()
+            .map(|(name, size)| EndFile {
+                name: name.clone(),
+                size: *size,
+            })
+            .collect(),
+    };
+    write_marker(&marker_path, &marker)?;
+    tracing::info!(
+        run = %cfg.run, files = files.len(), bytes, elapsed_ms = elapsed.as_millis() as u64,
+        "simulated run ended"
+    );
+    Ok(SimReport {
+        files,
+        bytes,
+        elapsed,
+    })
+}
+
+/// Checks the config and returns the size of one write.
+fn validate(cfg: &SimConfig) -> Result<usize> {
+    ensure!(
+        (1..=1024).contains(&cfg.streams),
+        "streams must be between 1 and 1024, got {}",
+        cfg.streams
+    );
+    // The name ends up in file names and in the space-separated write log.
+    ensure!(
+        !cfg.run.is_empty()
+            && !cfg
+                .run
+                .contains(|c: char| c == '/' || c.is_whitespace() || c.is_control()),
+        "run name {:?} must be non-empty, without '/' or whitespace",
+        cfg.run
+    );
+    ensure!(cfg.frame_bytes > 0, "frame_bytes must be positive");
+    ensure!(
+        cfg.events_per_write > 0,
+        "events_per_write must be positive"
+    );
+    ensure!(cfg.chunk_bytes > 0, "chunk_bytes must be positive");
+    ensure!(
+        cfg.rate_hz.is_finite() && cfg.rate_hz >= 0.0,
+        "rate_hz must be finite and >= 0, got {}",
+        cfg.rate_hz
+    );
+    match (cfg.burst_every, cfg.burst_len) {
+        (None, None) => {}
+        (Some(every), Some(_)) => {
+            ensure!(!every.is_zero(), "burst_every must be positive");
+            ensure!(
+                cfg.burst_factor.is_finite() && cfg.burst_factor > 0.0,
+                "burst_factor must be finite and > 0, got {}",
+                cfg.burst_factor
+            );
+        }
+        _ => bail!("burst_every and burst_len must be set together"),
+    }
+    cfg.frame_bytes
+        .checked_mul(cfg.events_per_write)
+        .filter(|&n| isize::try_from(n).is_ok())
+        .with_context(|| {
+            format!(
+                "frame_bytes {} x events_per_write {} is too large",
+                cfg.frame_bytes, cfg.events_per_write
+            )
+        })
+}
+
+/// Writes the marker to "<marker>.inprogress", syncs it and renames it into place, so
+/// a reader never sees a partial marker.
+fn write_marker(path: &std::path::Path, marker: &EndMarker) -> Result<()> {
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(stream::INPROGRESS);
+    let tmp = PathBuf::from(tmp_name);
+    let json = serde_json::to_vec_pretty(marker).context("encoding the end-of-run marker")?;
+    let mut file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(&json)
+        .and_then(|()| file.write_all(b"\n"))
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    drop(file);
+    fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}

@@ -1,0 +1,477 @@
+//! The watcher's side of the wire: N separate TCP connections to one sink,
+//! each carrying one long-lived DoPut stream, fed from a shared queue.
+//!
+//! Each connection keeps at most `window_bytes` sent but not acknowledged, and
+//! the HTTP/2 windows are raised to match, so on a long-RTT link throughput is
+//! set by the window, not by HTTP/2's 64 KiB default. Batches that were in
+//! flight when a connection failed go back to the front of the queue and are
+//! sent again on whichever connection is up; the sink recognises what it
+//! already placed.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, FlightDescriptor, SchemaAsIpc};
+use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::protocol::{self, Ack, Hello};
+use crate::tls::ClientTls;
+use crate::wire::range_schema;
+
+/// How to reach one sink.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// `http://host:port`, or `https://host:port` with `tls`.
+    pub endpoint: String,
+    pub source: String,
+    /// Separate TCP connections (not HTTP/2 streams on one connection).
+    pub connections: usize,
+    /// Bytes sent but not yet acknowledged, per connection.
+    pub window_bytes: u64,
+    pub max_message_bytes: usize,
+    pub tls: Option<ClientTls>,
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "http://127.0.0.1:50051".into(),
+            source: "default".into(),
+            connections: 4,
+            window_bytes: 32 << 20,
+            max_message_bytes: 64 << 20,
+            tls: None,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A batch to deliver; `token` is the caller's name for it.
+pub struct Outgoing {
+    pub token: u64,
+    pub batch: RecordBatch,
+}
+
+/// What became of a batch.
+#[derive(Debug)]
+pub enum Delivery {
+    /// Durable at the sink.
+    Acked { token: u64, ack: Ack },
+    /// The sink refused the batch itself several times (it is not retried again).
+    Refused { token: u64, error: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("sink {endpoint}: {detail}")]
+    Endpoint { endpoint: String, detail: String },
+    #[error("sink {endpoint}: action {action}: {status}")]
+    Action {
+        endpoint: String,
+        action: String,
+        status: Box<tonic::Status>,
+    },
+}
+
+/// Refusals of the same batch before it is reported instead of retried.
+const MAX_REFUSALS: u32 = 3;
+
+struct Queued {
+    out: Outgoing,
+    bytes: u64,
+    refusals: u32,
+    /// Whether this item still holds queue space (only until first taken).
+    holds_queue_space: bool,
+}
+
+struct Shared {
+    config: ClientConfig,
+    endpoint: Endpoint,
+    queue: Mutex<VecDeque<Queued>>,
+    queued: Notify,
+    /// Bounds the queue in KiB, so a fast reader cannot outrun the network.
+    queue_space: Semaphore,
+    queue_space_kib: u32,
+    deliveries: mpsc::UnboundedSender<Delivery>,
+    connected: AtomicUsize,
+}
+
+/// A pool of connections to one sink.
+pub struct FlightPool {
+    shared: Arc<Shared>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for FlightPool {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn batch_bytes(batch: &RecordBatch) -> u64 {
+    batch.get_array_memory_size() as u64
+}
+
+impl FlightPool {
+    /// Starts the connection tasks; they connect (and reconnect) on their own.
+    pub fn start(
+        config: ClientConfig,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), ClientError> {
+        let endpoint = make_endpoint(&config)?;
+        let (deliveries, receiver) = mpsc::unbounded_channel();
+        let queue_space_kib = ((config
+            .window_bytes
+            .saturating_mul(config.connections.max(1) as u64))
+            >> 10)
+            .clamp(1024, u32::MAX as u64 >> 4) as u32;
+        let shared = Arc::new(Shared {
+            endpoint,
+            queue: Mutex::new(VecDeque::new()),
+            queued: Notify::new(),
+            queue_space: Semaphore::new(queue_space_kib as usize),
+            queue_space_kib,
+            deliveries,
+            connected: AtomicUsize::new(0),
+            config,
+        });
+        let tasks = (0..shared.config.connections.max(1))
+            .map(|index| tokio::spawn(run_connection(shared.clone(), index)))
+            .collect();
+        Ok((Self { shared, tasks }, receiver))
+    }
+
+    /// Queues a batch, waiting while the queue is full.
+    pub async fn send(&self, out: Outgoing) {
+        let bytes = batch_bytes(&out.batch);
+        let kib = ((bytes >> 10) as u32).clamp(1, self.shared.queue_space_kib);
+        // The semaphore is never closed, so acquiring cannot fail.
+        if let Ok(permit) = self.shared.queue_space.acquire_many(kib).await {
+            permit.forget();
+        }
+        self.shared.push_back(Queued {
+            out,
+            bytes,
+            refusals: 0,
+            holds_queue_space: true,
+        });
+    }
+
+    /// Connections currently established.
+    pub fn connected(&self) -> usize {
+        self.shared.connected.load(Ordering::Relaxed)
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.shared.config.endpoint
+    }
+
+    /// Runs a Flight action on a connection of its own and returns its body.
+    pub async fn action(&self, name: &str, body: Vec<u8>) -> Result<Vec<u8>, ClientError> {
+        run_action(&self.shared.config, &self.shared.endpoint, name, body).await
+    }
+}
+
+/// Runs one Flight action against a sink without starting a pool.
+pub async fn action(
+    config: &ClientConfig,
+    name: &str,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, ClientError> {
+    run_action(config, &make_endpoint(config)?, name, body).await
+}
+
+async fn run_action(
+    config: &ClientConfig,
+    endpoint: &Endpoint,
+    name: &str,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, ClientError> {
+    let url = config.endpoint.clone();
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| ClientError::Endpoint {
+            endpoint: url.clone(),
+            detail: format!("cannot connect: {e}"),
+        })?;
+    let mut client = FlightServiceClient::new(channel)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let action_error = |status: tonic::Status| ClientError::Action {
+        endpoint: url.clone(),
+        action: name.into(),
+        status: Box::new(status),
+    };
+    let mut results = client
+        .do_action(arrow_flight::Action {
+            r#type: name.into(),
+            body: body.into(),
+        })
+        .await
+        .map_err(action_error)?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(result) = results.message().await.map_err(action_error)? {
+        out.extend_from_slice(&result.body);
+    }
+    Ok(out)
+}
+
+fn make_endpoint(config: &ClientConfig) -> Result<Endpoint, ClientError> {
+    let bad = |detail: String| ClientError::Endpoint {
+        endpoint: config.endpoint.clone(),
+        detail,
+    };
+    let window = config.window_bytes.clamp(64 << 10, (1 << 31) - 1) as u32;
+    let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
+        .map_err(|e| bad(format!("not a valid endpoint URL: {e}")))?
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    if let Some(tls) = &config.tls {
+        let tls = tls.load().map_err(|e| bad(e.to_string()))?;
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| bad(format!("TLS configuration refused: {e}")))?;
+    } else if config.endpoint.starts_with("https://") {
+        return Err(bad(
+            "an https:// endpoint needs TLS settings (a CA certificate at least)".into(),
+        ));
+    }
+    Ok(endpoint)
+}
+
+impl Shared {
+    fn flight_client(&self, channel: Channel) -> FlightServiceClient<Channel> {
+        FlightServiceClient::new(channel)
+            .max_decoding_message_size(self.config.max_message_bytes)
+            .max_encoding_message_size(self.config.max_message_bytes)
+    }
+
+    fn push_back(&self, item: Queued) {
+        lock(&self.queue).push_back(item);
+        self.queued.notify_waiters();
+    }
+
+    /// Puts batches that were in flight back at the front, oldest first.
+    fn requeue_front(&self, items: Vec<Queued>) {
+        if items.is_empty() {
+            return;
+        }
+        let mut queue = lock(&self.queue);
+        for item in items.into_iter().rev() {
+            queue.push_front(item);
+        }
+        drop(queue);
+        self.queued.notify_waiters();
+    }
+
+    /// Takes the next batch. Cancel-safe: nothing is taken unless it returns.
+    async fn next(&self) -> Queued {
+        loop {
+            let notified = self.queued.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(mut item) = lock(&self.queue).pop_front() {
+                if std::mem::take(&mut item.holds_queue_space) {
+                    self.queue_space.add_permits(
+                        ((item.bytes >> 10) as u32).clamp(1, self.queue_space_kib) as usize,
+                    );
+                }
+                return item;
+            }
+            notified.await;
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave a VecDeque half-updated in a way that matters here.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One connection: connect, stream, and on any failure hand the unacknowledged
+/// batches back to the queue and reconnect with backoff.
+async fn run_connection(shared: Arc<Shared>, index: usize) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let mut in_flight = BTreeMap::new();
+        let result = stream_once(&shared, &mut in_flight, &mut backoff).await;
+        let unacked: Vec<Queued> = in_flight.into_values().collect();
+        let count = unacked.len();
+        match result {
+            Ok(()) => {
+                tracing::info!(endpoint = %shared.config.endpoint, connection = index, "stream closed by the sink")
+            }
+            Err(StreamFailure::Refused(status)) => {
+                tracing::error!(endpoint = %shared.config.endpoint, connection = index, error = %status.message(), resent = count, "sink refused a batch");
+                let mut retry = Vec::new();
+                for mut item in unacked {
+                    item.refusals += 1;
+                    if item.refusals >= MAX_REFUSALS {
+                        let _ = shared.deliveries.send(Delivery::Refused {
+                            token: item.out.token,
+                            error: status.message().to_owned(),
+                        });
+                    } else {
+                        retry.push(item);
+                    }
+                }
+                shared.requeue_front(retry);
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+            Err(StreamFailure::Transport(detail)) => {
+                tracing::warn!(endpoint = %shared.config.endpoint, connection = index, error = %detail, resent = count, "connection lost; reconnecting");
+            }
+        }
+        shared.requeue_front(unacked);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+enum StreamFailure {
+    /// The sink answered a batch with an error of its own (bad input).
+    Refused(tonic::Status),
+    /// Connecting failed or the connection broke.
+    Transport(String),
+}
+
+fn classify(status: tonic::Status) -> StreamFailure {
+    use tonic::Code;
+    match status.code() {
+        Code::InvalidArgument
+        | Code::PermissionDenied
+        | Code::FailedPrecondition
+        | Code::OutOfRange => StreamFailure::Refused(status),
+        _ => StreamFailure::Transport(format!("{}: {}", status.code(), status.message())),
+    }
+}
+
+struct Encoder {
+    generator: IpcDataGenerator,
+    tracker: DictionaryTracker,
+    options: IpcWriteOptions,
+    context: IpcWriteContext,
+}
+
+impl Encoder {
+    fn new() -> Self {
+        Self {
+            generator: IpcDataGenerator::default(),
+            tracker: DictionaryTracker::new(false),
+            options: IpcWriteOptions::default(),
+            context: IpcWriteContext::default(),
+        }
+    }
+
+    fn schema_message(&self, hello: &Hello) -> FlightData {
+        let cmd = serde_json::to_vec(hello).unwrap_or_default();
+        FlightData::from(SchemaAsIpc::new(&range_schema(), &self.options))
+            .with_descriptor(FlightDescriptor::new_cmd(cmd))
+    }
+
+    fn batch_message(&mut self, batch: &RecordBatch, seq: u64) -> Result<FlightData, String> {
+        let (_dictionaries, encoded) = self
+            .generator
+            .encode(batch, &mut self.tracker, &self.options, &mut self.context)
+            .map_err(|e| format!("cannot encode batch {seq}: {e}"))?;
+        Ok(FlightData::from(encoded).with_app_metadata(protocol::encode_seq(seq).to_vec()))
+    }
+}
+
+async fn stream_once(
+    shared: &Arc<Shared>,
+    in_flight: &mut BTreeMap<u64, Queued>,
+    backoff: &mut Duration,
+) -> Result<(), StreamFailure> {
+    let endpoint = &shared.config.endpoint;
+    let channel = shared
+        .endpoint
+        .connect()
+        .await
+        .map_err(|e| StreamFailure::Transport(format!("cannot connect to {endpoint}: {e}")))?;
+    let mut client = shared.flight_client(channel);
+    let (tx, rx) = mpsc::channel::<FlightData>(2);
+    let mut encoder = Encoder::new();
+    let hello = Hello::new(&shared.config.source);
+    tx.send(encoder.schema_message(&hello))
+        .await
+        .map_err(|_| StreamFailure::Transport("request stream closed".into()))?;
+    let mut responses = client
+        .do_put(ReceiverStream::new(rx))
+        .await
+        .map_err(classify)?
+        .into_inner();
+    shared.connected.fetch_add(1, Ordering::Relaxed);
+    let _connected = scopeguard(|| {
+        shared.connected.fetch_sub(1, Ordering::Relaxed);
+    });
+    let mut next_seq = 0u64;
+    let mut in_flight_bytes = 0u64;
+    loop {
+        tokio::select! {
+            response = responses.message() => {
+                let Some(put) = response.map_err(classify)? else {
+                    return Ok(());
+                };
+                let ack = Ack::decode(&put.app_metadata)
+                    .map_err(|e| StreamFailure::Transport(format!("unreadable ack from {endpoint}: {e}")))?;
+                let Some(item) = in_flight.remove(&ack.seq) else {
+                    return Err(StreamFailure::Transport(format!("{endpoint} acknowledged batch {} that was not in flight", ack.seq)));
+                };
+                in_flight_bytes -= item.bytes;
+                *backoff = Duration::from_millis(50);
+                let _ = shared.deliveries.send(Delivery::Acked { token: item.out.token, ack });
+            }
+            item = shared.next(), if in_flight_bytes < shared.config.window_bytes => {
+                let seq = next_seq;
+                next_seq += 1;
+                let message = match encoder.batch_message(&item.out.batch, seq) {
+                    Ok(message) => message,
+                    Err(detail) => {
+                        let _ = shared.deliveries.send(Delivery::Refused { token: item.out.token, error: detail });
+                        continue;
+                    }
+                };
+                in_flight_bytes += item.bytes;
+                in_flight.insert(seq, item);
+                if tx.send(message).await.is_err() {
+                    // The request stream ended; the response side says why.
+                    let status = responses.message().await.err();
+                    return Err(status.map(classify).unwrap_or_else(|| StreamFailure::Transport("request stream closed".into())));
+                }
+            }
+        }
+    }
+}
+
+struct ScopeGuard<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for ScopeGuard<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+fn scopeguard<F: FnMut()>(f: F) -> ScopeGuard<F> {
+    ScopeGuard(f)
+}

@@ -1,0 +1,29 @@
+//! The tailflight wire.
+//!
+//! - [`wire`]: the Arrow schema of byte-range batches and typed row access;
+//! - [`protocol`]: what travels beside the batches (stream hello, acks, actions);
+//! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
+//! - [`client`]: the multi-connection DoPut client with a bounded in-flight window;
+//! - [`tls`]: rustls configuration from PEM files.
+
+pub mod client;
+pub mod protocol;
+pub mod service;
+pub mod tls;
+pub mod wire;
+
+pub use client::{ClientConfig, Delivery, FlightPool, Outgoing};
+pub use protocol::{Ack, FileWatermark, Hello, RejectedRow};
+pub use service::{Ingest, ServerConfig, serve};
+pub use wire::{BatchBuilder, RangeBatch, Row, RowKind, range_schema};
+
+/// A batch or message that does not follow the wire format.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("wrong schema: {0}")]
+    Schema(String),
+    #[error("row {row}: {detail}")]
+    Row { row: usize, detail: String },
+    #[error("malformed {what}: {detail}")]
+    Malformed { what: &'static str, detail: String },
+}

@@ -1,0 +1,323 @@
+//! The Flight service of a sink: DoPut ingest with per-batch acks, and actions.
+//!
+//! The service owns the wire-level checks (hello, schema, sequence numbers,
+//! crc32c) and the pipelining of batches within one stream; what placing a
+//! batch means belongs to the [`Ingest`] the sink plugs in.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use futures::stream::{BoxStream, FuturesUnordered};
+use futures::{Stream, StreamExt, TryStreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::protocol::{self, Hello};
+use crate::tls::ServerTls;
+use crate::wire::{RangeBatch, range_schema};
+
+/// What a sink does with validated batches.
+pub trait Ingest: Send + Sync + 'static {
+    /// Accepts (or refuses) a stream from `source`, before any batch.
+    fn accept_source(&self, source: &str) -> Result<(), Status>;
+
+    /// Places one batch; resolves only once everything the ack reports is durable.
+    fn ingest(
+        &self,
+        source: Arc<str>,
+        seq: u64,
+        batch: RangeBatch,
+    ) -> impl Future<Output = Result<protocol::Ack, Status>> + Send;
+
+    /// Answers a Flight action with a JSON body.
+    fn action(
+        &self,
+        name: &str,
+        body: &[u8],
+    ) -> impl Future<Output = Result<Vec<u8>, Status>> + Send;
+
+    /// Serves a DoGet ticket as a stream of Flight messages.
+    fn get(
+        &self,
+        ticket: Ticket,
+    ) -> impl Future<Output = Result<BoxStream<'static, Result<FlightData, Status>>, Status>> + Send
+    {
+        let _ = ticket;
+        async { Err(Status::unimplemented("DoGet is not served by this sink")) }
+    }
+}
+
+/// Limits and transport settings of the server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub tls: Option<ServerTls>,
+    /// Largest decoded gRPC message accepted (tonic's default is 4 MiB).
+    pub max_message_bytes: usize,
+    /// HTTP/2 flow-control windows; match the clients' in-flight window.
+    pub stream_window_bytes: u32,
+    pub connection_window_bytes: u32,
+    /// Batches of one stream being placed at once.
+    pub pipeline_depth: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            tls: None,
+            max_message_bytes: 64 << 20,
+            stream_window_bytes: 64 << 20,
+            connection_window_bytes: 64 << 20,
+            pipeline_depth: 8,
+        }
+    }
+}
+
+/// Runs the Flight service until `shutdown` resolves.
+pub async fn serve<I: Ingest>(
+    ingest: Arc<I>,
+    config: ServerConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let service = Service {
+        ingest,
+        pipeline_depth: config.pipeline_depth.max(1),
+    };
+    let server = FlightServiceServer::new(service)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let mut builder = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(config.stream_window_bytes)
+        .initial_connection_window_size(config.connection_window_bytes)
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+    if let Some(tls) = &config.tls {
+        builder = builder.tls_config(tls.load()?)?;
+    }
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    builder
+        .add_service(server)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+struct Service<I> {
+    ingest: Arc<I>,
+    pipeline_depth: usize,
+}
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn peer_name<T>(request: &Request<T>) -> String {
+    request
+        .remote_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| "unknown peer".into())
+}
+
+#[tonic::async_trait]
+impl<I: Ingest> FlightService for Service<I> {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Boxed<FlightData>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoExchangeStream = Boxed<FlightData>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "no handshake: authenticate with mutual TLS",
+        ))
+    }
+
+    async fn list_flights(
+        &self,
+        _: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        Err(Status::unimplemented("list_flights is not served"))
+    }
+
+    async fn get_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("get_flight_info is not served"))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("poll_flight_info is not served"))
+    }
+
+    async fn get_schema(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        Err(Status::unimplemented("get_schema is not served"))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let stream = self.ingest.get(request.into_inner()).await?;
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        let peer = peer_name(&request);
+        let (tx, rx) = mpsc::channel(self.pipeline_depth * 2);
+        let ingest = self.ingest.clone();
+        let depth = self.pipeline_depth;
+        tokio::spawn(async move {
+            if let Err(status) = run_put(ingest, &peer, request.into_inner(), &tx, depth).await {
+                tracing::warn!(%peer, error = %status.message(), "DoPut stream refused");
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("do_exchange is not served"))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        let body = self.ingest.action(&action.r#type, &action.body).await?;
+        let result = arrow_flight::Result { body: body.into() };
+        Ok(Response::new(Box::pin(futures::stream::once(async {
+            Ok(result)
+        }))))
+    }
+
+    async fn list_actions(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let actions = [
+            (
+                protocol::ACTION_WATERMARKS,
+                "durable watermarks of a source: body {\"source\": NAME}",
+            ),
+            (protocol::ACTION_STATUS, "counters and state of the sink"),
+        ]
+        .map(|(name, description)| {
+            Ok(ActionType {
+                r#type: name.into(),
+                description: description.into(),
+            })
+        });
+        Ok(Response::new(Box::pin(futures::stream::iter(actions))))
+    }
+}
+
+/// Reads one DoPut stream, places up to `depth` batches at once and sends each
+/// ack as soon as its batch is durable. Returns the error that ends the stream.
+async fn run_put<I: Ingest>(
+    ingest: Arc<I>,
+    peer: &str,
+    stream: Streaming<FlightData>,
+    acks: &mpsc::Sender<Result<PutResult, Status>>,
+    depth: usize,
+) -> Result<(), Status> {
+    let stream = stream.map_err(|status| FlightError::Tonic(Box::new(status)));
+    // The decoder needs a 'static stream: hand the descriptor over through a
+    // oneshot-like slot instead of borrowing.
+    let (descriptor_tx, mut descriptor_rx) = mpsc::channel::<Option<FlightDescriptor>>(1);
+    let mut sent = false;
+    let stream = stream.map(move |item| {
+        if !sent {
+            sent = true;
+            let descriptor = item.as_ref().ok().and_then(|d| d.flight_descriptor.clone());
+            let _ = descriptor_tx.try_send(descriptor);
+        }
+        item
+    });
+    let mut decoder = FlightDataDecoder::new(stream);
+    let mut source: Option<Arc<str>> = None;
+    let mut pending = FuturesUnordered::new();
+    let mut input_done = false;
+    loop {
+        tokio::select! {
+            Some(result) = pending.next(), if !pending.is_empty() => {
+                let ack: protocol::Ack = result?;
+                let put = PutResult { app_metadata: ack.encode().into() };
+                if acks.send(Ok(put)).await.is_err() {
+                    return Ok(()); // the peer went away; nothing left to tell it
+                }
+            }
+            message = decoder.next(), if !input_done && pending.len() < depth => {
+                let Some(message) = message else {
+                    input_done = true;
+                    continue;
+                };
+                let message = message.map_err(|e| match e {
+                    FlightError::Tonic(status) => *status,
+                    other => Status::invalid_argument(format!("peer {peer}: undecodable Flight data: {other}")),
+                })?;
+                if source.is_none() {
+                    let descriptor = descriptor_rx.try_recv().ok().flatten().ok_or_else(|| {
+                        Status::invalid_argument(format!("peer {peer}: the first message of a DoPut stream must carry a descriptor with the tailflight hello"))
+                    })?;
+                    let hello = Hello::decode(&descriptor.cmd)
+                        .map_err(|e| Status::invalid_argument(format!("peer {peer}: {e}")))?;
+                    ingest.accept_source(&hello.source)?;
+                    source = Some(Arc::from(hello.source.as_str()));
+                }
+                match message.payload {
+                    DecodedPayload::None => {}
+                    DecodedPayload::Schema(schema) => {
+                        if schema.fields() != range_schema().fields() {
+                            return Err(Status::invalid_argument(format!(
+                                "peer {peer}: stream schema is not the tailflight range schema (nullability included): got {:?}",
+                                schema.fields()
+                            )));
+                        }
+                    }
+                    DecodedPayload::RecordBatch(batch) => {
+                        let seq = protocol::decode_seq(&message.inner.app_metadata)
+                            .map_err(|e| Status::invalid_argument(format!("peer {peer}: {e}")))?;
+                        let batch = RangeBatch::validate(batch)
+                            .map_err(|e| Status::invalid_argument(format!("peer {peer}: batch {seq}: {e}")))?;
+                        let source = source.clone().unwrap_or_else(|| Arc::from(""));
+                        let ingest = ingest.clone();
+                        pending.push(async move { ingest.ingest(source, seq, batch).await });
+                    }
+                }
+            }
+            else => break,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! The Arrow schema of a tailflight batch and typed access to its rows.
+//!
+//! One schema carries both byte ranges and control records, so a single DoPut
+//! stream keeps them in the order the watcher chose. A batch holds many rows,
+//! from many files; each row is one of [`RowKind`]. Control rows reuse the
+//! numeric columns (`offset` is the final size of a seal) and leave `data`
+//! empty.
+
+use std::sync::{Arc, LazyLock};
+
+use arrow_array::builder::{
+    BinaryBuilder, StringBuilder, UInt8Builder, UInt32Builder, UInt64Builder,
+};
+use arrow_array::{
+    Array, ArrayRef, BinaryArray, RecordBatch, StringArray, UInt8Array, UInt32Array, UInt64Array,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use crate::WireError;
+
+/// What a row means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RowKind {
+    /// Bytes of `file_key` generation `generation` at `offset`.
+    Data = 0,
+    /// A new generation (after truncation or inode reuse) placed at `path`.
+    Open = 1,
+    /// The file now lives at `path` (relative to the source root).
+    Rename = 2,
+    /// The file is complete: `offset` is its final size, `digest` its sha256 (hex).
+    Seal = 3,
+}
+
+impl RowKind {
+    fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            0 => Some(Self::Data),
+            1 => Some(Self::Open),
+            2 => Some(Self::Rename),
+            3 => Some(Self::Seal),
+            _ => None,
+        }
+    }
+}
+
+static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("kind", DataType::UInt8, false),
+        Field::new("file_key", DataType::Utf8, false),
+        Field::new("generation", DataType::UInt64, false),
+        Field::new("offset", DataType::UInt64, false),
+        Field::new("data", DataType::Binary, false),
+        Field::new("crc32c", DataType::UInt32, false),
+        Field::new("path", DataType::Utf8, true),
+        Field::new("digest", DataType::Utf8, true),
+    ]))
+});
+
+/// The schema every batch on the wire must have, nullability included.
+pub fn range_schema() -> SchemaRef {
+    SCHEMA.clone()
+}
+
+/// One row of a batch, borrowed from its Arrow buffers (no copy of `data`).
+#[derive(Clone, Copy, Debug)]
+pub struct Row<'a> {
+    pub kind: RowKind,
+    pub file_key: &'a str,
+    pub generation: u64,
+    pub offset: u64,
+    pub data: &'a [u8],
+    pub path: Option<&'a str>,
+    pub digest: Option<&'a str>,
+}
+
+/// A batch whose schema and checksums have been validated.
+pub struct RangeBatch {
+    batch: RecordBatch,
+    kind: UInt8Array,
+    file_key: StringArray,
+    generation: UInt64Array,
+    offset: UInt64Array,
+    data: BinaryArray,
+    path: StringArray,
+    digest: StringArray,
+}
+
+impl RangeBatch {
+    /// Checks the schema (exactly, nullability included), each row's kind and the
+    /// crc32c of each data row.
+    pub fn validate(batch: RecordBatch) -> Result<Self, WireError> {
+        if batch.schema().fields() != range_schema().fields() {
+            return Err(WireError::Schema(format!(
+                "expected {:?}, got {:?}",
+                range_schema().fields(),
+                batch.schema().fields()
+            )));
+        }
+        let column = |i: usize| batch.column(i).clone();
+        let view = Self {
+            kind: downcast::<UInt8Array>(column(0))?,
+            file_key: downcast::<StringArray>(column(1))?,
+            generation: downcast::<UInt64Array>(column(2))?,
+            offset: downcast::<UInt64Array>(column(3))?,
+            data: downcast::<BinaryArray>(column(4))?,
+            path: downcast::<StringArray>(column(6))?,
+            digest: downcast::<StringArray>(column(7))?,
+            batch,
+        };
+        let crcs = downcast::<UInt32Array>(view.batch.column(5).clone())?;
+        // Non-nullable fields can still arrive with a validity bitmap from a
+        // hand-made client; refuse nulls rather than read garbage behind them.
+        for i in [0, 1, 2, 3, 4, 5] {
+            if view.batch.column(i).null_count() > 0 {
+                return Err(WireError::Schema(format!(
+                    "column {} has nulls but is declared non-nullable",
+                    range_schema().field(i).name()
+                )));
+            }
+        }
+        for row in 0..view.len() {
+            let kind = view.kind.value(row);
+            let Some(kind) = RowKind::from_u8(kind) else {
+                return Err(WireError::Row {
+                    row,
+                    detail: format!("unknown row kind {kind}"),
+                });
+            };
+            let data = view.data.value(row);
+            if kind == RowKind::Data {
+                let computed = crc32c::crc32c(data);
+                let claimed = crcs.value(row);
+                if computed != claimed {
+                    return Err(WireError::Row {
+                        row,
+                        detail: format!(
+                            "crc32c mismatch for '{}' generation {} at offset {} ({} bytes): claimed {claimed:#010x}, computed {computed:#010x}",
+                            view.file_key.value(row),
+                            view.generation.value(row),
+                            view.offset.value(row),
+                            data.len()
+                        ),
+                    });
+                }
+                if view
+                    .offset
+                    .value(row)
+                    .checked_add(data.len() as u64)
+                    .is_none()
+                {
+                    return Err(WireError::Row {
+                        row,
+                        detail: "offset + length overflows u64".into(),
+                    });
+                }
+            } else if !data.is_empty() {
+                return Err(WireError::Row {
+                    row,
+                    detail: format!("{kind:?} row carries data bytes"),
+                });
+            }
+        }
+        Ok(view)
+    }
+
+    pub fn len(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn row(&self, i: usize) -> Row<'_> {
+        Row {
+            // validate() rejected unknown kinds.
+            kind: RowKind::from_u8(self.kind.value(i)).unwrap_or(RowKind::Data),
+            file_key: self.file_key.value(i),
+            generation: self.generation.value(i),
+            offset: self.offset.value(i),
+            data: self.data.value(i),
+            path: optional_str(&self.path, i),
+            digest: optional_str(&self.digest, i),
+        }
+    }
+
+    pub fn rows(&self) -> impl Iterator<Item = Row<'_>> {
+        (0..self.len()).map(|i| self.row(i))
+    }
+
+    /// Bytes of range payload carried by this batch.
+    pub fn data_bytes(&self) -> u64 {
+        self.data.value_data().len() as u64
+    }
+}
+
+fn optional_str(array: &StringArray, i: usize) -> Option<&str> {
+    array.is_valid(i).then(|| array.value(i))
+}
+
+fn downcast<T: Array + Clone + 'static>(array: ArrayRef) -> Result<T, WireError> {
+    array
+        .as_any()
+        .downcast_ref::<T>()
+        .cloned()
+        .ok_or_else(|| WireError::Schema(format!("column has type {}", array.data_type())))
+}
+
+/// Accumulates rows into one batch; `finish` hands out a batch and leaves the
+/// builder ready for the next.
+pub struct BatchBuilder {
+    kind: UInt8Builder,
+    file_key: StringBuilder,
+    generation: UInt64Builder,
+    offset: UInt64Builder,
+    data: BinaryBuilder,
+    crc: UInt32Builder,
+    path: StringBuilder,
+    digest: StringBuilder,
+    rows: usize,
+    data_bytes: usize,
+}
+
+impl BatchBuilder {
+    pub fn with_capacity(rows: usize, data_bytes: usize) -> Self {
+        Self {
+            kind: UInt8Builder::with_capacity(rows),
+            file_key: StringBuilder::with_capacity(rows, rows * 48),
+            generation: UInt64Builder::with_capacity(rows),
+            offset: UInt64Builder::with_capacity(rows),
+            data: BinaryBuilder::with_capacity(rows, data_bytes),
+            crc: UInt32Builder::with_capacity(rows),
+            path: StringBuilder::with_capacity(rows, 0),
+            digest: StringBuilder::with_capacity(rows, 0),
+            rows: 0,
+            data_bytes: 0,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn data_bytes(&self) -> usize {
+        self.data_bytes
+    }
+
+    pub fn push_data(&mut self, file_key: &str, generation: u64, offset: u64, data: &[u8]) {
+        self.push(
+            RowKind::Data,
+            file_key,
+            generation,
+            offset,
+            data,
+            None,
+            None,
+        );
+        self.crc.append_value(crc32c::crc32c(data));
+    }
+
+    pub fn push_open(&mut self, file_key: &str, generation: u64, path: &str) {
+        self.push(
+            RowKind::Open,
+            file_key,
+            generation,
+            0,
+            &[],
+            Some(path),
+            None,
+        );
+        self.crc.append_value(0);
+    }
+
+    pub fn push_rename(&mut self, file_key: &str, generation: u64, new_path: &str) {
+        self.push(
+            RowKind::Rename,
+            file_key,
+            generation,
+            0,
+            &[],
+            Some(new_path),
+            None,
+        );
+        self.crc.append_value(0);
+    }
+
+    pub fn push_seal(&mut self, file_key: &str, generation: u64, size: u64, sha256_hex: &str) {
+        self.push(
+            RowKind::Seal,
+            file_key,
+            generation,
+            size,
+            &[],
+            None,
+            Some(sha256_hex),
+        );
+        self.crc.append_value(0);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        kind: RowKind,
+        file_key: &str,
+        generation: u64,
+        offset: u64,
+        data: &[u8],
+        path: Option<&str>,
+        digest: Option<&str>,
+    ) {
+        self.kind.append_value(kind as u8);
+        self.file_key.append_value(file_key);
+        self.generation.append_value(generation);
+        self.offset.append_value(offset);
+        self.data.append_value(data);
+        self.path.append_option(path);
+        self.digest.append_option(digest);
+        self.rows += 1;
+        self.data_bytes += data.len();
+    }
+
+    /// Finishes the batch and leaves the builder empty for reuse.
+    pub fn finish(&mut self) -> RecordBatch {
+        self.rows = 0;
+        self.data_bytes = 0;
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.kind.finish()),
+            Arc::new(self.file_key.finish()),
+            Arc::new(self.generation.finish()),
+            Arc::new(self.offset.finish()),
+            Arc::new(self.data.finish()),
+            Arc::new(self.crc.finish()),
+            Arc::new(self.path.finish()),
+            Arc::new(self.digest.finish()),
+        ];
+        // Every column above is built to the schema's types and lengths.
+        RecordBatch::try_new(range_schema(), columns)
+            .expect("builder columns match the wire schema")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_batches_validate_and_read_back() {
+        let mut b = BatchBuilder::with_capacity(4, 64);
+        b.push_data("a/b.xtc2", 1, 10, b"hello");
+        b.push_rename("a/b.xtc2", 1, "a/c.xtc2");
+        b.push_seal("a/b.xtc2", 1, 15, "00ff");
+        let batch = RangeBatch::validate(b.finish()).unwrap();
+        assert_eq!(batch.len(), 3);
+        let r0 = batch.row(0);
+        assert_eq!(
+            (r0.kind, r0.file_key, r0.offset, r0.data),
+            (RowKind::Data, "a/b.xtc2", 10, &b"hello"[..])
+        );
+        assert_eq!(batch.row(1).path, Some("a/c.xtc2"));
+        assert_eq!(
+            (batch.row(2).kind, batch.row(2).offset, batch.row(2).digest),
+            (RowKind::Seal, 15, Some("00ff"))
+        );
+    }
+
+    #[test]
+    fn bad_crc_is_rejected_with_context() {
+        let mut b = BatchBuilder::with_capacity(1, 8);
+        b.push_data("f", 1, 0, b"abc");
+        let good = b.finish();
+        let mut columns = good.columns().to_vec();
+        columns[5] = Arc::new(UInt32Array::from(vec![7u32]));
+        let bad = RecordBatch::try_new(range_schema(), columns).unwrap();
+        let err = RangeBatch::validate(bad).err().unwrap().to_string();
+        assert!(err.contains("crc32c mismatch for 'f'"), "{err}");
+    }
+
+    #[test]
+    fn nullability_difference_is_a_schema_error() {
+        let fields: Vec<Field> = range_schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let schema = Arc::new(Schema::new(fields));
+        let mut b = BatchBuilder::with_capacity(1, 8);
+        b.push_data("f", 1, 0, b"abc");
+        let batch = b.finish().with_schema(schema).unwrap();
+        assert!(matches!(
+            RangeBatch::validate(batch),
+            Err(WireError::Schema(_))
+        ));
+    }
+}

@@ -1,0 +1,140 @@
+//! manifest-db owns tailflight's durable state in RocksDB: the sink's manifest of placed byte
+//! ranges per file generation (`SinkManifest`) and the watcher's checkpoint of tracked source
+//! files (`WatchState`). It defines the record types both sides persist and the single error
+//! type for every storage failure, so callers never see raw RocksDB or serde errors.
+
+mod interval;
+mod sink;
+mod store;
+mod watch;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use interval::IntervalSet;
+pub use sink::SinkManifest;
+pub use watch::WatchState;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot open manifest at {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: rocksdb::Error,
+    },
+    #[error("manifest {path}: {op} failed: {source}")]
+    Db {
+        path: PathBuf,
+        op: &'static str,
+        source: rocksdb::Error,
+    },
+    #[error("manifest {path}: corrupt record in column family {cf}, key {key:?}: {detail}")]
+    Corrupt {
+        path: PathBuf,
+        cf: &'static str,
+        key: String,
+        detail: String,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Identity of one generation of one source file on the sink side.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FileId {
+    pub source: String,
+    pub key: String,
+    pub generation: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sealed {
+    pub size: u64,
+    pub sha256_hex: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    /// Relative to the sink root, '/'-separated.
+    pub dest_path: String,
+    /// Durably placed byte ranges.
+    pub placed: IntervalSet,
+    pub sealed: Option<Sealed>,
+    /// A newer generation replaced this one at its path.
+    pub superseded: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkCounters {
+    pub placed_bytes: u64,
+    pub duplicate_bytes: u64,
+    pub rewritten_bytes: u64,
+}
+
+/// One atomic commit of the sink: new file records, the ranges just placed, counter deltas.
+#[derive(Debug, Default)]
+pub struct SinkCommit {
+    /// Full new record for each touched file; overwrites what was stored.
+    pub records: Vec<(FileId, FileRecord)>,
+    /// (file, offset, len) placed in this commit; appended to the audit log.
+    pub placements: Vec<(FileId, u64, u64)>,
+    /// Deltas to add to the persisted counters.
+    pub counters: SinkCounters,
+}
+
+/// Watcher-side state of one tracked source file, keyed by `key` (its path relative to the
+/// watched root when first seen, e.g. "run1/a-s01-c000.xtc2.inprogress").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchedFile {
+    pub key: String,
+    /// Current relative path; differs from `key` after a rename.
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+    /// crc32c of the first `fingerprint_len` bytes.
+    pub fingerprint: u32,
+    pub fingerprint_len: u32,
+    pub generation: u64,
+    /// Every byte below this is acknowledged durable by the sink.
+    pub acked_offset: u64,
+    pub sealed: bool,
+    /// Deleted at the source.
+    pub deleted: bool,
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A fresh directory under the system temp dir, removed again on drop.
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn new(tag: &str) -> Self {
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!(
+                "manifest-db-test-{tag}-{}-{nanos}-{n}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).expect("create test dir");
+            Self(dir)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! Owns the sink-side manifest: per file generation, where it lives and which byte ranges are
+//! durably placed ("files"), an append-only audit log of every placement ("placements"), and
+//! running byte counters plus the audit sequence number ("counters").
+//!
+//! Key layout in "files" and "placements": `source, 0x00, key, 0x00, generation (u64 BE)`.
+//! Source and key never contain NUL, so the NUL terminators make the byte order equal to
+//! (source, key, generation) order and no file's key is a prefix of another file's key.
+//! "placements" appends `offset (u64 BE), seq (u64 BE)` so two placements at the same offset
+//! never overwrite each other and the audit can show duplicates.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rocksdb::WriteBatch;
+
+use crate::store::{Entry, Store, decode_u64};
+use crate::{FileId, FileRecord, Result, SinkCommit, SinkCounters};
+
+const CF_FILES: &str = "files";
+const CF_PLACEMENTS: &str = "placements";
+const CF_COUNTERS: &str = "counters";
+
+const KEY_PLACED: &[u8] = b"placed_bytes";
+const KEY_DUPLICATE: &[u8] = b"duplicate_bytes";
+const KEY_REWRITTEN: &[u8] = b"rewritten_bytes";
+const KEY_PLACEMENT_SEQ: &[u8] = b"placement_seq";
+
+/// Sink-side manifest (RocksDB, column families "files", "placements", "counters").
+/// Cheap to clone; clones share one database.
+#[derive(Clone)]
+pub struct SinkManifest {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    /// Commits read-modify-write the counters and the placement sequence; serialise them so
+    /// concurrent commits cannot lose each other's increments.
+    commit_lock: Mutex<()>,
+}
+
+fn prefix_source(source: &str) -> Vec<u8> {
+    debug_assert!(!source.contains('\0'), "source contains NUL: {source:?}");
+    let mut k = Vec::with_capacity(source.len() + 1);
+    k.extend_from_slice(source.as_bytes());
+    k.push(0);
+    k
+}
+
+fn prefix_key(source: &str, key: &str) -> Vec<u8> {
+    debug_assert!(!key.contains('\0'), "key contains NUL: {key:?}");
+    let mut k = prefix_source(source);
+    k.extend_from_slice(key.as_bytes());
+    k.push(0);
+    k
+}
+
+fn file_key(id: &FileId) -> Vec<u8> {
+    let mut k = prefix_key(&id.source, &id.key);
+    k.extend_from_slice(&id.generation.to_be_bytes());
+    k
+}
+
+fn decode_file_key(raw: &[u8]) -> Option<FileId> {
+    let (head, generation) = raw.split_at_checked(raw.len().checked_sub(8)?)?;
+    let head = head.strip_suffix(&[0])?;
+    let nul = head.iter().position(|&b| b == 0)?;
+    let source = std::str::from_utf8(&head[..nul]).ok()?;
+    let key = std::str::from_utf8(&head[nul + 1..]).ok()?;
+    if key.contains('\0') {
+        return None;
+    }
+    Some(FileId {
+        source: source.to_owned(),
+        key: key.to_owned(),
+        generation: decode_u64(generation)?,
+    })
+}
+
+impl SinkManifest {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let store = Store::open(dir, &[CF_FILES, CF_PLACEMENTS, CF_COUNTERS])?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                store,
+                commit_lock: Mutex::new(()),
+            }),
+        })
+    }
+
+    fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Applies one commit in a single WriteBatch with a synced WAL (WriteOptions::set_sync(true)).
+    pub fn commit(&self, commit: &SinkCommit) -> Result<()> {
+        // The lock guards no data of its own, so a panic in another commit leaves nothing
+        // inconsistent behind; carry on past poisoning.
+        let _guard = self
+            .inner
+            .commit_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let store = self.store();
+        let files = store.cf(CF_FILES)?;
+        let placements = store.cf(CF_PLACEMENTS)?;
+        let counters = store.cf(CF_COUNTERS)?;
+        let mut batch = WriteBatch::default();
+
+        for (id, record) in &commit.records {
+            // FileRecord holds only strings, integers and plain structs, which always serialise.
+            let value = serde_json::to_vec(record).expect("FileRecord serialises to JSON");
+            batch.put_cf(files, file_key(id), value);
+        }
+
+        let mut seq = self.read_counter(KEY_PLACEMENT_SEQ)?;
+        for (id, offset, len) in &commit.placements {
+            seq += 1;
+            let mut key = file_key(id);
+            key.extend_from_slice(&offset.to_be_bytes());
+            key.extend_from_slice(&seq.to_be_bytes());
+            batch.put_cf(placements, key, len.to_be_bytes());
+        }
+        if !commit.placements.is_empty() {
+            batch.put_cf(counters, KEY_PLACEMENT_SEQ, seq.to_be_bytes());
+        }
+
+        let deltas = [
+            (KEY_PLACED, commit.counters.placed_bytes),
+            (KEY_DUPLICATE, commit.counters.duplicate_bytes),
+            (KEY_REWRITTEN, commit.counters.rewritten_bytes),
+        ];
+        for (key, delta) in deltas {
+            if delta != 0 {
+                // Statistics only: pinning at u64::MAX beats failing a placement commit.
+                let total = self.read_counter(key)?.saturating_add(delta);
+                batch.put_cf(counters, key, total.to_be_bytes());
+            }
+        }
+
+        store.write(batch, true, "commit")
+    }
+
+    pub fn get(&self, id: &FileId) -> Result<Option<FileRecord>> {
+        let key = file_key(id);
+        match self.store().get(CF_FILES, &key, "read file record")? {
+            Some(value) => self.decode_record(&key, &value).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// All generations recorded for (source, key), ascending by generation.
+    pub fn generations(&self, source: &str, key: &str) -> Result<Vec<(u64, FileRecord)>> {
+        let entries =
+            self.store()
+                .scan_prefix(CF_FILES, &prefix_key(source, key), "scan generations")?;
+        Ok(self
+            .decode_files(entries)?
+            .into_iter()
+            .map(|(id, record)| (id.generation, record))
+            .collect())
+    }
+
+    /// Every file record of a source (all keys, all generations), ordered by key then generation.
+    pub fn files_of_source(&self, source: &str) -> Result<Vec<(FileId, FileRecord)>> {
+        let entries =
+            self.store()
+                .scan_prefix(CF_FILES, &prefix_source(source), "scan files of source")?;
+        self.decode_files(entries)
+    }
+
+    /// Every file record of every source.
+    pub fn all_files(&self) -> Result<Vec<(FileId, FileRecord)>> {
+        let entries = self.store().scan_prefix(CF_FILES, &[], "scan all files")?;
+        self.decode_files(entries)
+    }
+
+    /// Audit log: every (offset, len) ever recorded as placed for this file, ascending by
+    /// offset (then by commit order); an offset placed twice appears twice.
+    pub fn placements(&self, id: &FileId) -> Result<Vec<(u64, u64)>> {
+        let prefix = file_key(id);
+        let entries = self
+            .store()
+            .scan_prefix(CF_PLACEMENTS, &prefix, "scan placements")?;
+        entries
+            .into_iter()
+            .map(|(k, v)| {
+                let suffix = &k[prefix.len()..];
+                let offset = suffix
+                    .get(..8)
+                    .and_then(decode_u64)
+                    .filter(|_| suffix.len() == 16)
+                    .ok_or_else(|| {
+                        self.store().corrupt(
+                            CF_PLACEMENTS,
+                            &k,
+                            format!("key suffix is {} bytes, expected 16", suffix.len()),
+                        )
+                    })?;
+                let len = decode_u64(&v).ok_or_else(|| {
+                    self.store().corrupt(
+                        CF_PLACEMENTS,
+                        &k,
+                        format!("length value is {} bytes, expected 8", v.len()),
+                    )
+                })?;
+                Ok((offset, len))
+            })
+            .collect()
+    }
+
+    pub fn counters(&self) -> Result<SinkCounters> {
+        Ok(SinkCounters {
+            placed_bytes: self.read_counter(KEY_PLACED)?,
+            duplicate_bytes: self.read_counter(KEY_DUPLICATE)?,
+            rewritten_bytes: self.read_counter(KEY_REWRITTEN)?,
+        })
+    }
+
+    /// A counter's persisted value; absent means nothing was ever added.
+    fn read_counter(&self, key: &'static [u8]) -> Result<u64> {
+        match self.store().get(CF_COUNTERS, key, "read counter")? {
+            None => Ok(0),
+            Some(v) => decode_u64(&v).ok_or_else(|| {
+                self.store().corrupt(
+                    CF_COUNTERS,
+                    key,
+                    format!("value is {} bytes, expected 8", v.len()),
+                )
+            }),
+        }
+    }
+
+    fn decode_record(&self, key: &[u8], value: &[u8]) -> Result<FileRecord> {
+        serde_json::from_slice(value).map_err(|e| {
+            self.store()
+                .corrupt(CF_FILES, key, format!("bad record: {e}"))
+        })
+    }
+
+    fn decode_files(&self, entries: Vec<Entry>) -> Result<Vec<(FileId, FileRecord)>> {
+        entries
+            .into_iter()
+            .map(|(k, v)| {
+                let id = decode_file_key(&k).ok_or_else(|| {
+                    self.store()
+                        .corrupt(CF_FILES, &k, "key is not source\\0key\\0generation")
+                })?;
+                Ok((id, self.decode_record(&k, &v)?))
+            })
+            .collect()
+    }
+}
+
+impl std::fmt::Debug for SinkManifest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkManifest")
+            .field("path", &self.store().path())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+    use crate::{Error, IntervalSet, Sealed};
+
+    fn id(source: &str, key: &str, generation: u64) -> FileId {
+        FileId {
+            source: source.to_owned(),
+            key: key.to_owned(),
+            generation,
+        }
+    }
+
+    fn record(dest: &str, ranges: &[(u64, u64)]) -> FileRecord {
+        FileRecord {
+            dest_path: dest.to_owned(),
+            placed: IntervalSet::from_ranges(ranges.iter().copied()),
+            sealed: None,
+            superseded: false,
+        }
+    }
+
+    #[test]
+    fn is_send_sync_clone() {
+        fn check<T: Send + Sync + Clone>() {}
+        check::<SinkManifest>();
+    }
+
+    #[test]
+    fn key_encoding_round_trips_and_orders() {
+        let ids = [
+            id("s", "a", 2),
+            id("s", "a", 10),
+            id("s", "a/b", 0),
+            id("s", "ab", 1),
+            id("s2", "", 0),
+            id("", "x", u64::MAX),
+        ];
+        for i in &ids {
+            assert_eq!(decode_file_key(&file_key(i)).as_ref(), Some(i));
+        }
+        let mut by_bytes = ids.to_vec();
+        by_bytes.sort_by_key(file_key);
+        let mut by_fields = ids.to_vec();
+        by_fields.sort();
+        assert_eq!(by_bytes, by_fields);
+        assert_eq!(decode_file_key(b"short"), None);
+        assert_eq!(decode_file_key(b"nonul\x01\0\0\0\0\0\0\0\0"), None);
+    }
+
+    #[test]
+    fn reopen_returns_same_state() {
+        let dir = TempDir::new("sink-reopen");
+        let a1 = id("det", "run1/a.xtc2", 1);
+        let a2 = id("det", "run1/a.xtc2", 2);
+        let b1 = id("det", "run1/b.xtc2", 1);
+        let other = id("other", "run1/a.xtc2", 1);
+        let mut sealed = record("run1/a.xtc2", &[(0, 100)]);
+        sealed.sealed = Some(Sealed {
+            size: 100,
+            sha256_hex: "ab".repeat(32),
+        });
+        sealed.superseded = true;
+        {
+            let m = SinkManifest::open(dir.path()).unwrap();
+            m.commit(&SinkCommit {
+                records: vec![
+                    (a2.clone(), record("run1/a.xtc2", &[(0, 10)])),
+                    (a1.clone(), sealed.clone()),
+                    (b1.clone(), record("run1/b.xtc2", &[(0, 5), (8, 9)])),
+                    (other.clone(), record("x", &[])),
+                ],
+                placements: vec![
+                    (a1.clone(), 50, 50),
+                    (a1.clone(), 0, 50),
+                    (a2.clone(), 0, 10),
+                ],
+                counters: SinkCounters {
+                    placed_bytes: 110,
+                    duplicate_bytes: 0,
+                    rewritten_bytes: 3,
+                },
+            })
+            .unwrap();
+        }
+        let m = SinkManifest::open(dir.path()).unwrap();
+        assert_eq!(m.get(&a1).unwrap(), Some(sealed.clone()));
+        assert_eq!(m.get(&id("det", "run1/a.xtc2", 3)).unwrap(), None);
+        let gens = m.generations("det", "run1/a.xtc2").unwrap();
+        assert_eq!(
+            gens,
+            vec![(1, sealed.clone()), (2, record("run1/a.xtc2", &[(0, 10)]))]
+        );
+        assert!(m.generations("det", "run1/a").unwrap().is_empty());
+        let of_source: Vec<FileId> = m
+            .files_of_source("det")
+            .unwrap()
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(of_source, vec![a1.clone(), a2.clone(), b1.clone()]);
+        assert!(m.files_of_source("de").unwrap().is_empty());
+        assert_eq!(m.all_files().unwrap().len(), 4);
+        assert_eq!(m.placements(&a1).unwrap(), vec![(0, 50), (50, 50)]);
+        assert_eq!(m.placements(&a2).unwrap(), vec![(0, 10)]);
+        assert!(m.placements(&b1).unwrap().is_empty());
+        assert_eq!(
+            m.counters().unwrap(),
+            SinkCounters {
+                placed_bytes: 110,
+                duplicate_bytes: 0,
+                rewritten_bytes: 3
+            }
+        );
+    }
+
+    #[test]
+    fn counters_add_and_duplicates_show_in_audit() {
+        let dir = TempDir::new("sink-counters");
+        let f = id("src", "k", 7);
+        {
+            let m = SinkManifest::open(dir.path()).unwrap();
+            assert_eq!(m.counters().unwrap(), SinkCounters::default());
+            m.commit(&SinkCommit {
+                records: vec![(f.clone(), record("k", &[(0, 10)]))],
+                placements: vec![(f.clone(), 0, 10)],
+                counters: SinkCounters {
+                    placed_bytes: 10,
+                    duplicate_bytes: 1,
+                    rewritten_bytes: 0,
+                },
+            })
+            .unwrap();
+        }
+        // Reopen between commits: the audit sequence must continue, not restart.
+        let m = SinkManifest::open(dir.path()).unwrap();
+        let clone = m.clone();
+        clone
+            .commit(&SinkCommit {
+                records: vec![(f.clone(), record("k", &[(0, 10)]))],
+                placements: vec![(f.clone(), 0, 10)],
+                counters: SinkCounters {
+                    placed_bytes: 10,
+                    duplicate_bytes: 2,
+                    rewritten_bytes: 4,
+                },
+            })
+            .unwrap();
+        m.commit(&SinkCommit::default()).unwrap();
+        assert_eq!(
+            m.counters().unwrap(),
+            SinkCounters {
+                placed_bytes: 20,
+                duplicate_bytes: 3,
+                rewritten_bytes: 4
+            }
+        );
+        assert_eq!(m.placements(&f).unwrap(), vec![(0, 10), (0, 10)]);
+    }
+
+    #[test]
+    fn concurrent_commits_do_not_lose_counts() {
+        let dir = TempDir::new("sink-concurrent");
+        let m = SinkManifest::open(dir.path()).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for i in 0..10 {
+                        m.commit(&SinkCommit {
+                            records: vec![],
+                            placements: vec![(id("s", "k", t), i, 1)],
+                            counters: SinkCounters {
+                                placed_bytes: 1,
+                                ..SinkCounters::default()
+                            },
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(m.counters().unwrap().placed_bytes, 40);
+        for t in 0..4 {
+            assert_eq!(m.placements(&id("s", "k", t)).unwrap().len(), 10);
+        }
+    }
+
+    #[test]
+    fn garbage_file_record_is_reported_as_corrupt() {
+        let dir = TempDir::new("sink-corrupt-value");
+        let m = SinkManifest::open(dir.path()).unwrap();
+        let f = id("src", "bad/file", 3);
+        m.inner
+            .store
+            .raw_put(CF_FILES, &file_key(&f), b"\xff not json");
+        for err in [m.get(&f).unwrap_err(), m.all_files().unwrap_err()] {
+            assert!(matches!(err, Error::Corrupt { cf: "files", .. }), "{err:?}");
+            let msg = err.to_string();
+            assert!(msg.contains("column family files"), "{msg}");
+            assert!(msg.contains("bad/file"), "{msg}");
+            assert!(msg.contains(&dir.path().display().to_string()), "{msg}");
+        }
+        let err = m.generations("src", "bad/file").unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn garbage_file_key_is_reported_as_corrupt() {
+        let dir = TempDir::new("sink-corrupt-key");
+        let m = SinkManifest::open(dir.path()).unwrap();
+        m.inner.store.raw_put(CF_FILES, b"stray-key", b"{}");
+        let err = m.all_files().unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Corrupt { cf: "files", .. }), "{err:?}");
+        assert!(msg.contains("stray-key"), "{msg}");
+    }
+
+    #[test]
+    fn corrupt_counter_is_reported() {
+        let dir = TempDir::new("sink-corrupt-counter");
+        let m = SinkManifest::open(dir.path()).unwrap();
+        m.inner.store.raw_put(CF_COUNTERS, KEY_PLACED, b"abc");
+        let msg = m.counters().unwrap_err().to_string();
+        assert!(
+            msg.contains("counters") && msg.contains("placed_bytes"),
+            "{msg}"
+        );
+        // A commit must refuse to build on a counter it cannot read.
+        let err = m
+            .commit(&SinkCommit {
+                counters: SinkCounters {
+                    placed_bytes: 1,
+                    ..SinkCounters::default()
+                },
+                ..SinkCommit::default()
+            })
+            .unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn garbage_current_file_fails_open_with_path() {
+        let dir = TempDir::new("sink-corrupt-current");
+        drop(SinkManifest::open(dir.path()).unwrap());
+        std::fs::write(
+            dir.path().join("CURRENT"),
+            b"\x00\xffgarbage-not-a-manifest\n",
+        )
+        .unwrap();
+        let err = SinkManifest::open(dir.path()).unwrap_err();
+        assert!(matches!(err, Error::Open { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains(&dir.path().display().to_string()), "{msg}");
+    }
+}

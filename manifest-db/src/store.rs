@@ -1,0 +1,146 @@
+//! Owns the RocksDB plumbing shared by the sink manifest and the watcher state: opening a
+//! database with tailflight's options, column-family lookup, prefix scans, and mapping every
+//! failure to an `Error` that names the database path.
+
+use std::path::{Path, PathBuf};
+
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, Options,
+    WriteBatch, WriteOptions,
+};
+
+use crate::{Error, Result};
+
+/// Small memtables: the manifests hold little data, and many may run on one host.
+const WRITE_BUFFER_SIZE: usize = 8 << 20;
+
+pub(crate) struct Store {
+    db: DB,
+    path: PathBuf,
+}
+
+/// A raw key/value pair as read from RocksDB.
+pub(crate) type Entry = (Box<[u8]>, Box<[u8]>);
+
+fn options() -> Options {
+    let mut opts = Options::default();
+    // The crate is built without compression libraries; RocksDB must not try to use them.
+    opts.set_compression_type(DBCompressionType::None);
+    opts.set_write_buffer_size(WRITE_BUFFER_SIZE);
+    opts
+}
+
+impl Store {
+    pub(crate) fn open(dir: &Path, cfs: &[&'static str]) -> Result<Self> {
+        let mut opts = options();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        // Prefer refusing to start over silently serving a damaged manifest: placement
+        // decisions made on bad state would break exactly-once.
+        opts.set_paranoid_checks(true);
+        let descriptors = cfs
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, options()));
+        let db =
+            DB::open_cf_descriptors(&opts, dir, descriptors).map_err(|source| Error::Open {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        Ok(Self {
+            db,
+            path: dir.to_path_buf(),
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn cf(&self, name: &'static str) -> Result<&ColumnFamily> {
+        // Every family is opened by `open`, so absence means the directory was tampered with
+        // between open and use; report it rather than panic.
+        self.db.cf_handle(name).ok_or_else(|| Error::Corrupt {
+            path: self.path.clone(),
+            cf: name,
+            key: String::new(),
+            detail: "column family is missing".to_owned(),
+        })
+    }
+
+    pub(crate) fn corrupt(&self, cf: &'static str, key: &[u8], detail: impl Into<String>) -> Error {
+        Error::Corrupt {
+            path: self.path.clone(),
+            cf,
+            key: String::from_utf8_lossy(key).into_owned(),
+            detail: detail.into(),
+        }
+    }
+
+    fn db_err(&self, op: &'static str) -> impl FnOnce(rocksdb::Error) -> Error + '_ {
+        move |source| Error::Db {
+            path: self.path.clone(),
+            op,
+            source,
+        }
+    }
+
+    pub(crate) fn get(
+        &self,
+        cf: &'static str,
+        key: &[u8],
+        op: &'static str,
+    ) -> Result<Option<Vec<u8>>> {
+        let handle = self.cf(cf)?;
+        self.db.get_cf(handle, key).map_err(self.db_err(op))
+    }
+
+    /// Every entry whose key starts with `prefix`, ascending by key.
+    pub(crate) fn scan_prefix(
+        &self,
+        cf: &'static str,
+        prefix: &[u8],
+        op: &'static str,
+    ) -> Result<Vec<Entry>> {
+        let handle = self.cf(cf)?;
+        let mut out = Vec::new();
+        // No prefix extractor is configured, so the iterator runs to the end of the family;
+        // stop at the first key past the prefix ourselves.
+        for item in self
+            .db
+            .iterator_cf(handle, IteratorMode::From(prefix, Direction::Forward))
+        {
+            let (k, v) = item.map_err(self.db_err(op))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn is_cf_empty(&self, cf: &'static str, op: &'static str) -> Result<bool> {
+        let handle = self.cf(cf)?;
+        match self.db.iterator_cf(handle, IteratorMode::Start).next() {
+            None => Ok(true),
+            Some(Ok(_)) => Ok(false),
+            Some(Err(source)) => Err(self.db_err(op)(source)),
+        }
+    }
+
+    pub(crate) fn write(&self, batch: WriteBatch, sync: bool, op: &'static str) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        self.db.write_opt(batch, &wo).map_err(self.db_err(op))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn raw_put(&self, cf: &'static str, key: &[u8], value: &[u8]) {
+        let handle = self.cf(cf).expect("column family");
+        self.db.put_cf(handle, key, value).expect("raw put");
+    }
+}
+
+/// Decodes an 8-byte big-endian integer value, the encoding of every length and counter.
+pub(crate) fn decode_u64(bytes: &[u8]) -> Option<u64> {
+    <[u8; 8]>::try_from(bytes).ok().map(u64::from_be_bytes)
+}

@@ -1,0 +1,285 @@
+//! Group commit: makes placed ranges durable, then records them, then lets
+//! their acks go.
+//!
+//! One task drains every request queued since its last round, fdatasyncs the
+//! files they touched and fsyncs the directories whose entries changed, then
+//! writes all their records in one synced RocksDB WriteBatch. Only after that
+//! does any of them get its answer. A request that leaned on ranges another
+//! batch was writing (a duplicate in flight) waits until those are recorded.
+//!
+//! A failed fsync or manifest write poisons the sink: after such a failure
+//! the page cache can no longer be trusted to hold what was written, so the
+//! sink refuses further work until it is restarted and recovers from its
+//! manifest.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use manifest_db::{SinkCommit, SinkCounters, SinkManifest};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::confine::sync_dir;
+use crate::placement::{Slot, lock};
+
+/// Ranges of a file another batch already placed or is placing.
+pub(crate) struct Dependency {
+    pub slot: Arc<Slot>,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// What one batch needs made durable before its ack.
+#[derive(Default)]
+pub(crate) struct CommitRequest {
+    /// Every slot whose record this batch changed (written in full).
+    pub touched: Vec<Arc<Slot>>,
+    /// Ranges this batch wrote, per slot.
+    pub placed: Vec<(Arc<Slot>, Vec<(u64, u64)>)>,
+    pub files_to_sync: Vec<Arc<File>>,
+    pub dirs_to_sync: Vec<Arc<OwnedFd>>,
+    pub dependencies: Vec<Dependency>,
+    pub counters: SinkCounters,
+}
+
+pub(crate) struct Queued {
+    pub request: CommitRequest,
+    pub reply: oneshot::Sender<Result<(), String>>,
+}
+
+/// Handle to the committer task.
+#[derive(Clone)]
+pub(crate) struct Committer {
+    queue: mpsc::UnboundedSender<Queued>,
+    poisoned: Arc<Mutex<Option<String>>>,
+}
+
+impl Committer {
+    pub fn start(manifest: SinkManifest) -> Self {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        let poisoned = Arc::new(Mutex::new(None));
+        tokio::spawn(run(manifest, receiver, poisoned.clone()));
+        Self { queue, poisoned }
+    }
+
+    /// The reason the sink stopped accepting work, if it did.
+    pub fn poisoned(&self) -> Option<String> {
+        lock(&self.poisoned).clone()
+    }
+
+    /// Resolves once the request is durable (or the sink failed).
+    pub async fn commit(&self, request: CommitRequest) -> Result<(), String> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Queued { request, reply })
+            .map_err(|_| "the committer has stopped".to_string())?;
+        answer
+            .await
+            .map_err(|_| "the committer has stopped".to_string())?
+    }
+}
+
+/// Most requests merged into one round, so one round's latency stays bounded.
+const MAX_ROUND: usize = 1024;
+
+async fn run(
+    manifest: SinkManifest,
+    mut receiver: mpsc::UnboundedReceiver<Queued>,
+    poisoned: Arc<Mutex<Option<String>>>,
+) {
+    let mut waiting: Vec<Queued> = Vec::new();
+    while let Some(first) = receiver.recv().await {
+        let mut round = vec![first];
+        while round.len() < MAX_ROUND {
+            match receiver.try_recv() {
+                Ok(next) => round.push(next),
+                Err(_) => break,
+            }
+        }
+        if let Some(reason) = lock(&poisoned).clone() {
+            fail_all(round, &reason);
+            fail_all(std::mem::take(&mut waiting), &reason);
+            continue;
+        }
+        let manifest = manifest.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let result = commit_round(&manifest, &round);
+            (round, result)
+        })
+        .await;
+        let (round, result) = match outcome {
+            Ok(done) => done,
+            Err(join_error) => {
+                *lock(&poisoned) = Some(format!("the commit round panicked: {join_error}"));
+                continue;
+            }
+        };
+        if let Err(reason) = result {
+            tracing::error!(error = %reason, "commit failed; the sink refuses further batches until restarted");
+            *lock(&poisoned) = Some(reason.clone());
+            fail_all(round, &reason);
+            fail_all(std::mem::take(&mut waiting), &reason);
+            continue;
+        }
+        waiting.extend(round);
+        waiting = answer_ready(waiting);
+    }
+}
+
+fn fail_all(requests: Vec<Queued>, reason: &str) {
+    for queued in requests {
+        let _ = queued
+            .reply
+            .send(Err(format!("sink storage failed, restart it: {reason}")));
+    }
+}
+
+/// Answers every request whose dependencies are now recorded; returns the rest.
+fn answer_ready(waiting: Vec<Queued>) -> Vec<Queued> {
+    let mut still_waiting = Vec::new();
+    for queued in waiting {
+        match verdict(&queued.request) {
+            Verdict::Ready => {
+                let _ = queued.reply.send(Ok(()));
+            }
+            Verdict::Wait => {
+                if !queued.reply.is_closed() {
+                    still_waiting.push(queued);
+                }
+            }
+            Verdict::Fail(reason) => {
+                let _ = queued.reply.send(Err(reason));
+            }
+        }
+    }
+    still_waiting
+}
+
+enum Verdict {
+    Ready,
+    Wait,
+    Fail(String),
+}
+
+fn verdict(request: &CommitRequest) -> Verdict {
+    let mut verdict = Verdict::Ready;
+    for dependency in &request.dependencies {
+        let state = lock(&dependency.slot.state);
+        if state.record.superseded || state.record.placed.covers(dependency.start, dependency.end) {
+            continue;
+        }
+        // Not recorded yet: fine while another batch is still writing it.
+        let missing = state
+            .record
+            .placed
+            .missing(dependency.start, dependency.end);
+        if !missing.iter().all(|&(s, e)| state.pending.covers(s, e)) {
+            return Verdict::Fail(format!(
+                "range {}..{} of {} was being written by a batch that failed; send it again",
+                dependency.start, dependency.end, state.record.dest_path
+            ));
+        }
+        verdict = Verdict::Wait;
+    }
+    verdict
+}
+
+fn commit_round(manifest: &SinkManifest, round: &[Queued]) -> Result<(), String> {
+    let mut files: HashMap<*const File, &Arc<File>> = HashMap::new();
+    let mut dirs: HashMap<*const OwnedFd, &Arc<OwnedFd>> = HashMap::new();
+    for queued in round {
+        for file in &queued.request.files_to_sync {
+            files.insert(Arc::as_ptr(file), file);
+        }
+        for dir in &queued.request.dirs_to_sync {
+            dirs.insert(Arc::as_ptr(dir), dir);
+        }
+    }
+    sync_all(
+        files
+            .values()
+            .map(|f| SyncTarget::File(f))
+            .chain(dirs.values().map(|d| SyncTarget::Dir(d)))
+            .collect(),
+    )?;
+
+    // The bytes are durable: fold the round's ranges into the records and
+    // write them all at once.
+    let mut commit = SinkCommit::default();
+    let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
+    for queued in round {
+        let request = &queued.request;
+        for (slot, ranges) in &request.placed {
+            let mut state = lock(&slot.state);
+            for &(start, end) in ranges {
+                state.record.placed.insert(start, end);
+                commit
+                    .placements
+                    .push((slot.id.clone(), start, end - start));
+            }
+            let pending: Vec<(u64, u64)> = ranges.clone();
+            for (start, end) in pending {
+                remove_range(&mut state.pending, start, end);
+            }
+        }
+        for slot in &request.touched {
+            touched.insert(Arc::as_ptr(slot), slot);
+        }
+        commit.counters.placed_bytes += request.counters.placed_bytes;
+        commit.counters.duplicate_bytes += request.counters.duplicate_bytes;
+        commit.counters.rewritten_bytes += request.counters.rewritten_bytes;
+    }
+    for slot in touched.values() {
+        commit
+            .records
+            .push((slot.id.clone(), lock(&slot.state).record.clone()));
+    }
+    manifest
+        .commit(&commit)
+        .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))
+}
+
+pub(crate) fn remove_range(set: &mut manifest_db::IntervalSet, start: u64, end: u64) {
+    let kept: Vec<(u64, u64)> = set
+        .ranges()
+        .iter()
+        .flat_map(|&(s, e)| {
+            let left = (s < start).then_some((s, e.min(start)));
+            let right = (e > end).then_some((s.max(end), e));
+            [left, right].into_iter().flatten()
+        })
+        .collect();
+    *set = manifest_db::IntervalSet::from_ranges(kept);
+}
+
+enum SyncTarget<'a> {
+    File(&'a Arc<File>),
+    Dir(&'a Arc<OwnedFd>),
+}
+
+/// fdatasyncs files (and fsyncs directories) on a few threads at once: the
+/// device queues the flushes together instead of one round trip after another.
+fn sync_all(targets: Vec<SyncTarget<'_>>) -> Result<(), String> {
+    const THREADS: usize = 4;
+    let run = |target: &SyncTarget<'_>| match target {
+        SyncTarget::File(file) => file.sync_data().map_err(|e| format!("fdatasync: {e}")),
+        SyncTarget::Dir(dir) => {
+            sync_dir(dir.as_ref()).map_err(|e| format!("fsync of a directory: {e}"))
+        }
+    };
+    if targets.len() <= 1 {
+        return targets.iter().try_for_each(run);
+    }
+    let chunk = targets.len().div_ceil(THREADS);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = targets
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().try_for_each(run)))
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("a sync thread panicked".into()))
+        })
+    })
+}

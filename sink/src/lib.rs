@@ -1,0 +1,324 @@
+//! The sink: receives byte ranges over Flight, places each at its offset in
+//! its destination file under the root, makes it durable, records it in the
+//! manifest, and only then acknowledges.
+//!
+//! - [`confine`]: keeps destination paths under the root;
+//! - `placement`: writes ranges and applies control rows, exactly once;
+//! - `commit`: group commit (fdatasync, then one synced manifest write);
+//! - [`verify`]: compares a source tree with a destination tree.
+
+mod commit;
+pub mod confine;
+mod placement;
+pub mod verify;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use flight_server::protocol::{ACTION_STATUS, ACTION_WATERMARKS, FileWatermark};
+use flight_server::service::ServerConfig;
+use flight_server::tls::ServerTls;
+use flight_server::{Ack, Ingest, RangeBatch};
+use manifest_db::SinkManifest;
+use serde::{Deserialize, Serialize};
+use tonic::Status;
+
+use crate::commit::Committer;
+use crate::confine::Root;
+use crate::placement::{PlaceError, Placer};
+
+/// Where files of a source land under the root.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// `<root>/<source>/<relative path>`.
+    #[default]
+    PerSource,
+    /// `<root>/<relative path>`: for a sink that serves one source.
+    Flat,
+}
+
+/// What happens at the destination to a generation that a newer one replaces
+/// (the source file was truncated, or deleted and created again).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SupersededPolicy {
+    /// Mirror the source: the old generation's file is removed.
+    #[default]
+    Mirror,
+    /// Keep the old generation beside the new one as `<path>.gen<N>`.
+    Keep,
+}
+
+#[derive(Clone, Debug)]
+pub struct SinkConfig {
+    /// Destination root; files land under it and nowhere else.
+    pub root: PathBuf,
+    /// The manifest's directory (RocksDB).
+    pub state_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub tls: Option<ServerTls>,
+    pub layout: Layout,
+    pub superseded: SupersededPolicy,
+    pub max_message_bytes: usize,
+    pub window_bytes: u32,
+    pub max_open_files: usize,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("dest"),
+            state_dir: PathBuf::from("sink-state"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            tls: None,
+            layout: Layout::PerSource,
+            superseded: SupersededPolicy::Mirror,
+            max_message_bytes: 64 << 20,
+            window_bytes: 64 << 20,
+            max_open_files: 1024,
+        }
+    }
+}
+
+/// Counters and state answered by the `status` action.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct SinkStatus {
+    pub placed_bytes: u64,
+    pub duplicate_bytes: u64,
+    pub rewritten_bytes: u64,
+    pub files: u64,
+    pub sealed_files: u64,
+    pub poisoned: Option<String>,
+}
+
+/// A running sink's ingest side (what the Flight service calls).
+pub struct Sink {
+    placer: Arc<Placer>,
+    committer: Committer,
+}
+
+impl Sink {
+    /// Opens the root and the manifest and starts the committer. Must run inside a tokio runtime.
+    pub fn open(config: &SinkConfig) -> anyhow::Result<Self> {
+        let root = Root::open(&config.root)
+            .with_context(|| format!("cannot open the sink root {}", config.root.display()))?;
+        let manifest = SinkManifest::open(&config.state_dir)?;
+        let committer = Committer::start(manifest.clone());
+        let placer = Placer::new(
+            root,
+            manifest,
+            config.layout,
+            config.superseded,
+            config.max_open_files,
+        );
+        Ok(Self {
+            placer: Arc::new(placer),
+            committer,
+        })
+    }
+
+    fn status(&self) -> Result<SinkStatus, Status> {
+        let manifest = &self.placer.manifest;
+        let counters = manifest
+            .counters()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let files = manifest
+            .all_files()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(SinkStatus {
+            placed_bytes: counters.placed_bytes,
+            duplicate_bytes: counters.duplicate_bytes,
+            rewritten_bytes: counters.rewritten_bytes,
+            files: files.len() as u64,
+            sealed_files: files.iter().filter(|(_, r)| r.sealed.is_some()).count() as u64,
+            poisoned: self.committer.poisoned(),
+        })
+    }
+
+    fn watermarks(&self, source: &str) -> Result<Vec<FileWatermark>, Status> {
+        let records = self
+            .placer
+            .manifest
+            .files_of_source(source)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let prefix = match self.placer.layout {
+            Layout::PerSource => format!("{source}/"),
+            Layout::Flat => String::new(),
+        };
+        Ok(records
+            .into_iter()
+            .map(|(id, record)| {
+                let contiguous_end = record.placed.contiguous_end();
+                let head_len = contiguous_end.min(HEAD_LEN);
+                FileWatermark {
+                    head_crc32c: placement::head_crc(
+                        &self.placer.root,
+                        &record.dest_path,
+                        head_len,
+                    ),
+                    head_len,
+                    key: id.key,
+                    generation: id.generation,
+                    path: record
+                        .dest_path
+                        .strip_prefix(&prefix)
+                        .unwrap_or(&record.dest_path)
+                        .to_owned(),
+                    contiguous_end,
+                    placed_bytes: record.placed.total_len(),
+                    sealed_size: record.sealed.map(|s| s.size),
+                    superseded: record.superseded,
+                }
+            })
+            .collect())
+    }
+}
+
+/// Bytes at the head of a file compared during reconciliation.
+pub const HEAD_LEN: u64 = 4096;
+
+impl Ingest for Sink {
+    fn accept_source(&self, source: &str) -> Result<(), Status> {
+        match confine::components(source) {
+            Ok(parts) if parts.len() == 1 => Ok(()),
+            _ => Err(Status::invalid_argument(format!(
+                "source name {source:?} must be one plain path component (letters, digits, '-', '_', '.')"
+            ))),
+        }
+    }
+
+    async fn ingest(&self, source: Arc<str>, seq: u64, batch: RangeBatch) -> Result<Ack, Status> {
+        if let Some(reason) = self.committer.poisoned() {
+            return Err(Status::unavailable(format!(
+                "sink storage failed earlier, restart it: {reason}"
+            )));
+        }
+        let placer = self.placer.clone();
+        let placed = tokio::task::spawn_blocking(move || {
+            let source_state = placer.source(&source)?;
+            placer.place(&source_state, seq, &batch)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;
+        let (request, ack) = placed.map_err(|e| match e {
+            PlaceError::Peer(detail) => Status::invalid_argument(detail),
+            PlaceError::Storage(detail) => Status::unavailable(format!("sink storage: {detail}")),
+        })?;
+        self.committer
+            .commit(request)
+            .await
+            .map_err(Status::unavailable)?;
+        Ok(ack)
+    }
+
+    async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, Status> {
+        let json =
+            |value: serde_json::Result<Vec<u8>>| value.map_err(|e| Status::internal(e.to_string()));
+        match name {
+            ACTION_STATUS => json(serde_json::to_vec(&self.status()?)),
+            ACTION_WATERMARKS => {
+                #[derive(Deserialize)]
+                struct Request {
+                    source: String,
+                }
+                let request: Request = serde_json::from_slice(body).map_err(|e| {
+                    Status::invalid_argument(format!("watermarks wants {{\"source\": NAME}}: {e}"))
+                })?;
+                json(serde_json::to_vec(&self.watermarks(&request.source)?))
+            }
+            other => Err(Status::invalid_argument(format!(
+                "unknown action {other:?} (known: {ACTION_STATUS}, {ACTION_WATERMARKS})"
+            ))),
+        }
+    }
+}
+
+/// Runs a sink until `shutdown` resolves.
+pub async fn run(
+    config: SinkConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let sink = Arc::new(Sink::open(&config)?);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, root = %config.root.display(), tls = config.tls.is_some(), "sink serving");
+    let server = ServerConfig {
+        listen: config.listen,
+        tls: config.tls.clone(),
+        max_message_bytes: config.max_message_bytes,
+        stream_window_bytes: config.window_bytes,
+        connection_window_bytes: config.window_bytes,
+        ..ServerConfig::default()
+    };
+    flight_server::serve(sink, server, listener, shutdown)
+        .await
+        .map_err(|e| anyhow::anyhow!("sink server on {} failed: {e}", config.listen))
+}
+
+/// What `tailflight audit` reports about a manifest.
+#[derive(Debug, Serialize)]
+pub struct AuditReport {
+    pub placed_bytes: u64,
+    pub duplicate_bytes: u64,
+    pub rewritten_bytes: u64,
+    pub files: u64,
+    pub sealed_files: u64,
+    pub placements: u64,
+    /// Placements that overlap an earlier one of the same file: must be 0.
+    pub overlapping_placements: u64,
+    /// Files whose record disagrees with their audit log: must be 0.
+    pub record_mismatches: u64,
+    pub examples: Vec<String>,
+}
+
+/// Reads a manifest (of a stopped sink) and checks that no byte range was
+/// ever recorded twice, and that each file's record matches its audit log.
+pub fn audit(state_dir: &std::path::Path) -> anyhow::Result<AuditReport> {
+    let manifest = SinkManifest::open(state_dir)?;
+    let counters = manifest.counters()?;
+    let files = manifest.all_files()?;
+    let mut report = AuditReport {
+        placed_bytes: counters.placed_bytes,
+        duplicate_bytes: counters.duplicate_bytes,
+        rewritten_bytes: counters.rewritten_bytes,
+        files: files.len() as u64,
+        sealed_files: files.iter().filter(|(_, r)| r.sealed.is_some()).count() as u64,
+        placements: 0,
+        overlapping_placements: 0,
+        record_mismatches: 0,
+        examples: Vec::new(),
+    };
+    for (id, record) in &files {
+        let placements = manifest.placements(id)?;
+        report.placements += placements.len() as u64;
+        let mut covered = manifest_db::IntervalSet::new();
+        for &(offset, len) in &placements {
+            if covered.missing(offset, offset + len) != vec![(offset, offset + len)] {
+                report.overlapping_placements += 1;
+                if report.examples.len() < 10 {
+                    report.examples.push(format!(
+                        "{}/{} gen {}: {offset}+{len} recorded twice",
+                        id.source, id.key, id.generation
+                    ));
+                }
+            }
+            covered.insert(offset, offset + len);
+        }
+        if covered != record.placed {
+            report.examples.push(format!(
+                "{}/{} gen {}: record says {:?}, audit log says {:?}",
+                id.source,
+                id.key,
+                id.generation,
+                record.placed.ranges(),
+                covered.ranges()
+            ));
+            report.record_mismatches += 1;
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,593 @@
+//! Placement: puts each received range at its offset in its destination file,
+//! applies control rows (open, rename, seal), and hands the result to the
+//! group committer. Nothing here acknowledges: the ack waits for the commit.
+//!
+//! State per file generation lives in a [`Slot`]: the record as the manifest
+//! will hold it, the ranges written but not yet committed (`pending`), and a
+//! cached file descriptor. A range already placed or pending is never written
+//! again; only the parts nobody wrote are.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind};
+use manifest_db::{FileId, FileRecord, IntervalSet, Sealed, SinkManifest};
+use sha2::{Digest, Sha256};
+
+use crate::commit::{CommitRequest, Dependency};
+use crate::confine::{ConfineError, Root};
+use crate::{Layout, SupersededPolicy};
+
+/// Why a batch failed as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    /// The peer sent something the sink will not accept.
+    #[error("{0}")]
+    Peer(String),
+    /// The sink's storage failed (disk full, I/O error): the batch may be retried.
+    #[error("{0}")]
+    Storage(String),
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One generation of one source file.
+pub(crate) struct Slot {
+    pub id: FileId,
+    pub state: Mutex<SlotState>,
+}
+
+pub(crate) struct SlotState {
+    /// The record as it will be committed; `placed` holds only ranges that
+    /// are committed or being committed by the committer right now.
+    pub record: FileRecord,
+    /// Written, not yet handed to the committer's merge.
+    pub pending: IntervalSet,
+    /// Bytes known to exist in the destination file (written in an earlier run
+    /// or this one), to count rewrites of unrecorded data.
+    disk_len: Option<u64>,
+    file: Option<Arc<File>>,
+}
+
+#[derive(Default)]
+struct SourceFiles {
+    slots: HashMap<(String, u64), Arc<Slot>>,
+    /// Live (not superseded) generation at each destination path.
+    by_path: HashMap<String, (String, u64)>,
+}
+
+pub(crate) struct Source {
+    name: String,
+    files: Mutex<SourceFiles>,
+}
+
+/// Everything placement needs; shared by all streams.
+pub(crate) struct Placer {
+    pub root: Root,
+    pub manifest: SinkManifest,
+    pub layout: Layout,
+    pub superseded: SupersededPolicy,
+    sources: Mutex<HashMap<String, Arc<Source>>>,
+    open_files: Mutex<VecDeque<Arc<Slot>>>,
+    max_open_files: usize,
+}
+
+struct BatchWork {
+    request: CommitRequest,
+    ack: Ack,
+}
+
+impl Placer {
+    pub fn new(
+        root: Root,
+        manifest: SinkManifest,
+        layout: Layout,
+        superseded: SupersededPolicy,
+        max_open_files: usize,
+    ) -> Self {
+        Self {
+            root,
+            manifest,
+            layout,
+            superseded,
+            sources: Mutex::new(HashMap::new()),
+            open_files: Mutex::new(VecDeque::new()),
+            max_open_files: max_open_files.max(16),
+        }
+    }
+
+    /// The source's state, loaded from the manifest on first use.
+    pub fn source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
+        if let Some(source) = lock(&self.sources).get(name) {
+            return Ok(source.clone());
+        }
+        let records = self.manifest.files_of_source(name).map_err(|e| {
+            PlaceError::Storage(format!("loading the manifest of source {name:?}: {e}"))
+        })?;
+        let mut files = SourceFiles::default();
+        for (id, record) in records {
+            if !record.superseded {
+                files
+                    .by_path
+                    .insert(record.dest_path.clone(), (id.key.clone(), id.generation));
+            }
+            let slot = Slot {
+                state: Mutex::new(SlotState {
+                    record,
+                    pending: IntervalSet::new(),
+                    disk_len: None,
+                    file: None,
+                }),
+                id,
+            };
+            files
+                .slots
+                .insert((slot.id.key.clone(), slot.id.generation), Arc::new(slot));
+        }
+        let source = Arc::new(Source {
+            name: name.to_owned(),
+            files: Mutex::new(files),
+        });
+        Ok(lock(&self.sources)
+            .entry(name.to_owned())
+            .or_insert(source)
+            .clone())
+    }
+
+    /// Destination path of a source-relative path, relative to the root.
+    fn dest(&self, source: &Source, path: &str) -> String {
+        match self.layout {
+            Layout::PerSource => format!("{}/{path}", source.name),
+            Layout::Flat => path.to_owned(),
+        }
+    }
+
+    /// Places one batch (blocking I/O). Returns the commit to wait for and the
+    /// ack to send once it is durable.
+    pub fn place(
+        &self,
+        source: &Source,
+        seq: u64,
+        batch: &RangeBatch,
+    ) -> Result<(CommitRequest, Ack), PlaceError> {
+        let mut work = BatchWork {
+            request: CommitRequest::default(),
+            ack: Ack {
+                seq,
+                ..Ack::default()
+            },
+        };
+        for (index, row) in batch.rows().enumerate() {
+            let context = |e: String| {
+                format!(
+                    "batch {seq} row {index} ('{}' generation {}): {e}",
+                    row.file_key, row.generation
+                )
+            };
+            let result = match row.kind {
+                RowKind::Data => self.place_data(source, &row, &mut work),
+                RowKind::Open => self.open_generation(source, &row, &mut work),
+                RowKind::Rename => self.rename(source, &row, &mut work),
+                RowKind::Seal => self.seal(source, &row, &mut work),
+            };
+            let failure = match result {
+                Ok(()) => continue,
+                Err(RowError::Reject(error)) => {
+                    work.ack.rejected.push(RejectedRow {
+                        row: index,
+                        error: context(error),
+                    });
+                    continue;
+                }
+                Err(RowError::Peer(error)) => PlaceError::Peer(context(error)),
+                Err(RowError::Storage(error)) => PlaceError::Storage(context(error)),
+            };
+            // What this batch wrote will not be recorded: others must not
+            // wait for it, and a re-delivery must write it again.
+            for (slot, ranges) in &work.request.placed {
+                let mut state = lock(&slot.state);
+                for &(start, end) in ranges {
+                    crate::commit::remove_range(&mut state.pending, start, end);
+                }
+            }
+            return Err(failure);
+        }
+        work.request.counters.placed_bytes = work.ack.placed;
+        work.request.counters.duplicate_bytes = work.ack.duplicate;
+        Ok((work.request, work.ack))
+    }
+
+    fn slot(&self, source: &Source, key: &str, generation: u64) -> Option<Arc<Slot>> {
+        lock(&source.files)
+            .slots
+            .get(&(key.to_owned(), generation))
+            .cloned()
+    }
+
+    /// The slot of (key, generation); generation 1 is created on first sight
+    /// at the key's own path, later generations need an Open row first.
+    fn slot_or_create(
+        &self,
+        source: &Source,
+        row: &Row<'_>,
+        work: &mut BatchWork,
+    ) -> Result<Arc<Slot>, RowError> {
+        if let Some(slot) = self.slot(source, row.file_key, row.generation) {
+            return Ok(slot);
+        }
+        if row.generation != 1 {
+            return Err(RowError::Peer(format!(
+                "generation {} was never opened (send an Open row before its data)",
+                row.generation
+            )));
+        }
+        self.create(source, row.file_key, 1, row.file_key, work)
+    }
+
+    fn create(
+        &self,
+        source: &Source,
+        key: &str,
+        generation: u64,
+        path: &str,
+        work: &mut BatchWork,
+    ) -> Result<Arc<Slot>, RowError> {
+        crate::confine::components(key).map_err(|e| RowError::Peer(e.to_string()))?;
+        let dest = self.dest(source, path);
+        self.supersede_at(source, &dest, work)?;
+        let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
+        let disk_len = opened.file.metadata().map(|m| m.len()).ok();
+        work.request
+            .dirs_to_sync
+            .extend(opened.dirs_to_sync.into_iter().map(Arc::new));
+        let slot = Arc::new(Slot {
+            id: FileId {
+                source: source.name.clone(),
+                key: key.to_owned(),
+                generation,
+            },
+            state: Mutex::new(SlotState {
+                record: FileRecord {
+                    dest_path: dest.clone(),
+                    ..FileRecord::default()
+                },
+                pending: IntervalSet::new(),
+                disk_len,
+                file: Some(Arc::new(opened.file)),
+            }),
+        });
+        let mut files = lock(&source.files);
+        files
+            .slots
+            .insert((key.to_owned(), generation), slot.clone());
+        files.by_path.insert(dest, (key.to_owned(), generation));
+        drop(files);
+        self.remember_open(&slot);
+        work.request.touched.push(slot.clone());
+        Ok(slot)
+    }
+
+    /// A new generation or a rename takes `dest`: whatever live generation
+    /// was there is superseded (removed, or kept aside by policy).
+    fn supersede_at(
+        &self,
+        source: &Source,
+        dest: &str,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        let Some((key, generation)) = lock(&source.files).by_path.remove(dest) else {
+            return Ok(());
+        };
+        let Some(old) = self.slot(source, &key, generation) else {
+            return Ok(());
+        };
+        let mut state = lock(&old.state);
+        state.file = None;
+        state.record.superseded = true;
+        match self.superseded {
+            SupersededPolicy::Mirror => {
+                if let Some(dir) = self.root.remove(dest).map_err(confine_error)? {
+                    work.request.dirs_to_sync.push(Arc::new(dir));
+                }
+            }
+            SupersededPolicy::Keep => {
+                let aside = format!("{dest}.gen{generation}");
+                let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
+                work.request
+                    .dirs_to_sync
+                    .extend(dirs.into_iter().map(Arc::new));
+                state.record.dest_path = aside;
+            }
+        }
+        drop(state);
+        work.request.touched.push(old);
+        Ok(())
+    }
+
+    fn file_of(
+        &self,
+        slot: &Arc<Slot>,
+        state: &mut SlotState,
+        work: &mut BatchWork,
+    ) -> Result<Arc<File>, RowError> {
+        if let Some(file) = &state.file {
+            return Ok(file.clone());
+        }
+        let opened = self
+            .root
+            .open_for_write(&state.record.dest_path)
+            .map_err(confine_error)?;
+        if state.disk_len.is_none() {
+            state.disk_len = opened.file.metadata().map(|m| m.len()).ok();
+        }
+        work.request
+            .dirs_to_sync
+            .extend(opened.dirs_to_sync.into_iter().map(Arc::new));
+        let file = Arc::new(opened.file);
+        state.file = Some(file.clone());
+        self.remember_open(slot);
+        Ok(file)
+    }
+
+    /// Keeps the number of cached descriptors bounded: the oldest opened is
+    /// closed first (a commit still holding it keeps it open until synced).
+    fn remember_open(&self, slot: &Arc<Slot>) {
+        let mut open = lock(&self.open_files);
+        open.push_back(slot.clone());
+        while open.len() > self.max_open_files {
+            if let Some(evicted) = open.pop_front() {
+                if !Arc::ptr_eq(&evicted, slot) {
+                    lock(&evicted.state).file = None;
+                }
+            }
+        }
+    }
+
+    fn place_data(
+        &self,
+        source: &Source,
+        row: &Row<'_>,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        let slot = self.slot_or_create(source, row, work)?;
+        let len = row.data.len() as u64;
+        let (start, end) = (row.offset, row.offset + len);
+        let mut state = lock(&slot.state);
+        if state.record.superseded {
+            work.ack.stale += len;
+            return Ok(());
+        }
+        let unplaced = state.record.placed.missing(start, end);
+        let mut to_write = Vec::new();
+        for (s, e) in unplaced {
+            for part in state.pending.missing(s, e) {
+                to_write.push(part);
+            }
+        }
+        let written: u64 = to_write.iter().map(|(s, e)| e - s).sum();
+        if written < len {
+            // Parts already recorded or being written by another batch: this
+            // ack must not overtake theirs.
+            work.request.dependencies.push(Dependency {
+                slot: slot.clone(),
+                start,
+                end,
+            });
+        }
+        work.ack.duplicate += len - written;
+        if to_write.is_empty() {
+            return Ok(());
+        }
+        if let Some(sealed) = &state.record.sealed {
+            return Err(RowError::Peer(format!(
+                "range {start}..{end} is beyond what was sealed at size {}",
+                sealed.size
+            )));
+        }
+        let file = self.file_of(&slot, &mut state, work)?;
+        for (i, &(s, e)) in to_write.iter().enumerate() {
+            let bytes = &row.data[(s - start) as usize..(e - start) as usize];
+            if let Err(err) = file.write_all_at(bytes, s) {
+                for &(ws, we) in &to_write[..i] {
+                    crate::commit::remove_range(&mut state.pending, ws, we);
+                }
+                return Err(RowError::Storage(format!(
+                    "writing {} bytes at offset {s} of {}: {err}",
+                    e - s,
+                    state.record.dest_path
+                )));
+            }
+            let known = state.disk_len.unwrap_or(0);
+            if s < known {
+                work.request.counters.rewritten_bytes += e.min(known) - s;
+            }
+            state.disk_len = Some(known.max(e));
+            state.pending.insert(s, e);
+        }
+        drop(state);
+        work.ack.placed += written;
+        work.request.files_to_sync.push(file);
+        work.request.placed.push((slot.clone(), to_write));
+        work.request.touched.push(slot);
+        Ok(())
+    }
+
+    fn open_generation(
+        &self,
+        source: &Source,
+        row: &Row<'_>,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        let path = row
+            .path
+            .ok_or_else(|| RowError::Peer("an Open row needs a path".into()))?;
+        crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
+        if let Some(slot) = self.slot(source, row.file_key, row.generation) {
+            // A re-delivered Open: already done.
+            work.request.touched.push(slot);
+            return Ok(());
+        }
+        if row.generation == 0 {
+            return Err(RowError::Peer("generations start at 1".into()));
+        }
+        self.create(source, row.file_key, row.generation, path, work)?;
+        Ok(())
+    }
+
+    fn rename(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
+        let path = row
+            .path
+            .ok_or_else(|| RowError::Peer("a Rename row needs the new path".into()))?;
+        crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
+        let slot = self.slot_or_create(source, row, work)?;
+        let new_dest = self.dest(source, path);
+        let old_dest = lock(&slot.state).record.dest_path.clone();
+        if old_dest == new_dest {
+            work.request.touched.push(slot);
+            return Ok(());
+        }
+        if lock(&slot.state).record.superseded {
+            return Err(RowError::Reject(
+                "a newer generation replaced this one; rename ignored".into(),
+            ));
+        }
+        self.supersede_at(source, &new_dest, work)?;
+        let dirs = self
+            .root
+            .rename(&old_dest, &new_dest)
+            .map_err(confine_error)?;
+        work.request
+            .dirs_to_sync
+            .extend(dirs.into_iter().map(Arc::new));
+        lock(&slot.state).record.dest_path = new_dest.clone();
+        let mut files = lock(&source.files);
+        files.by_path.remove(&old_dest);
+        files
+            .by_path
+            .insert(new_dest, (row.file_key.to_owned(), row.generation));
+        drop(files);
+        work.request.touched.push(slot);
+        Ok(())
+    }
+
+    fn seal(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
+        let digest = row
+            .digest
+            .ok_or_else(|| RowError::Peer("a Seal row needs a sha256 digest".into()))?;
+        let size = row.offset;
+        let slot = self.slot_or_create(source, row, work)?;
+        let mut state = lock(&slot.state);
+        if let Some(sealed) = &state.record.sealed {
+            return if sealed.size == size && sealed.sha256_hex == digest {
+                drop(state);
+                work.request.touched.push(slot);
+                Ok(())
+            } else {
+                Err(RowError::Reject(format!(
+                    "already sealed at size {} with another digest",
+                    sealed.size
+                )))
+            };
+        }
+        if state.record.superseded {
+            return Err(RowError::Reject(
+                "a newer generation replaced this one; seal ignored".into(),
+            ));
+        }
+        let placed = &state.record.placed;
+        if !placed.covers(0, size) || placed.total_len() != size {
+            let missing = placed.missing(0, size);
+            return Err(RowError::Reject(format!(
+                "cannot seal at size {size}: {} bytes placed, missing {:?}",
+                placed.total_len(),
+                &missing[..missing.len().min(8)]
+            )));
+        }
+        let file = self.file_of(&slot, &mut state, work)?;
+        let dest = state.record.dest_path.clone();
+        let len = file
+            .metadata()
+            .map_err(|e| RowError::Storage(format!("stat {dest}: {e}")))?
+            .len();
+        if len > size {
+            // Bytes past the final size were never recorded (an earlier crash
+            // or an older file): the destination must end where the source does.
+            file.set_len(size)
+                .map_err(|e| RowError::Storage(format!("truncating {dest} to {size}: {e}")))?;
+            work.request.files_to_sync.push(file);
+        }
+        let reader = self.root.open_for_read(&dest).map_err(confine_error)?;
+        let actual = sha256_prefix(reader, size)
+            .map_err(|e| RowError::Storage(format!("hashing {dest}: {e}")))?;
+        if actual != digest {
+            return Err(RowError::Reject(format!(
+                "sha256 of {dest} is {actual}, the source says {digest}"
+            )));
+        }
+        state.record.sealed = Some(Sealed {
+            size,
+            sha256_hex: digest.to_owned(),
+        });
+        // A sealed file takes no more writes: give its descriptor back.
+        state.file = None;
+        drop(state);
+        work.request.touched.push(slot);
+        Ok(())
+    }
+}
+
+fn sha256_prefix(mut file: File, size: u64) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        let want = buffer.len().min(left as usize);
+        let got = file.read(&mut buffer[..want])?;
+        if got == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("file ends {left} bytes short"),
+            ));
+        }
+        hasher.update(&buffer[..got]);
+        left -= got as u64;
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// How one row failed.
+enum RowError {
+    /// Refuse this row only, in the ack.
+    Reject(String),
+    /// Fail the batch: the peer sent something invalid.
+    Peer(String),
+    /// Fail the batch: storage failed.
+    Storage(String),
+}
+
+fn confine_error(e: ConfineError) -> RowError {
+    if e.is_peer_error() {
+        RowError::Peer(e.to_string())
+    } else {
+        RowError::Storage(e.to_string())
+    }
+}
+
+/// Reads the first `len` bytes of a destination file for reconciliation.
+pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> u32 {
+    let Ok(file) = root.open_for_read(dest) else {
+        return 0;
+    };
+    let mut buffer = vec![0u8; len as usize];
+    match file.read_exact_at(&mut buffer, 0) {
+        Ok(()) => crc32c::crc32c(&buffer),
+        Err(_) => 0,
+    }
+}

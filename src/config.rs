@@ -1,0 +1,124 @@
+//! `--config FILE`: a TOML file equivalent to the flags.
+//!
+//! Each key becomes the flag of the same name (`batch_bytes = "8MiB"` is
+//! `--batch-bytes=8MiB`), placed before the flags given on the command line so
+//! those win. Keys may sit at the top level or in a table named after the
+//! subcommand (`[sink]`, `[watch]`), so one file can configure several.
+
+use std::ffi::OsString;
+
+use anyhow::{Context, bail};
+
+const SUBCOMMANDS: [&str; 8] = [
+    "sink", "watch", "sim", "verify", "certs", "status", "audit", "demo",
+];
+
+pub fn expand_config_args(mut args: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
+    let mut config_path = None;
+    let mut i = 1;
+    while i < args.len() {
+        let arg = args[i].to_string_lossy().into_owned();
+        if arg == "--config" {
+            let Some(path) = args.get(i + 1).cloned() else {
+                bail!("--config needs a file")
+            };
+            config_path = Some(path);
+            args.drain(i..i + 2);
+            continue;
+        }
+        if let Some(path) = arg.strip_prefix("--config=") {
+            config_path = Some(OsString::from(path));
+            args.remove(i);
+            continue;
+        }
+        i += 1;
+    }
+    let Some(path) = config_path else {
+        return Ok(args);
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read config {}", path.to_string_lossy()))?;
+    let table: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("config {} is not valid TOML", path.to_string_lossy()))?;
+    let Some(position) = args
+        .iter()
+        .position(|a| SUBCOMMANDS.contains(&a.to_string_lossy().as_ref()))
+    else {
+        bail!("--config needs a subcommand ({})", SUBCOMMANDS.join(", "));
+    };
+    let subcommand = args[position].to_string_lossy().into_owned();
+    let section = match table.get(&subcommand) {
+        Some(toml::Value::Table(section)) => section.clone(),
+        _ => table
+            .into_iter()
+            .filter(|(k, _)| !SUBCOMMANDS.contains(&k.as_str()))
+            .collect(),
+    };
+    let mut flags = Vec::new();
+    for (key, value) in section {
+        let flag = format!("--{}", key.replace('_', "-"));
+        push_flag(&mut flags, &flag, &value)
+            .with_context(|| format!("config {}: key {key}", path.to_string_lossy()))?;
+    }
+    args.splice(
+        position + 1..position + 1,
+        flags.into_iter().map(OsString::from),
+    );
+    Ok(args)
+}
+
+fn push_flag(flags: &mut Vec<String>, flag: &str, value: &toml::Value) -> anyhow::Result<()> {
+    match value {
+        toml::Value::Boolean(true) => flags.push(flag.to_owned()),
+        toml::Value::Boolean(false) => {}
+        toml::Value::String(s) => flags.push(format!("{flag}={s}")),
+        toml::Value::Integer(n) => flags.push(format!("{flag}={n}")),
+        toml::Value::Float(x) => flags.push(format!("{flag}={x}")),
+        toml::Value::Array(items) => {
+            for item in items {
+                push_flag(flags, flag, item)?;
+            }
+        }
+        other => bail!("unsupported value {other}"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_keys_become_flags_before_the_command_line_ones() {
+        let dir = std::env::temp_dir().join(format!("tailflight-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "[watch]\nto = [\"http://a:1\", \"http://b:2\"]\npoll = true\nbatch_bytes = \"8MiB\"\n",
+        )
+        .unwrap();
+        let args: Vec<OsString> = [
+            "tailflight",
+            "watch",
+            "--config",
+            file.to_str().unwrap(),
+            "--batch-bytes=1MiB",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let out: Vec<String> = expand_config_args(args)
+            .unwrap()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(out[0..2], ["tailflight", "watch"]);
+        assert!(
+            out.contains(&"--to=http://a:1".to_string())
+                && out.contains(&"--to=http://b:2".to_string())
+        );
+        assert!(out.contains(&"--poll".to_string()));
+        assert_eq!(out.last().unwrap(), "--batch-bytes=1MiB");
+    }
+}

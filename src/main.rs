@@ -1,0 +1,450 @@
+//! `tailflight`: parses arguments (and an optional TOML config equivalent to
+//! them) and dispatches to the crates that do the work.
+
+mod config;
+mod demo;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use flight_server::tls::{ClientTls, ServerTls};
+
+#[derive(Parser)]
+#[command(
+    name = "tailflight",
+    version,
+    args_override_self = true,
+    about = "Stream growing files over Arrow Flight, placed exactly once at the destination"
+)]
+struct Cli {
+    /// Log filter (RUST_LOG syntax), e.g. "info" or "watcher=debug".
+    #[arg(long, global = true, default_value = "info", env = "TAILFLIGHT_LOG")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Receive ranges and place them under a root directory.
+    Sink(SinkArgs),
+    /// Tail a directory tree and stream appended bytes to sinks.
+    Watch(WatchArgs),
+    /// Write DAQ-like growing files (detector simulator).
+    Sim(SimArgs),
+    /// Compare a source tree with a destination tree; exits 1 on any difference.
+    Verify(VerifyArgs),
+    /// Make a development CA, a server and a client certificate.
+    Certs(CertsArgs),
+    /// Ask a running sink for its counters.
+    Status(StatusArgs),
+    /// Check a sink manifest: no byte range recorded twice; prints counters.
+    Audit(AuditArgs),
+    /// Run simulator, watcher and sink on loopback with live progress, then verify.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct ServerTlsArgs {
+    /// Serve TLS with this certificate (PEM).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (mutual TLS).
+    #[arg(long, requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
+}
+
+impl ServerTlsArgs {
+    fn config(&self) -> Option<ServerTls> {
+        Some(ServerTls {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.client_ca.clone(),
+        })
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct ClientTlsArgs {
+    /// Connect with TLS, trusting this CA for the sink's certificate (PEM).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate for mutual TLS (PEM).
+    #[arg(long, requires = "tls_ca", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Client private key for mutual TLS (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Name to check the sink's certificate against (default: the host of --to).
+    #[arg(long)]
+    tls_domain: Option<String>,
+}
+
+impl ClientTlsArgs {
+    fn config(&self) -> Option<ClientTls> {
+        Some(ClientTls {
+            ca: self.tls_ca.clone()?,
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            domain: self.tls_domain.clone(),
+        })
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct SinkArgs {
+    /// Destination root: files land under it and nowhere else.
+    #[arg(long)]
+    root: PathBuf,
+    /// Manifest directory (RocksDB); keep it on durable storage.
+    #[arg(long)]
+    state: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    tls: ServerTlsArgs,
+    /// Where files land: per-source (<root>/<source>/<path>) or flat (<root>/<path>).
+    #[arg(long, value_enum, default_value = "per-source")]
+    layout: sink::Layout,
+    /// What happens to a generation a newer one replaces: mirror (remove it) or keep (as <path>.gen<N>).
+    #[arg(long, value_enum, default_value = "mirror")]
+    superseded: sink::SupersededPolicy,
+    /// Largest gRPC message accepted (bytes); larger batches are refused.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_message_bytes: usize,
+    /// HTTP/2 flow-control window per stream and connection (bytes).
+    #[arg(long, default_value_t = 64 << 20)]
+    window_bytes: u32,
+    /// Destination files kept open at once.
+    #[arg(long, default_value_t = 1024)]
+    max_open_files: usize,
+}
+
+#[derive(Args, Clone)]
+pub struct WatchArgs {
+    /// Directory tree to tail.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Stable name of this watcher; the sink places files under <root>/<source>/.
+    #[arg(long)]
+    source: String,
+    /// Sink endpoint (http://HOST:PORT or https://HOST:PORT); repeat to shard files across sinks.
+    #[arg(long = "to", required = true)]
+    to: Vec<String>,
+    /// Checkpoint directory (RocksDB). If lost, the watcher reconciles with the sinks.
+    #[arg(long)]
+    state: PathBuf,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
+    /// Poll for growth instead of using inotify (NFS, Lustre, GPFS: remote writes raise no local event).
+    #[arg(long)]
+    poll: bool,
+    /// Fastest poll interval for a growing file (adaptive polling backs off to --poll-max).
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    poll_min: Duration,
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    poll_max: Duration,
+    /// Full rescan interval (also recovers from inotify overflow).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    rescan: Duration,
+    /// TCP connections per sink.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Bytes in flight (sent, not acknowledged) per connection.
+    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
+    window: u64,
+    /// Send a batch once it holds this many bytes...
+    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
+    batch_bytes: u64,
+    /// ...or once its first row waited this long.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    linger: Duration,
+    /// Largest single range in a batch.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    max_row_bytes: u64,
+    /// A closed file idle this long is sealed (renaming away from the in-progress suffix seals at once).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    seal_idle: Duration,
+    /// Suffix of files still being written.
+    #[arg(long, default_value = ".inprogress")]
+    inprogress_suffix: String,
+    /// Largest gRPC message sent (bytes).
+    #[arg(long, default_value_t = 64 << 20)]
+    max_message_bytes: usize,
+}
+
+#[derive(Args, Clone)]
+pub struct SimArgs {
+    /// Output directory.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Run name; files are <run>-sNN-cNNN.xtc2.
+    #[arg(long, default_value = "r0001")]
+    run: String,
+    /// Files written in parallel.
+    #[arg(long, default_value_t = 4)]
+    streams: usize,
+    /// Writes per second per stream (0: as fast as possible).
+    #[arg(long, default_value_t = 120.0)]
+    rate: f64,
+    /// Bytes per frame (or per event with --events-per-write).
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    frame: u64,
+    /// Events gathered into one write.
+    #[arg(long, default_value_t = 1)]
+    events_per_write: usize,
+    /// Rotate chunk files at this size.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    chunk: u64,
+    /// Stop after this long...
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// ...or after this many bytes in all.
+    #[arg(long, value_parser = parse_size)]
+    total: Option<u64>,
+    /// A burst every this long...
+    #[arg(long, value_parser = parse_duration)]
+    burst_every: Option<Duration>,
+    /// ...lasting this long...
+    #[arg(long, value_parser = parse_duration)]
+    burst_len: Option<Duration>,
+    /// ...at this multiple of the rate.
+    #[arg(long, default_value_t = 4.0)]
+    burst_factor: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Log each write ("file offset len unix_nanos") to this file.
+    #[arg(long)]
+    write_log: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+pub struct VerifyArgs {
+    source: PathBuf,
+    dest: PathBuf,
+    /// Skip files ending with this suffix (repeatable).
+    #[arg(long)]
+    ignore: Vec<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Clone)]
+pub struct CertsArgs {
+    /// Directory to write ca.pem, server.pem/.key and client.pem/.key into.
+    #[arg(long)]
+    out: PathBuf,
+    /// Names the server certificate is valid for (default: localhost and 127.0.0.1).
+    #[arg(long = "host")]
+    hosts: Vec<String>,
+}
+
+#[derive(Args, Clone)]
+pub struct StatusArgs {
+    /// Sink endpoint.
+    #[arg(long = "to", default_value = "http://127.0.0.1:50051")]
+    to: String,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
+}
+
+#[derive(Args, Clone)]
+pub struct AuditArgs {
+    /// The sink's manifest directory (the sink must not be running).
+    #[arg(long)]
+    state: PathBuf,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    detector_sim::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    detector_sim::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = match config::expand_config_args(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("tailflight: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tailflight: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+async fn ctrl_c() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn terminated() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return ctrl_c().await,
+    };
+    tokio::select! {
+        _ = ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
+    sink::SinkConfig {
+        root: args.root.clone(),
+        state_dir: args.state.clone(),
+        listen: args.listen,
+        tls: args.tls.config(),
+        layout: args.layout,
+        superseded: args.superseded,
+        max_message_bytes: args.max_message_bytes,
+        window_bytes: args.window_bytes,
+        max_open_files: args.max_open_files,
+    }
+}
+
+fn watch_config(args: &WatchArgs) -> watcher::WatchConfig {
+    watcher::WatchConfig {
+        root: args.dir.clone(),
+        source: args.source.clone(),
+        state_dir: args.state.clone(),
+        sinks: args.to.clone(),
+        connections: args.connections,
+        window_bytes: args.window,
+        max_message_bytes: args.max_message_bytes,
+        tls: args.tls.config(),
+        poll: args.poll,
+        poll_min: args.poll_min,
+        poll_max: args.poll_max,
+        rescan_every: args.rescan,
+        batch_bytes: args.batch_bytes as usize,
+        linger: args.linger,
+        max_row_bytes: args.max_row_bytes as usize,
+        seal: true,
+        seal_idle: args.seal_idle,
+        inprogress_suffix: args.inprogress_suffix.clone(),
+    }
+}
+
+fn sim_config(args: &SimArgs) -> detector_sim::SimConfig {
+    detector_sim::SimConfig {
+        dir: args.dir.clone(),
+        run: args.run.clone(),
+        streams: args.streams,
+        rate_hz: args.rate,
+        frame_bytes: args.frame as usize,
+        events_per_write: args.events_per_write,
+        burst_every: args.burst_every,
+        burst_len: args.burst_len,
+        burst_factor: args.burst_factor,
+        chunk_bytes: args.chunk,
+        duration: args.duration,
+        total_bytes: args.total,
+        seed: args.seed,
+        write_log: args.write_log.clone(),
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
+    use std::process::ExitCode;
+    match command {
+        Command::Sink(args) => {
+            runtime()?.block_on(sink::run(sink_config(&args), terminated()))?;
+        }
+        Command::Watch(args) => {
+            let progress = Arc::new(watcher::Progress::default());
+            runtime()?.block_on(watcher::run(watch_config(&args), progress, terminated()))?;
+        }
+        Command::Sim(args) => {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let report = detector_sim::run(&sim_config(&args), &stop)?;
+            println!(
+                "wrote {} bytes in {} files in {:.2}s",
+                report.bytes,
+                report.files.len(),
+                report.elapsed.as_secs_f64()
+            );
+        }
+        Command::Verify(args) => {
+            let options = sink::verify::VerifyOptions {
+                ignore: args.ignore.clone(),
+                ..Default::default()
+            };
+            let report = sink::verify::verify_trees(&args.source, &args.dest, &options)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{report}");
+            }
+            return Ok(if report.is_identical() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+        Command::Certs(args) => {
+            flight_server::tls::make_dev_certs(&args.out, &args.hosts).map_err(|e| {
+                anyhow::anyhow!("making certificates in {}: {e}", args.out.display())
+            })?;
+            println!(
+                "wrote {} into {}",
+                flight_server::tls::DEV_CERT_FILES.join(", "),
+                args.out.display()
+            );
+        }
+        Command::Status(args) => {
+            let config = flight_server::ClientConfig {
+                endpoint: args.to.clone(),
+                tls: args.tls.config(),
+                ..Default::default()
+            };
+            let status = runtime()?.block_on(flight_server::client::action(
+                &config,
+                flight_server::protocol::ACTION_STATUS,
+                Vec::new(),
+            ))?;
+            println!("{}", String::from_utf8_lossy(&status));
+        }
+        Command::Audit(args) => {
+            let report = sink::audit(&args.state)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            return Ok(if report.overlapping_placements == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+        Command::Demo(args) => return demo::run(args),
+    }
+    Ok(ExitCode::SUCCESS)
+}

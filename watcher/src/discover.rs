@@ -1,0 +1,201 @@
+//! Finding files and hearing about changes: a recursive walk of the watched
+//! tree, and inotify watches on its directories.
+//!
+//! inotify is a hint, never the truth: events can be lost (queue overflow) and
+//! writes from other nodes of a network filesystem raise none. The tailer
+//! therefore stats files itself, and a periodic walk finds whatever the
+//! events missed.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
+
+/// A regular file found by a walk.
+#[derive(Clone, Debug)]
+pub struct Found {
+    /// Relative to the watched root, '/'-separated.
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+}
+
+/// Walks `root` and returns its regular files (symlinks are not followed)
+/// and its directories, both relative to `root`.
+pub fn walk(root: &Path) -> io::Result<(Vec<Found>, Vec<String>)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![String::new()];
+    let mut index = 0;
+    while index < dirs.len() {
+        let rel = dirs[index].clone();
+        index += 1;
+        let entries = match std::fs::read_dir(root.join(&rel)) {
+            Ok(entries) => entries,
+            // A directory removed between listing and reading is not an error.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("reading directory {}: {e}", root.join(&rel).display()),
+                ));
+            }
+        };
+        for entry in entries.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                tracing::warn!(dir = %root.join(&rel).display(), name = ?entry.file_name(), "skipping a file whose name is not UTF-8");
+                continue;
+            };
+            let path = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.file_type().is_dir() {
+                dirs.push(path);
+            } else if meta.file_type().is_file() {
+                files.push(Found {
+                    path,
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                    size: meta.len(),
+                });
+            }
+        }
+    }
+    Ok((files, dirs))
+}
+
+/// What an inotify event tells the tailer.
+#[derive(Debug)]
+pub enum Change {
+    /// Something happened to this path (created, written, closed, moved here).
+    Touched { path: String, closed: bool },
+    /// This path is gone (deleted or moved away).
+    Gone { path: String },
+    /// A directory appeared: watch it and walk it.
+    NewDir { path: String },
+    /// Events were lost: walk everything.
+    Overflow,
+}
+
+/// inotify watches over a directory tree.
+pub struct Events {
+    inotify: Inotify,
+    dirs: HashMap<WatchDescriptor, String>,
+    root: PathBuf,
+    buffer: Vec<u8>,
+}
+
+const MASK: WatchMask = WatchMask::CREATE
+    .union(WatchMask::MODIFY)
+    .union(WatchMask::CLOSE_WRITE)
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::DELETE)
+    .union(WatchMask::ONLYDIR)
+    .union(WatchMask::DONT_FOLLOW);
+
+impl Events {
+    pub fn new(root: &Path) -> io::Result<Self> {
+        Ok(Self {
+            inotify: Inotify::init()?,
+            dirs: HashMap::new(),
+            root: root.to_owned(),
+            buffer: vec![0; 64 << 10],
+        })
+    }
+
+    /// Watches a directory (relative to the root); watching twice is harmless.
+    pub fn watch_dir(&mut self, rel: &str) {
+        match self.inotify.watches().add(self.root.join(rel), MASK) {
+            Ok(wd) => {
+                self.dirs.insert(wd, rel.to_owned());
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.root.join(rel).display(), error = %e, "cannot watch directory; relying on rescans")
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for events and returns what they say.
+    pub fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>> {
+        let mut pollfd = libc::pollfd {
+            fd: self.inotify.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let ready = unsafe { libc::poll(&mut pollfd, 1, millis) };
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            return if error.kind() == io::ErrorKind::Interrupted {
+                Ok(Vec::new())
+            } else {
+                Err(error)
+            };
+        }
+        let mut changes = Vec::new();
+        loop {
+            let events = match self.inotify.read_events(&mut self.buffer) {
+                Ok(events) => events,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            };
+            let mut any = false;
+            for event in events {
+                any = true;
+                if event.mask.contains(EventMask::Q_OVERFLOW) {
+                    changes.push(Change::Overflow);
+                    continue;
+                }
+                if event.mask.contains(EventMask::IGNORED) {
+                    self.dirs.remove(&event.wd);
+                    continue;
+                }
+                let (Some(dir), Some(name)) =
+                    (self.dirs.get(&event.wd), event.name.and_then(OsStr::to_str))
+                else {
+                    continue;
+                };
+                let path = if dir.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{dir}/{name}")
+                };
+                let is_dir = event.mask.contains(EventMask::ISDIR);
+                if event
+                    .mask
+                    .intersects(EventMask::DELETE | EventMask::MOVED_FROM)
+                {
+                    if !is_dir {
+                        changes.push(Change::Gone { path });
+                    }
+                } else if is_dir {
+                    if event
+                        .mask
+                        .intersects(EventMask::CREATE | EventMask::MOVED_TO)
+                    {
+                        changes.push(Change::NewDir { path });
+                    }
+                } else {
+                    changes.push(Change::Touched {
+                        path,
+                        closed: event.mask.contains(EventMask::CLOSE_WRITE),
+                    });
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        Ok(changes)
+    }
+}

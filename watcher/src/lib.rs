@@ -1,0 +1,261 @@
+//! The watcher: discovers and tails growing files under a directory tree and
+//! streams the appended ranges to one or more sinks.
+//!
+//! - `discover`: tree walks and inotify;
+//! - `tail`: the tailer thread (identity, reading, batching, seals, checkpoints);
+//! - [`progress`]: what the watcher reports about itself.
+//!
+//! The tailer does blocking file I/O on a thread of its own; the connections
+//! to the sinks run on tokio. Bounded channels between them are the
+//! backpressure that keeps memory bounded.
+
+mod discover;
+pub mod progress;
+mod tail;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use flight_server::protocol::{ACTION_WATERMARKS, FileWatermark};
+use flight_server::tls::ClientTls;
+use flight_server::{ClientConfig, FlightPool};
+use manifest_db::WatchState;
+
+pub use progress::{FileProgress, Progress};
+
+#[derive(Clone, Debug)]
+pub struct WatchConfig {
+    /// The tree to watch.
+    pub root: PathBuf,
+    /// Stable name of this watcher; the sink places its files under it.
+    pub source: String,
+    /// Where acknowledged offsets are checkpointed (RocksDB).
+    pub state_dir: PathBuf,
+    /// Sink endpoints; files are sharded across them by rendezvous hashing.
+    pub sinks: Vec<String>,
+    pub connections: usize,
+    pub window_bytes: u64,
+    pub max_message_bytes: usize,
+    pub tls: Option<ClientTls>,
+    /// Poll instead of inotify (network and parallel filesystems).
+    pub poll: bool,
+    pub poll_min: Duration,
+    pub poll_max: Duration,
+    pub rescan_every: Duration,
+    /// A batch is sent when it holds this many bytes...
+    pub batch_bytes: usize,
+    /// ...or when its oldest row has waited this long.
+    pub linger: Duration,
+    /// Largest single range row.
+    pub max_row_bytes: usize,
+    pub seal: bool,
+    /// A closed file idle this long is complete.
+    pub seal_idle: Duration,
+    /// Files with this suffix are in progress; renaming them away seals them.
+    pub inprogress_suffix: String,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("."),
+            source: "default".into(),
+            state_dir: PathBuf::from("watch-state"),
+            sinks: vec!["http://127.0.0.1:50051".into()],
+            connections: 4,
+            window_bytes: 32 << 20,
+            max_message_bytes: 64 << 20,
+            tls: None,
+            poll: false,
+            poll_min: Duration::from_millis(5),
+            poll_max: Duration::from_millis(500),
+            rescan_every: Duration::from_secs(5),
+            batch_bytes: 4 << 20,
+            linger: Duration::from_millis(1),
+            max_row_bytes: 1 << 20,
+            seal: true,
+            seal_idle: Duration::from_secs(60),
+            inprogress_suffix: ".inprogress".into(),
+        }
+    }
+}
+
+impl WatchConfig {
+    pub(crate) fn sinks_names(&self) -> &[String] {
+        &self.sinks
+    }
+}
+
+/// The sink a file key goes to: highest hash of (key, sink) wins, so adding
+/// or removing a sink moves only the keys that must move.
+pub fn rendezvous(key: &str, sinks: &[String]) -> usize {
+    let score = |sink: &str| {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in key.bytes().chain([0xff]).chain(sink.bytes()) {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        // Finalise so that nearby inputs spread (FNV alone clusters).
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
+    };
+    (0..sinks.len())
+        .max_by_key(|&i| score(&sinks[i]))
+        .unwrap_or(0)
+}
+
+/// Runs the watcher until `shutdown` resolves or the tailer fails.
+pub async fn run(
+    config: WatchConfig,
+    progress: Arc<Progress>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(!config.sinks.is_empty(), "no sink given (--to)");
+    anyhow::ensure!(
+        !config.source.is_empty()
+            && !config.source.contains(['/', '\0'])
+            && config.source != "."
+            && config.source != "..",
+        "source name {:?} must be one plain path component",
+        config.source
+    );
+    let root = std::fs::canonicalize(&config.root).with_context(|| {
+        format!(
+            "the watched directory {} is not accessible",
+            config.root.display()
+        )
+    })?;
+    let config = Arc::new(WatchConfig { root, ..config });
+    let state = WatchState::open(&config.state_dir)?;
+    let mut pools = Vec::new();
+    let (delivery_tx, delivery_rx) = std::sync::mpsc::channel();
+    for endpoint in &config.sinks {
+        let (pool, mut deliveries) = FlightPool::start(ClientConfig {
+            endpoint: endpoint.clone(),
+            source: config.source.clone(),
+            connections: config.connections,
+            window_bytes: config.window_bytes,
+            max_message_bytes: config.max_message_bytes,
+            tls: config.tls.clone(),
+            connect_timeout: Duration::from_secs(5),
+        })?;
+        let index = pools.len();
+        let forward = delivery_tx.clone();
+        tokio::spawn(async move {
+            while let Some(delivery) = deliveries.recv().await {
+                if forward.send((index, delivery)).is_err() {
+                    break;
+                }
+            }
+        });
+        pools.push(Arc::new(pool));
+    }
+    let watermarks = if state.is_empty()? {
+        reconcile(&config.source, &pools).await
+    } else {
+        Vec::new()
+    };
+    let mut outboxes = Vec::new();
+    for pool in &pools {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            while let Some(out) = rx.recv().await {
+                pool.send(out).await;
+            }
+        });
+        outboxes.push(tx);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let tailer = tail::Tailer::new(
+        config.clone(),
+        state,
+        watermarks,
+        outboxes,
+        delivery_rx,
+        progress,
+    )?;
+    let thread_stop = stop.clone();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("tailer".into())
+        .spawn(move || {
+            let _ = done_tx.send(tailer.run(&thread_stop));
+        })?;
+    tracing::info!(root = %config.root.display(), source = %config.source, sinks = ?config.sinks, poll = config.poll, "watching");
+    tokio::pin!(done_rx);
+    tokio::select! {
+        result = &mut done_rx => return result.unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked"))),
+        _ = shutdown => {}
+    }
+    stop.store(true, Ordering::Relaxed);
+    done_rx
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked")))
+}
+
+/// A watcher without state asks every sink what it already holds, so nothing
+/// placed is sent again. Waits for the sinks to answer.
+async fn reconcile(source: &str, pools: &[Arc<FlightPool>]) -> Vec<(usize, FileWatermark)> {
+    let body = serde_json::to_vec(&serde_json::json!({ "source": source })).unwrap_or_default();
+    let mut all = Vec::new();
+    for (index, pool) in pools.iter().enumerate() {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match pool.action(ACTION_WATERMARKS, body.clone()).await {
+                Ok(reply) => match serde_json::from_slice::<Vec<FileWatermark>>(&reply) {
+                    Ok(marks) => {
+                        tracing::info!(
+                            sink = pool.endpoint(),
+                            files = marks.len(),
+                            "reconciled with the sink"
+                        );
+                        all.extend(marks.into_iter().map(|m| (index, m)));
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::error!(sink = pool.endpoint(), error = %e, "unreadable watermarks; starting from scratch for this sink");
+                        break;
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(sink = pool.endpoint(), error = %e, "sink not reachable for reconciliation; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_is_stable_and_spreads() {
+        let sinks: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let mut counts = [0usize; 3];
+        for i in 0..3000 {
+            let key = format!("run1/file-{i}.xtc2");
+            let s = rendezvous(&key, &sinks);
+            assert_eq!(s, rendezvous(&key, &sinks));
+            counts[s] += 1;
+        }
+        assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
+        // Removing a sink moves only its own keys.
+        let two = &sinks[..2];
+        for i in 0..300 {
+            let key = format!("k{i}");
+            let before = rendezvous(&key, &sinks);
+            if before < 2 {
+                assert_eq!(rendezvous(&key, two), before);
+            }
+        }
+    }
+}

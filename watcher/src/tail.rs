@@ -1,0 +1,995 @@
+//! The tailer: one thread that owns every tracked file, reads what was
+//! appended, batches it, sends control rows (open, rename, seal) and
+//! checkpoints what the sinks acknowledged.
+//!
+//! Files are identified by (device, inode) plus a fingerprint of their first
+//! bytes, never by path alone: a rename is the same file under a new path,
+//! while a new inode at an old path, or a file that shrank, is a new
+//! generation. Bytes of two generations are never mixed: each generation has
+//! its own key on the wire.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use flight_server::{BatchBuilder, Delivery, FileWatermark, Outgoing, RowKind};
+use manifest_db::{IntervalSet, WatchState, WatchedFile};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::discover::{self, Change, Events, Found};
+use crate::progress::{FileProgress, Progress};
+use crate::{WatchConfig, rendezvous};
+
+/// Bytes at the head of a file used as its fingerprint.
+const FINGERPRINT_LEN: u64 = 4096;
+/// How often acknowledged offsets are written to the state store.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+
+type FileKey = (String, u64);
+
+enum Control {
+    Open,
+    Rename(String),
+    Seal { size: u64, digest: String },
+}
+
+struct Tracked {
+    key: String,
+    generation: u64,
+    path: String,
+    dev: u64,
+    ino: u64,
+    file: Option<File>,
+    size_seen: u64,
+    read_offset: u64,
+    acked: IntervalSet,
+    fingerprint: u32,
+    fingerprint_len: u32,
+    hasher: Option<Sha256>,
+    hashed_to: u64,
+    sink: usize,
+    last_change: Instant,
+    closed: bool,
+    deleted: bool,
+    seal_wanted: bool,
+    /// Data may flow (generation 1, or its Open was acknowledged).
+    open_acked: bool,
+    controls: VecDeque<Control>,
+    control_in_flight: bool,
+    sealed: bool,
+    failed: Option<String>,
+    poll_interval: Duration,
+    next_poll: Instant,
+    unacked_since: Option<Instant>,
+}
+
+impl Tracked {
+    fn acked_offset(&self) -> u64 {
+        self.acked.contiguous_end()
+    }
+
+    fn record(&self) -> WatchedFile {
+        WatchedFile {
+            key: self.key.clone(),
+            path: self.path.clone(),
+            dev: self.dev,
+            ino: self.ino,
+            fingerprint: self.fingerprint,
+            fingerprint_len: self.fingerprint_len,
+            generation: self.generation,
+            acked_offset: self.acked_offset(),
+            sealed: self.sealed,
+            deleted: self.deleted,
+        }
+    }
+}
+
+struct RowRef {
+    file: FileKey,
+    kind: RowKind,
+    offset: u64,
+    len: u64,
+}
+
+struct OpenBatch {
+    builder: BatchBuilder,
+    rows: Vec<RowRef>,
+    started: Option<Instant>,
+}
+
+pub(crate) struct Tailer {
+    config: Arc<WatchConfig>,
+    root: PathBuf,
+    state: WatchState,
+    files: HashMap<FileKey, Tracked>,
+    by_path: HashMap<String, FileKey>,
+    by_inode: HashMap<(u64, u64), FileKey>,
+    max_generation: HashMap<String, u64>,
+    /// Sealed files no longer tracked, so rescans leave them alone.
+    finished: HashMap<String, (u64, u64, u64)>,
+    /// What an earlier run recorded, by inode, until the first walk claims it.
+    resumable: HashMap<(u64, u64), WatchedFile>,
+    /// What the sinks hold, for a watcher that lost its state.
+    watermarks: Vec<(usize, FileWatermark)>,
+    batches: Vec<OpenBatch>,
+    outboxes: Vec<mpsc::Sender<Outgoing>>,
+    in_flight: HashMap<u64, Vec<RowRef>>,
+    next_token: u64,
+    deliveries: std::sync::mpsc::Receiver<(usize, Delivery)>,
+    ready: VecDeque<FileKey>,
+    ready_set: HashSet<FileKey>,
+    dirty: HashSet<FileKey>,
+    progress: Arc<Progress>,
+    scratch: Vec<u8>,
+    events: Option<Events>,
+}
+
+impl Tailer {
+    pub fn new(
+        config: Arc<WatchConfig>,
+        state: WatchState,
+        watermarks: Vec<(usize, FileWatermark)>,
+        outboxes: Vec<mpsc::Sender<Outgoing>>,
+        deliveries: std::sync::mpsc::Receiver<(usize, Delivery)>,
+        progress: Arc<Progress>,
+    ) -> anyhow::Result<Self> {
+        let mut max_generation: HashMap<String, u64> = HashMap::new();
+        let mut resumable = HashMap::new();
+        for record in state.load()? {
+            let g = max_generation.entry(record.key.clone()).or_default();
+            *g = (*g).max(record.generation);
+            resumable.insert((record.dev, record.ino), record);
+        }
+        for (_, mark) in &watermarks {
+            let g = max_generation.entry(mark.key.clone()).or_default();
+            *g = (*g).max(mark.generation);
+        }
+        let events = if config.poll {
+            None
+        } else {
+            Some(Events::new(&config.root)?)
+        };
+        let batches = (0..outboxes.len()).map(|_| new_batch(&config)).collect();
+        Ok(Self {
+            root: config.root.clone(),
+            scratch: vec![0; config.max_row_bytes.max(4096)],
+            config,
+            state,
+            files: HashMap::new(),
+            by_path: HashMap::new(),
+            by_inode: HashMap::new(),
+            max_generation,
+            finished: HashMap::new(),
+            resumable,
+            watermarks,
+            batches,
+            outboxes,
+            in_flight: HashMap::new(),
+            next_token: 0,
+            deliveries,
+            ready: VecDeque::new(),
+            ready_set: HashSet::new(),
+            dirty: HashSet::new(),
+            progress,
+            events,
+        })
+    }
+
+    pub fn run(mut self, stop: &AtomicBool) -> anyhow::Result<()> {
+        self.rescan()?;
+        let mut next_rescan = Instant::now() + self.config.rescan_every;
+        let mut next_checkpoint = Instant::now() + CHECKPOINT_EVERY;
+        while !stop.load(Ordering::Relaxed) {
+            let timeout = self.wait_budget();
+            let changes = match &mut self.events {
+                Some(events) => events.wait(timeout)?,
+                None => {
+                    std::thread::sleep(timeout);
+                    Vec::new()
+                }
+            };
+            self.drain_deliveries();
+            let mut overflow = false;
+            for change in changes {
+                overflow |= self.on_change(change);
+            }
+            let now = Instant::now();
+            if overflow || now >= next_rescan {
+                self.rescan()?;
+                next_rescan = now + self.config.rescan_every;
+            }
+            if self.config.poll {
+                self.queue_due_polls(now);
+            }
+            self.read_ready();
+            self.flush_due(Instant::now());
+            self.advance_controls();
+            if Instant::now() >= next_checkpoint {
+                self.checkpoint()?;
+                next_checkpoint = Instant::now() + CHECKPOINT_EVERY;
+            }
+        }
+        self.flush_all();
+        self.checkpoint()?;
+        Ok(())
+    }
+
+    /// How long to wait for events: short while a batch lingers or polls are due.
+    fn wait_budget(&self) -> Duration {
+        let mut budget = Duration::from_millis(10);
+        if !self.ready.is_empty() {
+            return Duration::ZERO;
+        }
+        let now = Instant::now();
+        for batch in &self.batches {
+            if let Some(started) = batch.started {
+                budget = budget.min((started + self.config.linger).saturating_duration_since(now));
+            }
+        }
+        if self.config.poll {
+            budget = budget.min(self.config.poll_min);
+        }
+        budget
+    }
+
+    fn mark_ready(&mut self, key: &FileKey) {
+        if self.ready_set.insert(key.clone()) {
+            self.ready.push_back(key.clone());
+        }
+    }
+
+    /// Handles one inotify change; returns true when a full rescan is needed.
+    fn on_change(&mut self, change: Change) -> bool {
+        match change {
+            Change::Overflow => {
+                tracing::warn!("inotify queue overflowed; rescanning the tree");
+                return true;
+            }
+            Change::NewDir { path } => {
+                if let Some(events) = &mut self.events {
+                    events.watch_dir(&path);
+                }
+                // Files may have been written before the watch existed.
+                return true;
+            }
+            Change::Gone { path } => {
+                if let Some(key) = self.by_path.get(&path).cloned() {
+                    self.lost_path(&key);
+                }
+            }
+            Change::Touched { path, closed } => {
+                if let Some(key) = self.by_path.get(&path).cloned() {
+                    if let Some(t) = self.files.get_mut(&key) {
+                        t.closed |= closed;
+                    }
+                    self.mark_ready(&key);
+                } else if !self.finished.contains_key(&path) || closed {
+                    self.look_at(&path);
+                }
+            }
+        }
+        false
+    }
+
+    /// A tracked file's path disappeared: it was renamed (a later event or
+    /// walk finds it by inode) or deleted (its descriptor still reads).
+    fn lost_path(&mut self, key: &FileKey) {
+        let Some(t) = self.files.get_mut(key) else {
+            return;
+        };
+        let full = self.root.join(&t.path);
+        match std::fs::symlink_metadata(&full) {
+            Ok(meta) if meta.dev() == t.dev && meta.ino() == t.ino => return,
+            _ => {}
+        }
+        self.by_path.remove(&t.path);
+        if !t.deleted {
+            tracing::info!(path = %t.path, "file gone from its path (deleted or moved away); finishing what it holds");
+        }
+        t.deleted = true;
+        t.last_change = Instant::now();
+        self.dirty.insert(key.clone());
+        self.mark_ready(key);
+    }
+
+    /// Stats one path and brings it under tracking (new file, rename, new generation).
+    fn look_at(&mut self, path: &str) {
+        let Ok(meta) = std::fs::symlink_metadata(self.root.join(path)) else {
+            return;
+        };
+        if !meta.file_type().is_file() {
+            return;
+        }
+        let found = Found {
+            path: path.to_owned(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+        };
+        self.on_found(found);
+    }
+
+    fn on_found(&mut self, found: Found) {
+        if let Some(&(dev, ino, size)) = self.finished.get(&found.path) {
+            if dev == found.dev && ino == found.ino && size == found.size {
+                return;
+            }
+            self.finished.remove(&found.path);
+            if dev == found.dev && ino == found.ino && found.size > size {
+                tracing::warn!(path = %found.path, "a sealed file grew again; sending it as a new generation");
+                self.start_new(&found, Some(found.path.clone()));
+                return;
+            }
+        }
+        let inode = (found.dev, found.ino);
+        if let Some(key) = self.by_inode.get(&inode).cloned() {
+            let at_path = self.by_path.get(&found.path).cloned();
+            if at_path.as_ref() == Some(&key) {
+                self.mark_ready(&key);
+                return;
+            }
+            if let Some(other) = at_path {
+                self.lost_path(&other);
+            }
+            self.renamed(&key, &found.path);
+            return;
+        }
+        if let Some(other) = self.by_path.get(&found.path).cloned() {
+            // A different inode at a tracked path: the old file was replaced.
+            self.lost_path(&other);
+        }
+        if let Some(record) = self.resumable.remove(&inode) {
+            if self.resume(record, &found) {
+                return;
+            }
+        }
+        if let Some(adopted) = self.adopt(&found) {
+            self.insert(adopted);
+            return;
+        }
+        self.start_new(&found, None);
+    }
+
+    fn renamed(&mut self, key: &FileKey, new_path: &str) {
+        let Some(t) = self.files.get_mut(key) else {
+            return;
+        };
+        let old = std::mem::replace(&mut t.path, new_path.to_owned());
+        self.by_path.remove(&old);
+        self.by_path.insert(new_path.to_owned(), key.clone());
+        t.deleted = false;
+        let suffix = &self.config.inprogress_suffix;
+        if old.ends_with(suffix.as_str()) && !new_path.ends_with(suffix.as_str()) {
+            t.seal_wanted = true;
+        }
+        tracing::debug!(from = %old, to = %new_path, "rename");
+        t.controls.push_back(Control::Rename(new_path.to_owned()));
+        self.dirty.insert(key.clone());
+        self.mark_ready(key);
+    }
+
+    /// Picks up a file recorded by an earlier run, if it is still the same file.
+    fn resume(&mut self, record: WatchedFile, found: &Found) -> bool {
+        if head_crc(&self.root.join(&found.path), record.fingerprint_len as u64)
+            != Some(record.fingerprint)
+            || found.size < record.acked_offset
+        {
+            return false;
+        }
+        let mut t = self.tracked(&record.key, record.generation, found);
+        t.acked = IntervalSet::from_ranges([(0, record.acked_offset)]);
+        t.read_offset = record.acked_offset;
+        t.fingerprint = record.fingerprint;
+        t.fingerprint_len = record.fingerprint_len;
+        t.hasher = None;
+        t.deleted = record.deleted;
+        if record.sealed && found.size == record.acked_offset && found.path == record.path {
+            self.finished
+                .insert(found.path.clone(), (found.dev, found.ino, found.size));
+            return true;
+        }
+        if record.generation > 1 {
+            // The sink treats a repeated Open as done; it is cheap insurance.
+            t.open_acked = false;
+            t.controls.push_back(Control::Open);
+        }
+        if record.path != found.path {
+            let suffix = &self.config.inprogress_suffix;
+            t.seal_wanted =
+                record.path.ends_with(suffix.as_str()) && !found.path.ends_with(suffix.as_str());
+            t.controls.push_back(Control::Rename(found.path.clone()));
+        }
+        self.insert(t);
+        true
+    }
+
+    /// A watcher without state takes over what a sink already holds of this file.
+    fn adopt(&mut self, found: &Found) -> Option<Tracked> {
+        let (sink, mark) = self
+            .watermarks
+            .iter()
+            .filter(|(_, m)| m.path == found.path && !m.superseded)
+            .max_by_key(|(_, m)| m.generation)?
+            .clone();
+        if mark.head_len > found.size
+            || mark.contiguous_end > found.size
+            || head_crc(&self.root.join(&found.path), mark.head_len) != Some(mark.head_crc32c)
+        {
+            return None;
+        }
+        let mut t = self.tracked(&mark.key, mark.generation, found);
+        if t.sink != sink {
+            return None;
+        }
+        t.acked = IntervalSet::from_ranges([(0, mark.contiguous_end)]);
+        t.read_offset = mark.contiguous_end;
+        t.hasher = None;
+        if mark.generation > 1 {
+            t.open_acked = false;
+            t.controls.push_back(Control::Open);
+        }
+        if mark.sealed_size == Some(found.size) {
+            // Already complete at the sink: nothing to track.
+            self.finished
+                .insert(found.path.clone(), (found.dev, found.ino, found.size));
+            return None;
+        }
+        tracing::info!(path = %found.path, resume_at = mark.contiguous_end, "resuming from the sink's watermark");
+        Some(t)
+    }
+
+    fn start_new(&mut self, found: &Found, path_override: Option<String>) {
+        let key = path_override.unwrap_or_else(|| found.path.clone());
+        let generation = self.max_generation.get(&key).map_or(1, |g| g + 1);
+        let mut t = self.tracked(&key, generation, found);
+        if generation > 1 {
+            t.open_acked = false;
+            t.controls.push_back(Control::Open);
+        }
+        self.insert(t);
+    }
+
+    fn tracked(&self, key: &str, generation: u64, found: &Found) -> Tracked {
+        let now = Instant::now();
+        Tracked {
+            key: key.to_owned(),
+            generation,
+            path: found.path.clone(),
+            dev: found.dev,
+            ino: found.ino,
+            file: None,
+            size_seen: 0,
+            read_offset: 0,
+            acked: IntervalSet::new(),
+            fingerprint: 0,
+            fingerprint_len: 0,
+            hasher: Some(Sha256::new()),
+            hashed_to: 0,
+            sink: rendezvous(key, &self.config.sinks_names()),
+            last_change: now,
+            closed: false,
+            deleted: false,
+            seal_wanted: false,
+            open_acked: true,
+            controls: VecDeque::new(),
+            control_in_flight: false,
+            sealed: false,
+            failed: None,
+            poll_interval: self.config.poll_min,
+            next_poll: now,
+            unacked_since: None,
+        }
+    }
+
+    fn insert(&mut self, t: Tracked) {
+        let key = (t.key.clone(), t.generation);
+        let g = self.max_generation.entry(t.key.clone()).or_default();
+        *g = (*g).max(t.generation);
+        self.by_path.insert(t.path.clone(), key.clone());
+        self.by_inode.insert((t.dev, t.ino), key.clone());
+        self.files.insert(key.clone(), t);
+        self.dirty.insert(key.clone());
+        self.mark_ready(&key);
+    }
+
+    /// Walks the whole tree: finds new files, renames and deletions that
+    /// events missed, and re-checks every tracked file.
+    fn rescan(&mut self) -> anyhow::Result<()> {
+        let (found, dirs) = discover::walk(&self.root)?;
+        if let Some(events) = &mut self.events {
+            for dir in &dirs {
+                events.watch_dir(dir);
+            }
+        }
+        let present: HashSet<(u64, u64)> = found.iter().map(|f| (f.dev, f.ino)).collect();
+        for f in found {
+            self.on_found(f);
+        }
+        let keys: Vec<FileKey> = self.files.keys().cloned().collect();
+        for key in keys {
+            let Some(t) = self.files.get(&key) else {
+                continue;
+            };
+            if !t.deleted && !present.contains(&(t.dev, t.ino)) {
+                self.lost_path(&key);
+            } else {
+                self.check_fingerprint(&key);
+            }
+            self.mark_ready(&key);
+        }
+        Ok(())
+    }
+
+    /// Content rewritten in place (same inode, same or larger size) shows as a
+    /// changed head: that is a new generation too.
+    fn check_fingerprint(&mut self, key: &FileKey) {
+        let Some(t) = self.files.get(key) else { return };
+        if t.fingerprint_len == 0 || t.sealed || t.deleted {
+            return;
+        }
+        if head_crc(&self.root.join(&t.path), t.fingerprint_len as u64) != Some(t.fingerprint) {
+            let size = std::fs::symlink_metadata(self.root.join(&t.path))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            if size >= t.fingerprint_len as u64 {
+                tracing::warn!(path = %t.path, "file content changed at its head; starting a new generation");
+                self.new_generation(key);
+            }
+        }
+    }
+
+    /// Truncation or in-place rewrite: the same file continues as a new generation.
+    fn new_generation(&mut self, key: &FileKey) {
+        let Some(old) = self.files.remove(key) else {
+            return;
+        };
+        self.by_path.remove(&old.path);
+        self.by_inode.remove(&(old.dev, old.ino));
+        self.ready_set.remove(key);
+        let found = Found {
+            path: old.path.clone(),
+            dev: old.dev,
+            ino: old.ino,
+            size: 0,
+        };
+        let generation = self
+            .max_generation
+            .get(&old.key)
+            .copied()
+            .unwrap_or(old.generation)
+            + 1;
+        let mut t = self.tracked(&old.key, generation, &found);
+        t.open_acked = false;
+        t.controls.push_back(Control::Open);
+        t.closed = old.closed;
+        t.file = old.file;
+        self.insert(t);
+    }
+
+    fn queue_due_polls(&mut self, now: Instant) {
+        let due: Vec<FileKey> = self
+            .files
+            .iter()
+            .filter(|(_, t)| t.next_poll <= now && !t.sealed)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            self.mark_ready(&key);
+        }
+    }
+
+    /// Reads appended bytes of ready files, a bounded amount each, round robin.
+    fn read_ready(&mut self) {
+        let rounds = self.ready.len();
+        for _ in 0..rounds {
+            let Some(key) = self.ready.pop_front() else {
+                break;
+            };
+            self.ready_set.remove(&key);
+            match self.read_file(&key) {
+                Ok(true) => self.mark_ready(&key),
+                Ok(false) => {}
+                Err(error) => {
+                    if let Some(t) = self.files.get_mut(&key) {
+                        tracing::warn!(path = %t.path, offset = t.read_offset, %error, "cannot read; will retry");
+                        t.file = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens and stats a ready file; returns its size when there is
+    /// something to read.
+    fn prepare_read(&mut self, key: &FileKey) -> std::io::Result<Option<u64>> {
+        let Some(t) = self.files.get_mut(key) else {
+            return Ok(None);
+        };
+        if t.sealed || t.failed.is_some() || !t.open_acked {
+            return Ok(None);
+        }
+        if t.file.is_none() {
+            if t.deleted {
+                return Ok(None);
+            }
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(self.root.join(&t.path))?;
+            let meta = file.metadata()?;
+            if meta.dev() != t.dev || meta.ino() != t.ino {
+                // The path now holds another file; a walk will sort it out.
+                return Ok(None);
+            }
+            t.file = Some(file);
+        }
+        let Some(file) = &t.file else { return Ok(None) };
+        let size = file.metadata()?.len();
+        let now = Instant::now();
+        if size < t.read_offset {
+            tracing::warn!(path = %t.path, size, read = t.read_offset, "file shrank (truncated); starting a new generation");
+            self.new_generation(key);
+            return Ok(None);
+        }
+        t.size_seen = size;
+        if size == t.read_offset {
+            t.poll_interval = (t.poll_interval * 2).min(self.config.poll_max);
+            t.next_poll = now + t.poll_interval;
+            return Ok(None);
+        }
+        t.last_change = now;
+        t.poll_interval = self.config.poll_min;
+        t.next_poll = now + t.poll_interval;
+        t.unacked_since.get_or_insert(now);
+        Ok(Some(size))
+    }
+
+    /// Reads up to one batch worth of a file; returns true when more is waiting.
+    fn read_file(&mut self, key: &FileKey) -> std::io::Result<bool> {
+        let Some(size) = self.prepare_read(key)? else {
+            return Ok(false);
+        };
+        let budget = self.config.batch_bytes as u64;
+        let mut sent = 0u64;
+        loop {
+            let Some(t) = self.files.get_mut(key) else {
+                return Ok(false);
+            };
+            if t.read_offset >= size || sent >= budget {
+                return Ok(t.read_offset < size);
+            }
+            let Some(file) = &t.file else {
+                return Ok(false);
+            };
+            let offset = t.read_offset;
+            let want = (size - offset).min(self.scratch.len() as u64) as usize;
+            let got = file.read_at(&mut self.scratch[..want], offset)?;
+            if got == 0 {
+                return Ok(false);
+            }
+            let data = &self.scratch[..got];
+            if let Some(hasher) = &mut t.hasher {
+                if t.hashed_to == offset {
+                    hasher.update(data);
+                    t.hashed_to += got as u64;
+                }
+            }
+            if offset < FINGERPRINT_LEN && offset == t.fingerprint_len as u64 {
+                let head_end = (offset + got as u64).min(FINGERPRINT_LEN);
+                t.fingerprint =
+                    crc32c::crc32c_append(t.fingerprint, &data[..(head_end - offset) as usize]);
+                t.fingerprint_len = head_end as u32;
+            }
+            let sink = t.sink;
+            let batch = &mut self.batches[sink];
+            batch.builder.push_data(&t.key, t.generation, offset, data);
+            batch.rows.push(RowRef {
+                file: key.clone(),
+                kind: RowKind::Data,
+                offset,
+                len: got as u64,
+            });
+            batch.started.get_or_insert_with(Instant::now);
+            t.read_offset += got as u64;
+            sent += got as u64;
+            self.progress.add_read(got as u64);
+            if self.batches[sink].builder.data_bytes() >= self.config.batch_bytes {
+                self.flush(sink);
+            }
+        }
+    }
+
+    fn flush_due(&mut self, now: Instant) {
+        for sink in 0..self.batches.len() {
+            if let Some(started) = self.batches[sink].started {
+                if now >= started + self.config.linger {
+                    self.flush(sink);
+                }
+            }
+        }
+    }
+
+    fn flush_all(&mut self) {
+        for sink in 0..self.batches.len() {
+            self.flush(sink);
+        }
+    }
+
+    /// Hands the open batch of a sink to its connections (blocking while the
+    /// queue is full: that is the backpressure that bounds memory).
+    fn flush(&mut self, sink: usize) {
+        let batch = &mut self.batches[sink];
+        if batch.builder.rows() == 0 {
+            batch.started = None;
+            return;
+        }
+        let record_batch = batch.builder.finish();
+        let rows = std::mem::take(&mut batch.rows);
+        batch.started = None;
+        let token = self.next_token;
+        self.next_token += 1;
+        self.in_flight.insert(token, rows);
+        if self.outboxes[sink]
+            .blocking_send(Outgoing {
+                token,
+                batch: record_batch,
+            })
+            .is_err()
+        {
+            tracing::error!(
+                sink,
+                "the connection pool is gone; batch dropped (it will be re-read after restart)"
+            );
+        }
+    }
+
+    /// Sends queued control rows (one in flight per file) and seals files
+    /// that are complete and fully acknowledged.
+    fn advance_controls(&mut self) {
+        let now = Instant::now();
+        let keys: Vec<FileKey> = self.files.keys().cloned().collect();
+        let mut to_flush = HashSet::new();
+        for key in keys {
+            let Some(t) = self.files.get_mut(&key) else {
+                continue;
+            };
+            if t.control_in_flight || t.sealed || t.failed.is_some() {
+                continue;
+            }
+            if t.controls.is_empty() && self.config.seal && seal_due(t, now, &self.config) {
+                match seal_control(t, &self.root) {
+                    Ok(Some(control)) => t.controls.push_back(control),
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(path = %t.path, %error, "cannot hash the file for its seal; will retry")
+                    }
+                }
+            }
+            let Some(control) = t.controls.pop_front() else {
+                continue;
+            };
+            let batch = &mut self.batches[t.sink];
+            let kind = match &control {
+                Control::Open => {
+                    batch.builder.push_open(&t.key, t.generation, &t.path);
+                    RowKind::Open
+                }
+                Control::Rename(path) => {
+                    batch.builder.push_rename(&t.key, t.generation, path);
+                    RowKind::Rename
+                }
+                Control::Seal { size, digest } => {
+                    batch.builder.push_seal(&t.key, t.generation, *size, digest);
+                    RowKind::Seal
+                }
+            };
+            let offset = if let Control::Seal { size, .. } = control {
+                size
+            } else {
+                0
+            };
+            batch.rows.push(RowRef {
+                file: key.clone(),
+                kind,
+                offset,
+                len: 0,
+            });
+            t.control_in_flight = true;
+            to_flush.insert(t.sink);
+        }
+        for sink in to_flush {
+            self.flush(sink);
+        }
+    }
+
+    fn drain_deliveries(&mut self) {
+        while let Ok((_sink, delivery)) = self.deliveries.try_recv() {
+            match delivery {
+                Delivery::Acked { token, ack } => {
+                    let Some(rows) = self.in_flight.remove(&token) else {
+                        continue;
+                    };
+                    let rejected: HashMap<usize, String> =
+                        ack.rejected.into_iter().map(|r| (r.row, r.error)).collect();
+                    self.progress
+                        .add_acked(ack.placed + ack.duplicate + ack.stale);
+                    for (index, row) in rows.into_iter().enumerate() {
+                        self.on_row_acked(row, rejected.get(&index));
+                    }
+                }
+                Delivery::Refused { token, error } => {
+                    let Some(rows) = self.in_flight.remove(&token) else {
+                        continue;
+                    };
+                    for row in rows {
+                        if let Some(t) = self.files.get_mut(&row.file) {
+                            tracing::error!(path = %t.path, offset = row.offset, %error, "the sink refused this file's data; it stays unacknowledged");
+                            t.failed = Some(error.clone());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_row_acked(&mut self, row: RowRef, rejected: Option<&String>) {
+        let Some(t) = self.files.get_mut(&row.file) else {
+            return;
+        };
+        self.dirty.insert(row.file.clone());
+        match row.kind {
+            RowKind::Data => {
+                t.acked.insert(row.offset, row.offset + row.len);
+                if t.acked_offset() >= t.size_seen {
+                    t.unacked_since = None;
+                }
+            }
+            kind => {
+                t.control_in_flight = false;
+                if let Some(error) = rejected {
+                    tracing::error!(path = %t.path, ?kind, %error, "the sink rejected a control row");
+                    if kind != RowKind::Rename {
+                        t.failed = Some(error.clone());
+                    }
+                    return;
+                }
+                match kind {
+                    RowKind::Open => {
+                        t.open_acked = true;
+                        let key = row.file.clone();
+                        self.mark_ready(&key);
+                    }
+                    RowKind::Seal => {
+                        t.sealed = true;
+                        t.file = None;
+                        tracing::info!(path = %t.path, size = row.offset, "sealed");
+                        self.finished
+                            .insert(t.path.clone(), (t.dev, t.ino, row.offset));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Writes acknowledged offsets; forgets sealed files once recorded.
+    fn checkpoint(&mut self) -> anyhow::Result<()> {
+        let records: Vec<WatchedFile> = self
+            .dirty
+            .iter()
+            .filter_map(|key| self.files.get(key))
+            .map(Tracked::record)
+            .collect();
+        if !records.is_empty() {
+            self.state.save(&records, false)?;
+        }
+        self.dirty.clear();
+        let done: Vec<FileKey> = self
+            .files
+            .iter()
+            .filter(|(_, t)| t.sealed)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in done {
+            if let Some(t) = self.files.remove(&key) {
+                if self.by_path.get(&t.path) == Some(&key) {
+                    self.by_path.remove(&t.path);
+                }
+                self.by_inode.remove(&(t.dev, t.ino));
+            }
+        }
+        let now = Instant::now();
+        let snapshot = self
+            .files
+            .values()
+            .map(|t| FileProgress {
+                path: t.path.clone(),
+                size: t.size_seen,
+                acked: t.acked_offset(),
+                seconds_behind: t
+                    .unacked_since
+                    .map_or(0.0, |since| now.duration_since(since).as_secs_f64()),
+                sealed: t.sealed,
+            })
+            .collect();
+        self.progress.publish(snapshot, self.finished.len() as u64);
+        Ok(())
+    }
+}
+
+fn new_batch(config: &WatchConfig) -> OpenBatch {
+    OpenBatch {
+        builder: BatchBuilder::with_capacity(64, config.batch_bytes + config.max_row_bytes),
+        rows: Vec::new(),
+        started: None,
+    }
+}
+
+fn seal_due(t: &Tracked, now: Instant, config: &WatchConfig) -> bool {
+    let complete = t.read_offset == t.size_seen && t.acked.covers(0, t.read_offset) && t.open_acked;
+    if !complete {
+        return false;
+    }
+    if t.seal_wanted {
+        return true;
+    }
+    let idle = now.duration_since(t.last_change) >= config.seal_idle;
+    let may_be_done = t.closed || t.deleted || config.poll;
+    idle && may_be_done && !t.path.ends_with(config.inprogress_suffix.as_str())
+}
+
+/// The seal of a complete file: its final size and sha256, or None if it grew meanwhile.
+fn seal_control(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<Option<Control>> {
+    let size = t.read_offset;
+    let current = match &t.file {
+        Some(file) => file.metadata()?.len(),
+        None if t.deleted => size,
+        None => std::fs::symlink_metadata(root.join(&t.path))?.len(),
+    };
+    if current != size {
+        return Ok(None);
+    }
+    let digest = match t.hasher.take() {
+        Some(hasher) if t.hashed_to == size => hex::encode(hasher.finalize()),
+        _ => {
+            let file = match &t.file {
+                Some(file) => file.try_clone()?,
+                None => File::open(root.join(&t.path))?,
+            };
+            hash_prefix(&file, size)?
+        }
+    };
+    Ok(Some(Control::Seal { size, digest }))
+}
+
+fn hash_prefix(file: &File, size: u64) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut offset = 0;
+    while offset < size {
+        let want = buffer.len().min((size - offset) as usize);
+        let got = file.read_at(&mut buffer[..want], offset)?;
+        if got == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "file shrank while hashing",
+            ));
+        }
+        hasher.update(&buffer[..got]);
+        offset += got as u64;
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// crc32c of the first `len` bytes, or None if the file is shorter or unreadable.
+fn head_crc(path: &std::path::Path, len: u64) -> Option<u32> {
+    let file = File::open(path).ok()?;
+    let mut buffer = vec![0u8; len as usize];
+    file.read_exact_at(&mut buffer, 0).ok()?;
+    Some(crc32c::crc32c(&buffer))
+}
