@@ -152,8 +152,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             }
             if now.duration_since(finished) > deadline_after_sim {
                 println!(
-                    "not everything was sealed {deadline_after_sim:?} after the simulator stopped"
+                    "not everything was sealed {deadline_after_sim:?} after the simulator stopped:"
                 );
+                for f in &files {
+                    println!("        still open: {} ({} of {} bytes acknowledged)", f.path, f.acked, f.size);
+                }
                 break;
             }
         }

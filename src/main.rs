@@ -387,6 +387,13 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
         }
         Command::Sim(args) => {
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            // SIGTERM or Ctrl-C ends the run cleanly: last chunks renamed, end marker written.
+            let signals = runtime()?;
+            let stop_on_signal = stop.clone();
+            signals.spawn(async move {
+                terminated().await;
+                stop_on_signal.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
             let report = detector_sim::run(&sim_config(&args), &stop)?;
             println!(
                 "wrote {} bytes in {} files in {:.2}s",

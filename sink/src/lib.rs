@@ -197,21 +197,25 @@ impl Ingest for Sink {
             )));
         }
         let placer = self.placer.clone();
-        let placed = tokio::task::spawn_blocking(move || {
-            let source_state = placer.source(&source)?;
-            placer.place(&source_state, seq, &batch)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;
-        let (request, ack) = placed.map_err(|e| match e {
-            PlaceError::Peer(detail) => Status::invalid_argument(detail),
-            PlaceError::Storage(detail) => Status::unavailable(format!("sink storage: {detail}")),
-        })?;
-        self.committer
-            .commit(request)
+        let committer = self.committer.clone();
+        // Placing and committing run as a task of their own: if the stream
+        // goes away mid-batch, the batch still reaches its commit instead of
+        // leaving written-but-unrecorded ranges that others would wait on.
+        let task = tokio::spawn(async move {
+            let placed = tokio::task::spawn_blocking(move || {
+                let source_state = placer.source(&source)?;
+                placer.place(&source_state, seq, &batch)
+            })
             .await
-            .map_err(Status::unavailable)?;
-        Ok(ack)
+            .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;
+            let (request, ack) = placed.map_err(|e| match e {
+                PlaceError::Peer(detail) => Status::invalid_argument(detail),
+                PlaceError::Storage(detail) => Status::unavailable(format!("sink storage: {detail}")),
+            })?;
+            committer.commit(request).await.map_err(Status::unavailable)?;
+            Ok(ack)
+        });
+        task.await.map_err(|e| Status::internal(format!("batch {seq}: {e}")))?
     }
 
     async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, Status> {

@@ -204,23 +204,14 @@ impl Placer {
         Ok((work.request, work.ack))
     }
 
-    fn slot(&self, source: &Source, key: &str, generation: u64) -> Option<Arc<Slot>> {
-        lock(&source.files)
-            .slots
-            .get(&(key.to_owned(), generation))
-            .cloned()
-    }
-
     /// The slot of (key, generation); generation 1 is created on first sight
     /// at the key's own path, later generations need an Open row first.
-    fn slot_or_create(
-        &self,
-        source: &Source,
-        row: &Row<'_>,
-        work: &mut BatchWork,
-    ) -> Result<Arc<Slot>, RowError> {
-        if let Some(slot) = self.slot(source, row.file_key, row.generation) {
-            return Ok(slot);
+    /// Lookup and creation happen under the source's lock, so two streams
+    /// carrying the same new file end up with one slot.
+    fn slot_or_create(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<Arc<Slot>, RowError> {
+        let mut files = lock(&source.files);
+        if let Some(slot) = files.slots.get(&(row.file_key.to_owned(), row.generation)) {
+            return Ok(slot.clone());
         }
         if row.generation != 1 {
             return Err(RowError::Peer(format!(
@@ -228,12 +219,13 @@ impl Placer {
                 row.generation
             )));
         }
-        self.create(source, row.file_key, 1, row.file_key, work)
+        self.create(source, &mut files, row.file_key, 1, row.file_key, work)
     }
 
     fn create(
         &self,
         source: &Source,
+        files: &mut SourceFiles,
         key: &str,
         generation: u64,
         path: &str,
@@ -241,34 +233,21 @@ impl Placer {
     ) -> Result<Arc<Slot>, RowError> {
         crate::confine::components(key).map_err(|e| RowError::Peer(e.to_string()))?;
         let dest = self.dest(source, path);
-        self.supersede_at(source, &dest, work)?;
+        self.supersede_at(files, &dest, work)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
-        work.request
-            .dirs_to_sync
-            .extend(opened.dirs_to_sync.into_iter().map(Arc::new));
+        work.request.dirs_to_sync.extend(opened.dirs_to_sync.into_iter().map(Arc::new));
         let slot = Arc::new(Slot {
-            id: FileId {
-                source: source.name.clone(),
-                key: key.to_owned(),
-                generation,
-            },
+            id: FileId { source: source.name.clone(), key: key.to_owned(), generation },
             state: Mutex::new(SlotState {
-                record: FileRecord {
-                    dest_path: dest.clone(),
-                    ..FileRecord::default()
-                },
+                record: FileRecord { dest_path: dest.clone(), ..FileRecord::default() },
                 pending: IntervalSet::new(),
                 disk_len,
                 file: Some(Arc::new(opened.file)),
             }),
         });
-        let mut files = lock(&source.files);
-        files
-            .slots
-            .insert((key.to_owned(), generation), slot.clone());
+        files.slots.insert((key.to_owned(), generation), slot.clone());
         files.by_path.insert(dest, (key.to_owned(), generation));
-        drop(files);
         self.remember_open(&slot);
         work.request.touched.push(slot.clone());
         Ok(slot)
@@ -276,16 +255,11 @@ impl Placer {
 
     /// A new generation or a rename takes `dest`: whatever live generation
     /// was there is superseded (removed, or kept aside by policy).
-    fn supersede_at(
-        &self,
-        source: &Source,
-        dest: &str,
-        work: &mut BatchWork,
-    ) -> Result<(), RowError> {
-        let Some((key, generation)) = lock(&source.files).by_path.remove(dest) else {
+    fn supersede_at(&self, files: &mut SourceFiles, dest: &str, work: &mut BatchWork) -> Result<(), RowError> {
+        let Some((key, generation)) = files.by_path.remove(dest) else {
             return Ok(());
         };
-        let Some(old) = self.slot(source, &key, generation) else {
+        let Some(old) = files.slots.get(&(key, generation)).cloned() else {
             return Ok(());
         };
         let mut state = lock(&old.state);
@@ -300,9 +274,7 @@ impl Placer {
             SupersededPolicy::Keep => {
                 let aside = format!("{dest}.gen{generation}");
                 let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
-                work.request
-                    .dirs_to_sync
-                    .extend(dirs.into_iter().map(Arc::new));
+                work.request.dirs_to_sync.extend(dirs.into_iter().map(Arc::new));
                 state.record.dest_path = aside;
             }
         }
@@ -338,14 +310,28 @@ impl Placer {
 
     /// Keeps the number of cached descriptors bounded: the oldest opened is
     /// closed first (a commit still holding it keeps it open until synced).
+    /// The caller may hold another slot's lock, so eviction never waits for
+    /// one: a busy slot is skipped and stays open a little longer.
     fn remember_open(&self, slot: &Arc<Slot>) {
         let mut open = lock(&self.open_files);
         open.push_back(slot.clone());
-        while open.len() > self.max_open_files {
-            if let Some(evicted) = open.pop_front() {
-                if !Arc::ptr_eq(&evicted, slot) {
-                    lock(&evicted.state).file = None;
+        let mut attempts = open.len();
+        while open.len() > self.max_open_files && attempts > 0 {
+            attempts -= 1;
+            let Some(evicted) = open.pop_front() else { break };
+            if Arc::ptr_eq(&evicted, slot) {
+                open.push_back(evicted);
+                continue;
+            }
+            let closed = match evicted.state.try_lock() {
+                Ok(mut state) => {
+                    state.file = None;
+                    true
                 }
+                Err(_) => false,
+            };
+            if !closed {
+                open.push_back(evicted);
             }
         }
     }
@@ -419,59 +405,47 @@ impl Placer {
         Ok(())
     }
 
-    fn open_generation(
-        &self,
-        source: &Source,
-        row: &Row<'_>,
-        work: &mut BatchWork,
-    ) -> Result<(), RowError> {
-        let path = row
-            .path
-            .ok_or_else(|| RowError::Peer("an Open row needs a path".into()))?;
+    fn open_generation(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
+        let path = row.path.ok_or_else(|| RowError::Peer("an Open row needs a path".into()))?;
         crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
-        if let Some(slot) = self.slot(source, row.file_key, row.generation) {
-            // A re-delivered Open: already done.
-            work.request.touched.push(slot);
-            return Ok(());
-        }
         if row.generation == 0 {
             return Err(RowError::Peer("generations start at 1".into()));
         }
-        self.create(source, row.file_key, row.generation, path, work)?;
+        let mut files = lock(&source.files);
+        if let Some(slot) = files.slots.get(&(row.file_key.to_owned(), row.generation)) {
+            // A re-delivered Open: already done.
+            work.request.touched.push(slot.clone());
+            return Ok(());
+        }
+        self.create(source, &mut files, row.file_key, row.generation, path, work)?;
         Ok(())
     }
 
     fn rename(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
-        let path = row
-            .path
-            .ok_or_else(|| RowError::Peer("a Rename row needs the new path".into()))?;
+        let path = row.path.ok_or_else(|| RowError::Peer("a Rename row needs the new path".into()))?;
         crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
         let slot = self.slot_or_create(source, row, work)?;
+        // Renames of one source are serialised: a re-delivered rename racing
+        // the original must see its effect, not undo it.
+        let mut files = lock(&source.files);
         let new_dest = self.dest(source, path);
-        let old_dest = lock(&slot.state).record.dest_path.clone();
+        let (old_dest, superseded) = {
+            let state = lock(&slot.state);
+            (state.record.dest_path.clone(), state.record.superseded)
+        };
         if old_dest == new_dest {
             work.request.touched.push(slot);
             return Ok(());
         }
-        if lock(&slot.state).record.superseded {
-            return Err(RowError::Reject(
-                "a newer generation replaced this one; rename ignored".into(),
-            ));
+        if superseded {
+            return Err(RowError::Reject("a newer generation replaced this one; rename ignored".into()));
         }
-        self.supersede_at(source, &new_dest, work)?;
-        let dirs = self
-            .root
-            .rename(&old_dest, &new_dest)
-            .map_err(confine_error)?;
-        work.request
-            .dirs_to_sync
-            .extend(dirs.into_iter().map(Arc::new));
+        self.supersede_at(&mut files, &new_dest, work)?;
+        let dirs = self.root.rename(&old_dest, &new_dest).map_err(confine_error)?;
+        work.request.dirs_to_sync.extend(dirs.into_iter().map(Arc::new));
         lock(&slot.state).record.dest_path = new_dest.clone();
-        let mut files = lock(&source.files);
         files.by_path.remove(&old_dest);
-        files
-            .by_path
-            .insert(new_dest, (row.file_key.to_owned(), row.generation));
+        files.by_path.insert(new_dest, (row.file_key.to_owned(), row.generation));
         drop(files);
         work.request.touched.push(slot);
         Ok(())

@@ -186,10 +186,9 @@ impl Events {
                         changes.push(Change::NewDir { path });
                     }
                 } else {
-                    changes.push(Change::Touched {
-                        path,
-                        closed: event.mask.contains(EventMask::CLOSE_WRITE),
-                    });
+                    // A file renamed into place was closed by whoever wrote it.
+                    let closed = event.mask.intersects(EventMask::CLOSE_WRITE | EventMask::MOVED_TO);
+                    changes.push(Change::Touched { path, closed });
                 }
             }
             if !any {

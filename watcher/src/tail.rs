@@ -127,6 +127,8 @@ pub(crate) struct Tailer {
     progress: Arc<Progress>,
     scratch: Vec<u8>,
     events: Option<Events>,
+    /// Set while a walk (not an event) brings files under tracking.
+    walking: bool,
 }
 
 impl Tailer {
@@ -177,6 +179,7 @@ impl Tailer {
             dirty: HashSet::new(),
             progress,
             events,
+            walking: false,
         })
     }
 
@@ -265,11 +268,12 @@ impl Tailer {
             Change::Touched { path, closed } => {
                 if let Some(key) = self.by_path.get(&path).cloned() {
                     if let Some(t) = self.files.get_mut(&key) {
-                        t.closed |= closed;
+                        // Written again after a close means open again.
+                        t.closed = closed;
                     }
                     self.mark_ready(&key);
                 } else if !self.finished.contains_key(&path) || closed {
-                    self.look_at(&path);
+                    self.look_at(&path, closed);
                 }
             }
         }
@@ -289,7 +293,7 @@ impl Tailer {
         }
         self.by_path.remove(&t.path);
         if !t.deleted {
-            tracing::info!(path = %t.path, "file gone from its path (deleted or moved away); finishing what it holds");
+            tracing::debug!(path = %t.path, "file gone from its path (renamed or deleted); finishing what it holds");
         }
         t.deleted = true;
         t.last_change = Instant::now();
@@ -298,7 +302,7 @@ impl Tailer {
     }
 
     /// Stats one path and brings it under tracking (new file, rename, new generation).
-    fn look_at(&mut self, path: &str) {
+    fn look_at(&mut self, path: &str, closed: bool) {
         let Ok(meta) = std::fs::symlink_metadata(self.root.join(path)) else {
             return;
         };
@@ -312,6 +316,11 @@ impl Tailer {
             size: meta.len(),
         };
         self.on_found(found);
+        if closed {
+            if let Some(t) = self.by_path.get(path).and_then(|key| self.files.get_mut(key)) {
+                t.closed = true;
+            }
+        }
     }
 
     fn on_found(&mut self, found: Found) {
@@ -456,6 +465,10 @@ impl Tailer {
 
     fn tracked(&self, key: &str, generation: u64, found: &Found) -> Tracked {
         let now = Instant::now();
+        // A file found by a walk was opened (and maybe closed) where no event
+        // showed it, so only idleness can tell it is done; a file first seen
+        // through an event waits for its close event.
+        let closed = self.walking;
         Tracked {
             key: key.to_owned(),
             generation,
@@ -472,7 +485,7 @@ impl Tailer {
             hashed_to: 0,
             sink: rendezvous(key, &self.config.sinks_names()),
             last_change: now,
-            closed: false,
+            closed,
             deleted: false,
             seal_wanted: false,
             open_acked: true,
@@ -507,9 +520,11 @@ impl Tailer {
             }
         }
         let present: HashSet<(u64, u64)> = found.iter().map(|f| (f.dev, f.ino)).collect();
+        self.walking = true;
         for f in found {
             self.on_found(f);
         }
+        self.walking = false;
         let keys: Vec<FileKey> = self.files.keys().cloned().collect();
         for key in keys {
             let Some(t) = self.files.get(&key) else {

@@ -1,0 +1,324 @@
+//! Shared harness of the end-to-end tests: runs `tailflight` subcommands as
+//! separate processes on loopback, in a scratch folder per test.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tailflight"))
+}
+
+/// A scratch folder for one test, emptied at creation.
+pub fn scratch(name: &str) -> PathBuf {
+    let base = std::env::var_os("TAILFLIGHT_TEST_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!("tailflight-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A child process that is killed when dropped. Its stderr goes to `<dir>/<name>.log`.
+pub struct Proc {
+    pub name: String,
+    child: Option<Child>,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let mut proc = Self { name: name.into(), child: None, args: args.to_vec(), log };
+        proc.start();
+        proc
+    }
+
+    /// (Re)starts the process with the same arguments.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "{} is already running", self.name);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(bin())
+            .args(&self.args)
+            .env("TAILFLIGHT_LOG", std::env::var("TAILFLIGHT_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.name));
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Polls `condition` until it holds; panics naming `what` after `timeout`.
+/// Timeouts here only stop a hung test: they are far above what any run needs.
+pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if condition() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {timeout:?} waiting for: {what}");
+}
+
+/// Runs a `tailflight` subcommand to completion; returns (success, stdout+stderr).
+pub fn run(args: &[String]) -> (bool, String) {
+    let output = Command::new(bin()).args(args).env("TAILFLIGHT_LOG", "warn").output().expect("run tailflight");
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
+}
+
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// The sink's status counters, or None if it does not answer.
+pub fn sink_status(endpoint: &str, tls: &[String]) -> Option<serde_json::Value> {
+    let mut args = strings(&["status", "--to", endpoint]);
+    args.extend_from_slice(tls);
+    let (ok, text) = run(&args);
+    if !ok {
+        return None;
+    }
+    let start = text.find('{')?;
+    serde_json::from_str(text[start..].lines().next()?).ok()
+}
+
+pub fn status_u64(status: &serde_json::Value, field: &str) -> u64 {
+    status.get(field).and_then(|v| v.as_u64()).unwrap_or(0)
+}
+
+/// Whether `verify SRC DEST` reports identical trees.
+pub fn verify(src: &Path, dest: &Path) -> (bool, String) {
+    run(&[
+        "verify".into(),
+        src.display().to_string(),
+        dest.display().to_string(),
+    ])
+}
+
+/// Audits a stopped sink's manifest.
+pub fn audit(state: &Path) -> serde_json::Value {
+    let (ok, text) = run(&["audit".into(), "--state".into(), state.display().to_string()]);
+    let start = text.find('{').unwrap_or_else(|| panic!("audit printed no JSON: {text}"));
+    let value: serde_json::Value = serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("audit output: {e}: {text}"));
+    assert!(ok, "audit failed: {text}");
+    value
+}
+
+/// Every regular file under `dir` (relative paths), sorted.
+pub fn list_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A sink and a watcher as separate processes, over loopback.
+pub struct Pipeline {
+    pub dir: PathBuf,
+    pub source: PathBuf,
+    pub dest_root: PathBuf,
+    pub sink_state: PathBuf,
+    pub watch_state: PathBuf,
+    pub endpoint: String,
+    pub sink: Proc,
+    pub watcher: Proc,
+    pub client_tls: Vec<String>,
+}
+
+#[derive(Default, Clone)]
+pub struct PipelineOptions {
+    pub mtls: bool,
+    pub poll: bool,
+    pub extra_watch_args: Vec<String>,
+}
+
+impl Pipeline {
+    pub fn start(dir: &Path, options: PipelineOptions) -> Self {
+        let source = dir.join("source");
+        let dest_root = dir.join("dest");
+        std::fs::create_dir_all(&source).unwrap();
+        let port = free_port();
+        let mut sink_args = strings(&["sink", "--listen", &format!("127.0.0.1:{port}")]);
+        sink_args.extend(["--root".into(), dest_root.display().to_string()]);
+        sink_args.extend(["--state".into(), dir.join("sink-state").display().to_string()]);
+        let mut client_tls = Vec::new();
+        let scheme = if options.mtls {
+            let certs = dir.join("certs");
+            let (ok, text) = run(&["certs".into(), "--out".into(), certs.display().to_string()]);
+            assert!(ok, "certs: {text}");
+            let c = |f: &str| certs.join(f).display().to_string();
+            sink_args.extend(["--tls-cert".into(), c("server.pem"), "--tls-key".into(), c("server.key")]);
+            sink_args.extend(["--client-ca".into(), c("ca.pem")]);
+            client_tls = vec!["--tls-ca".into(), c("ca.pem"), "--tls-cert".into(), c("client.pem"), "--tls-key".into(), c("client.key")];
+            "https"
+        } else {
+            "http"
+        };
+        let endpoint = format!("{scheme}://127.0.0.1:{port}");
+        let sink = Proc::spawn(dir, "sink", &sink_args);
+        let mut watch_args = strings(&["watch", "--source", "src", "--seal-idle", "1s", "--rescan", "1s"]);
+        watch_args.extend(["--dir".into(), source.display().to_string()]);
+        watch_args.extend(["--to".into(), endpoint.clone()]);
+        watch_args.extend(["--state".into(), dir.join("watch-state").display().to_string()]);
+        watch_args.extend(client_tls.iter().cloned());
+        if options.poll {
+            watch_args.push("--poll".into());
+        }
+        watch_args.extend(options.extra_watch_args.iter().cloned());
+        let watcher = Proc::spawn(dir, "watcher", &watch_args);
+        Self {
+            dir: dir.to_path_buf(),
+            dest_root: dest_root.clone(),
+            source,
+            sink_state: dir.join("sink-state"),
+            watch_state: dir.join("watch-state"),
+            endpoint,
+            sink,
+            watcher,
+            client_tls,
+        }
+    }
+
+    /// Where this pipeline's files land.
+    pub fn dest(&self) -> PathBuf {
+        self.dest_root.join("src")
+    }
+
+    pub fn status(&self) -> Option<serde_json::Value> {
+        sink_status(&self.endpoint, &self.client_tls)
+    }
+
+    /// Waits until the destination is identical to the source.
+    pub fn wait_identical(&self, timeout: Duration) {
+        let mut last = String::new();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let (ok, text) = verify(&self.source, &self.dest());
+            if ok {
+                return;
+            }
+            last = text;
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!(
+            "destination never became identical: {last}\n--- sink log ---\n{}\n--- watcher log ---\n{}",
+            tail(&self.sink.log_text()),
+            tail(&self.watcher.log_text())
+        );
+    }
+
+    /// Waits until the sink has sealed `count` files.
+    pub fn wait_sealed(&self, count: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            if let Some(status) = self.status() {
+                if status_u64(&status, "sealed_files") >= count {
+                    return;
+                }
+                last = Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!(
+            "sink never sealed {count} files (last status {last:?})\n--- sink log ---\n{}\n--- watcher log ---\n{}",
+            tail(&self.sink.log_text()),
+            tail(&self.watcher.log_text())
+        );
+    }
+}
+
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Runs the simulator to completion into `dir`.
+pub fn simulate(dir: &Path, extra: &[&str]) {
+    let mut args = strings(&["sim", "--dir"]);
+    args.push(dir.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let (ok, text) = run(&args);
+    assert!(ok, "sim failed: {text}");
+}
+
+/// Starts the simulator in the background.
+pub fn simulate_in_background(test_dir: &Path, dir: &Path, extra: &[&str]) -> Proc {
+    let mut args = strings(&["sim", "--dir"]);
+    args.push(dir.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Proc::spawn(test_dir, "sim", &args)
+}
+
+/// Number of files the simulator's end marker lists, plus the marker itself.
+pub fn files_of_run(dir: &Path, run: &str) -> u64 {
+    let text = std::fs::read_to_string(dir.join(format!("{run}.end.json"))).expect("end marker");
+    let marker: serde_json::Value = serde_json::from_str(&text).expect("end marker JSON");
+    marker["files"].as_array().map_or(0, |f| f.len() as u64) + 1
+}

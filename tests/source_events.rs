@@ -1,0 +1,453 @@
+mod common;
+
+// What the pipeline does when the source tree changes under it: a file is
+// truncated and rewritten, deleted and created again (possibly on the same
+// inode), deleted for good, renamed while it grows, moved into the tree from
+// outside, or created in a directory that did not exist when the watcher
+// started. Each scenario runs with inotify and with `--poll`.
+//
+// Every file's content comes from its own deterministic byte stream, so a
+// destination that mixed bytes of two generations (or two files) would not
+// compare equal. Waits are hang guards only; nothing asserts how fast.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Pipeline, PipelineOptions};
+
+/// Far above what any run needs: only stops a hung test.
+const TIMEOUT: Duration = Duration::from_secs(60);
+const KIB: usize = 1024;
+
+/// `len` bytes of a simple LCG stream; distinct seeds give distinct content
+/// from the very first byte (so the head fingerprints differ too).
+fn content(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as u8
+        })
+        .collect()
+}
+
+/// Creates (or replaces the content of) a file, written and synced.
+fn write_file(path: &Path, data: &[u8]) {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    let mut file = File::create(path).unwrap();
+    file.write_all(data).unwrap();
+    file.sync_all().unwrap();
+}
+
+fn append(file: &mut File, data: &[u8]) {
+    file.write_all(data).unwrap();
+    file.sync_data().unwrap();
+}
+
+fn inode(path: &Path) -> (u64, u64) {
+    let meta = std::fs::metadata(path).unwrap();
+    (meta.dev(), meta.ino())
+}
+
+fn start(name: &str, poll: bool) -> Pipeline {
+    let mode = if poll { "poll" } else { "inotify" };
+    let dir = common::scratch(&format!("{name}-{mode}"));
+    Pipeline::start(&dir, PipelineOptions { poll, ..Default::default() })
+}
+
+fn dest_of(p: &Pipeline, rel: &str) -> PathBuf {
+    p.dest().join(rel)
+}
+
+fn dest_is(p: &Pipeline, rel: &str, expected: &[u8]) -> bool {
+    std::fs::read(dest_of(p, rel)).is_ok_and(|d| d == expected)
+}
+
+fn sealed_files(p: &Pipeline) -> Option<u64> {
+    p.status().map(|s| common::status_u64(&s, "sealed_files"))
+}
+
+fn log_tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// What a failed wait shows: both trees, the sink's counters, the logs.
+fn diagnostics(p: &Pipeline) -> String {
+    let sizes = |root: &Path| {
+        common::list_files(root)
+            .into_iter()
+            .map(|f| {
+                let len = std::fs::metadata(root.join(&f)).map_or(0, |m| m.len());
+                format!("{f} ({len} bytes)")
+            })
+            .collect::<Vec<_>>()
+    };
+    format!(
+        "source: {:?}\ndest: {:?}\nstatus: {:?}\n--- sink log ---\n{}\n--- watcher log ---\n{}",
+        sizes(&p.source),
+        sizes(&p.dest()),
+        p.status(),
+        log_tail(&p.sink.log_text(), 40),
+        log_tail(&p.watcher.log_text(), 60),
+    )
+}
+
+/// Polls `condition` until it holds; on timeout fails with the diagnostics.
+fn wait_for(p: &Pipeline, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while Instant::now() < deadline {
+        if condition() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {TIMEOUT:?} waiting for: {what}\n{}", diagnostics(p));
+}
+
+fn wait_dest(p: &Pipeline, rel: &str, expected: &[u8], what: &str) {
+    wait_for(p, what, || dest_is(p, rel, expected));
+}
+
+/// Waits until the sink holds at least `count` sealed generations.
+fn wait_sealed_at_least(p: &Pipeline, count: u64, what: &str) {
+    wait_for(p, what, || sealed_files(p).is_some_and(|n| n >= count));
+}
+
+/// Lets the watcher run a few rescans and poll rounds with nothing new to
+/// find, so that any late or stray write would have landed by then.
+fn settle() {
+    std::thread::sleep(Duration::from_secs(3));
+}
+
+/// The destination mirrors the source: same files, byte for byte, and
+/// nothing else (no stale generation, no leftover in-progress name).
+fn assert_mirrors(p: &Pipeline) {
+    let (ok, text) = common::verify(&p.source, &p.dest());
+    assert!(ok, "verify: {text}\n{}", diagnostics(p));
+    assert_eq!(
+        common::list_files(&p.dest()),
+        common::list_files(&p.source),
+        "the destination holds other files than the source\n{}",
+        diagnostics(p)
+    );
+}
+
+/// Stops both processes and checks the sink's manifest: no range was ever
+/// recorded twice and every record matches its audit log.
+fn stop_and_audit(mut p: Pipeline) {
+    p.watcher.stop();
+    p.sink.stop();
+    let report = common::audit(&p.sink_state);
+    assert_eq!(report["overlapping_placements"], 0, "audit: {report:#}");
+    assert_eq!(report["record_mismatches"], 0, "audit: {report:#}");
+}
+
+/// The pid of this pipeline's watcher process (found by its arguments).
+fn watcher_pid(p: &Pipeline) -> Option<u32> {
+    let state = p.watch_state.display().to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let is_watcher = args.iter().any(|a| *a == b"watch") && args.iter().any(|a| *a == state.as_bytes());
+        if is_watcher {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Source files the watcher still holds open although they were deleted
+/// (their disk space cannot be reclaimed while it does).
+fn deleted_files_held(p: &Pipeline) -> Vec<String> {
+    let Some(pid) = watcher_pid(p) else {
+        return Vec::new();
+    };
+    let source = p.source.display().to_string();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|target| target.starts_with(&source) && target.ends_with(" (deleted)"))
+        .collect()
+}
+
+fn assert_no_deleted_file_held(p: &Pipeline) {
+    wait_for(p, "the watcher to let go of deleted source files", || deleted_files_held(p).is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// 1. Truncation: the same inode continues as a new generation; the
+//    destination is replaced by it, no byte of the old generation remains.
+
+/// `after_seal`: whether the first generation was sealed (and forgotten by the
+/// tailer) before the truncation, or was still being tracked.
+fn truncation(name: &str, poll: bool, after_seal: bool) {
+    let p = start(name, poll);
+    let src = p.source.join("t.log");
+    let old = content(1, 200 * KIB);
+    let new = content(2, 50 * KIB);
+
+    write_file(&src, &old);
+    wait_dest(&p, "t.log", &old, "the first generation at the destination");
+    let ino = inode(&src);
+    if after_seal {
+        wait_sealed_at_least(&p, 1, "the first generation sealed");
+    }
+    let sealed_before = sealed_files(&p).unwrap_or(0);
+
+    // Truncate through a fresh handle, then write the new content from offset 0.
+    let mut file = OpenOptions::new().write(true).open(&src).unwrap();
+    file.set_len(0).unwrap();
+    file.write_all(&new).unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    assert_eq!(inode(&src), ino, "truncation keeps the inode");
+
+    wait_dest(&p, "t.log", &new, "the destination to equal the rewritten source");
+    assert_eq!(std::fs::metadata(dest_of(&p, "t.log")).unwrap().len(), new.len() as u64);
+    wait_sealed_at_least(&p, sealed_before + 1, "the new generation sealed");
+
+    settle();
+    assert!(dest_is(&p, "t.log", &new), "the destination changed after it mirrored the source\n{}", diagnostics(&p));
+    assert_mirrors(&p);
+    assert_no_deleted_file_held(&p);
+    stop_and_audit(p);
+}
+
+#[test]
+fn truncation_while_tracked_inotify() {
+    truncation("trunc-tracked", false, false);
+}
+
+#[test]
+fn truncation_while_tracked_poll() {
+    truncation("trunc-tracked", true, false);
+}
+
+#[test]
+fn truncation_after_seal_inotify() {
+    truncation("trunc-sealed", false, true);
+}
+
+#[test]
+fn truncation_after_seal_poll() {
+    truncation("trunc-sealed", true, true);
+}
+
+// ---------------------------------------------------------------------------
+// 2. Deleted and created again at the same path (on ext4 a freed inode
+//    number is usually handed to the next new file): a new generation.
+
+fn recreate(name: &str, poll: bool, after_seal: bool, new_len: usize) {
+    let p = start(name, poll);
+    let src = p.source.join("r.dat");
+    let old = content(11, 100 * KIB);
+    let new = content(12, new_len);
+
+    write_file(&src, &old);
+    wait_dest(&p, "r.dat", &old, "the first file at the destination");
+    let old_inode = inode(&src);
+    if after_seal {
+        wait_sealed_at_least(&p, 1, "the first file sealed");
+        // Its descriptor is given back at the seal, so the inode can be freed.
+        assert_no_deleted_file_held(&p);
+    }
+    let sealed_before = sealed_files(&p).unwrap_or(0);
+
+    std::fs::remove_file(&src).unwrap();
+    write_file(&src, &new);
+    let reused = inode(&src) == old_inode;
+    eprintln!("[{name}] new file reused the inode number: {reused}");
+
+    wait_dest(&p, "r.dat", &new, "the destination to equal the new file");
+    wait_sealed_at_least(&p, sealed_before + 1, "the new file sealed");
+
+    settle();
+    assert!(dest_is(&p, "r.dat", &new), "the destination changed after it mirrored the source\n{}", diagnostics(&p));
+    assert_mirrors(&p);
+    assert_no_deleted_file_held(&p);
+    stop_and_audit(p);
+}
+
+#[test]
+fn recreate_while_tracked_inotify() {
+    recreate("recreate-tracked", false, false, 30 * KIB);
+}
+
+#[test]
+fn recreate_while_tracked_poll() {
+    recreate("recreate-tracked", true, false, 30 * KIB);
+}
+
+#[test]
+fn recreate_after_seal_inotify() {
+    recreate("recreate-sealed", false, true, 30 * KIB);
+}
+
+#[test]
+fn recreate_after_seal_poll() {
+    recreate("recreate-sealed", true, true, 30 * KIB);
+}
+
+/// The new file has exactly the old size: only its content tells it apart.
+#[test]
+fn recreate_same_size_after_seal_inotify() {
+    recreate("recreate-same-size", false, true, 100 * KIB);
+}
+
+#[test]
+fn recreate_same_size_after_seal_poll() {
+    recreate("recreate-same-size", true, true, 100 * KIB);
+}
+
+// ---------------------------------------------------------------------------
+// 3. Deletion at the source: the destination keeps the file (a transfer,
+//    not a mirror of deletions), and the watcher finishes and lets go of it.
+
+fn deletion(name: &str, poll: bool) {
+    let p = start(name, poll);
+    let src = p.source.join("d.dat");
+    let data = content(21, 100 * KIB);
+
+    write_file(&src, &data);
+    wait_dest(&p, "d.dat", &data, "the file at the destination");
+    std::fs::remove_file(&src).unwrap();
+
+    settle();
+    let dest = dest_of(&p, "d.dat");
+    assert!(dest.is_file(), "the destination lost the file deleted at the source\n{}", diagnostics(&p));
+    assert_eq!(std::fs::read(&dest).unwrap(), data, "the destination changed after the source was deleted");
+    wait_sealed_at_least(&p, 1, "the deleted file sealed");
+    assert_no_deleted_file_held(&p);
+    assert!(dest_is(&p, "d.dat", &data));
+    stop_and_audit(p);
+}
+
+#[test]
+fn deletion_inotify() {
+    deletion("delete", false);
+}
+
+#[test]
+fn deletion_poll() {
+    deletion("delete", true);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Renamed while it grows, through the same open handle, then renamed to
+//    its final name (dropping the in-progress suffix), which seals it.
+
+fn rename_while_growing(name: &str, poll: bool) {
+    const CHUNK: usize = 64 * KIB;
+    let p = start(name, poll);
+    let data = content(31, 12 * CHUNK);
+    let chunks: Vec<&[u8]> = data.chunks(CHUNK).collect();
+    let first = p.source.join("g.xtc2.inprogress");
+    let second = p.source.join("h.xtc2.inprogress");
+    let last = p.source.join("h.xtc2");
+
+    let mut file = OpenOptions::new().create_new(true).append(true).open(&first).unwrap();
+    for chunk in &chunks[..4] {
+        append(&mut file, chunk);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The watcher follows the file under its first name before the rename.
+    wait_for(&p, "the first chunks under the first name", || {
+        std::fs::metadata(dest_of(&p, "g.xtc2.inprogress")).is_ok_and(|m| m.len() >= 2 * CHUNK as u64)
+    });
+
+    std::fs::rename(&first, &second).unwrap();
+    for chunk in &chunks[4..8] {
+        append(&mut file, chunk);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_dest(&p, "h.xtc2.inprogress", &data[..8 * CHUNK], "the file under its second name, complete so far");
+    assert!(!dest_of(&p, "g.xtc2.inprogress").exists(), "the first name remains at the destination");
+
+    for chunk in &chunks[8..] {
+        append(&mut file, chunk);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::rename(&second, &last).unwrap();
+
+    // The handle stays open: the rename alone must seal the file.
+    wait_dest(&p, "h.xtc2", &data, "the file under its final name");
+    wait_sealed_at_least(&p, 1, "the file sealed by its final rename");
+    let leftovers: Vec<String> =
+        common::list_files(&p.dest()).into_iter().filter(|f| f.ends_with(".inprogress")).collect();
+    assert!(leftovers.is_empty(), "in-progress files remain at the destination: {leftovers:?}");
+    drop(file);
+
+    settle();
+    assert_mirrors(&p);
+    stop_and_audit(p);
+}
+
+#[test]
+fn rename_while_growing_inotify() {
+    rename_while_growing("rename-growing", false);
+}
+
+#[test]
+fn rename_while_growing_poll() {
+    rename_while_growing("rename-growing", true);
+}
+
+// ---------------------------------------------------------------------------
+// 5. A file moved into the tree from outside it, and files in directories
+//    created after the watcher started (one written at once, one later).
+
+fn arrivals(name: &str, poll: bool) {
+    let p = start(name, poll);
+
+    // Written and closed outside the tree (same filesystem), then moved in.
+    let outside = p.dir.join("outside");
+    let moved_data = content(41, 80 * KIB);
+    write_file(&outside.join("m.dat"), &moved_data);
+    // Let the watcher settle on an empty tree first.
+    wait_for(&p, "the sink to answer", || p.status().is_some());
+    std::fs::rename(outside.join("m.dat"), p.source.join("m.dat")).unwrap();
+
+    // A nested directory made after the start, written to at once.
+    let early = content(42, 70 * KIB);
+    write_file(&p.source.join("sub/deeper/early.dat"), &early);
+
+    wait_dest(&p, "m.dat", &moved_data, "the file moved into the tree");
+    wait_dest(&p, "sub/deeper/early.dat", &early, "the file in the new directory");
+
+    // A later file in the (now watched) new directory, grown in two steps.
+    let late = content(43, 90 * KIB);
+    let late_path = p.source.join("sub/deeper/late.dat");
+    let mut file = File::create(&late_path).unwrap();
+    append(&mut file, &late[..40 * KIB]);
+    wait_dest(&p, "sub/deeper/late.dat", &late[..40 * KIB], "the first part of the later file");
+    append(&mut file, &late[40 * KIB..]);
+    drop(file);
+    wait_dest(&p, "sub/deeper/late.dat", &late, "the whole later file");
+
+    wait_sealed_at_least(&p, 3, "all three files sealed");
+    settle();
+    assert_mirrors(&p);
+    stop_and_audit(p);
+}
+
+#[test]
+fn arrivals_inotify() {
+    arrivals("arrivals", false);
+}
+
+#[test]
+fn arrivals_poll() {
+    arrivals("arrivals", true);
+}
