@@ -678,18 +678,23 @@ fn zz_explore_cancelled_batch() {
     let sink = SinkUnderTest::start("bad-input-explore");
     let mut hung = 0;
     let mut acked_first = 0;
-    for i in 0..40u64 {
+    for i in 0..12u64 {
         let key = format!("race/{i}.bin");
         let data = pattern(256 << 10, i);
         let mut builder = BatchBuilder::with_capacity(300, 1 << 20);
-        for f in 0..200 { builder.push_data(&format!("race/{i}/{f}.bin"), 1, 0, &data[..1024]); }
-        builder.push_data(&key, 1, 0, &data);
+        for f in 0..2000 { builder.push_data(&format!("race/{i}/{f}.bin"), 1, 0, &data[..256]); }
+
         let good = builder.finish();
         let claimed = 5u32;
         let bad = with_column(&data_batch("race/other.bin", 0, b"x"), 5, Arc::new(UInt32Array::from(vec![claimed ^ 1])));
         let first = sink.put(vec![hello_message(SOURCE), batch_message(&good, 0), batch_message(&bad, 1)]);
         assert!(first.error.is_some());
+        eprintln!("first error: {:?}", first.error.as_ref().map(|e| (e.code(), e.message().chars().take(120).collect::<String>())));
         acked_first += first.acks.len();
+        let before = common::status_u64(&common::sink_status(&sink.endpoint, &[]).unwrap(), "placed_bytes");
+        std::thread::sleep(Duration::from_millis(1500));
+        let after = common::status_u64(&common::sink_status(&sink.endpoint, &[]).unwrap(), "placed_bytes");
+        eprintln!("iteration {i}: placed_bytes right after the refusal {before}, 1.5 s later {after}");
         let endpoint = sink.endpoint.clone();
         let messages = vec![hello_message(SOURCE), batch_message(&good, 0)];
         let result = sink.runtime.block_on(async move {

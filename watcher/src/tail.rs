@@ -89,6 +89,16 @@ impl Tracked {
     }
 }
 
+/// What reconciliation made of a file found on disk.
+enum Adoption {
+    /// Part of it is at the sink: continue from there.
+    Track(Tracked),
+    /// All of it is at the sink, sealed.
+    Complete,
+    /// The sink holds nothing of it.
+    Unknown,
+}
+
 struct RowRef {
     file: FileKey,
     kind: RowKind,
@@ -357,11 +367,11 @@ impl Tailer {
                 return;
             }
         }
-        if let Some(adopted) = self.adopt(&found) {
-            self.insert(adopted);
-            return;
+        match self.adopt(&found) {
+            Adoption::Track(adopted) => self.insert(adopted),
+            Adoption::Complete => {}
+            Adoption::Unknown => self.start_new(&found, None),
         }
-        self.start_new(&found, None);
     }
 
     fn renamed(&mut self, key: &FileKey, new_path: &str) {
@@ -418,22 +428,25 @@ impl Tailer {
     }
 
     /// A watcher without state takes over what a sink already holds of this file.
-    fn adopt(&mut self, found: &Found) -> Option<Tracked> {
-        let (sink, mark) = self
+    fn adopt(&mut self, found: &Found) -> Adoption {
+        let Some((sink, mark)) = self
             .watermarks
             .iter()
             .filter(|(_, m)| m.path == found.path && !m.superseded)
-            .max_by_key(|(_, m)| m.generation)?
-            .clone();
+            .max_by_key(|(_, m)| m.generation)
+            .cloned()
+        else {
+            return Adoption::Unknown;
+        };
         if mark.head_len > found.size
             || mark.contiguous_end > found.size
             || head_crc(&self.root.join(&found.path), mark.head_len) != Some(mark.head_crc32c)
         {
-            return None;
+            return Adoption::Unknown;
         }
         let mut t = self.tracked(&mark.key, mark.generation, found);
         if t.sink != sink {
-            return None;
+            return Adoption::Unknown;
         }
         t.acked = IntervalSet::from_ranges([(0, mark.contiguous_end)]);
         t.read_offset = mark.contiguous_end;
@@ -442,14 +455,23 @@ impl Tailer {
             t.open_acked = false;
             t.controls.push_back(Control::Open);
         }
+        let fingerprint_len = found.size.min(FINGERPRINT_LEN);
+        if let Some(fingerprint) = head_crc(&self.root.join(&found.path), fingerprint_len) {
+            t.fingerprint = fingerprint;
+            t.fingerprint_len = fingerprint_len as u32;
+        }
         if mark.sealed_size == Some(found.size) {
-            // Already complete at the sink: nothing to track.
-            self.finished
-                .insert(found.path.clone(), (found.dev, found.ino, found.size));
-            return None;
+            // Already complete at the sink: remember it as sealed, so later
+            // restarts (which do not reconcile) know it too.
+            t.sealed = true;
+            if let Err(error) = self.state.save(&[t.record()], false) {
+                tracing::warn!(path = %found.path, %error, "cannot record an adopted sealed file");
+            }
+            self.finished.insert(found.path.clone(), (found.dev, found.ino, found.size));
+            return Adoption::Complete;
         }
         tracing::info!(path = %found.path, resume_at = mark.contiguous_end, "resuming from the sink's watermark");
-        Some(t)
+        Adoption::Track(t)
     }
 
     fn start_new(&mut self, found: &Found, path_override: Option<String>) {
