@@ -155,7 +155,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
                     "not everything was sealed {deadline_after_sim:?} after the simulator stopped:"
                 );
                 for f in &files {
-                    println!("        still open: {} ({} of {} bytes acknowledged)", f.path, f.acked, f.size);
+                    println!(
+                        "        still open: {} ({} of {} bytes acknowledged)",
+                        f.path, f.acked, f.size
+                    );
                 }
                 break;
             }

@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Pipeline, PipelineOptions, audit, files_of_run, scratch, simulate_in_background, status_u64};
+use common::{
+    Pipeline, PipelineOptions, audit, files_of_run, scratch, simulate_in_background, status_u64,
+};
 
 /// A small xorshift generator: the seed is printed so a failure can be replayed.
 struct Rng(u64);
@@ -30,10 +32,19 @@ fn kill_nine_sink_watcher_and_both() {
     let seed = std::env::var("TAILFLIGHT_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
     println!("crash test seed: {seed} (set TAILFLIGHT_CRASH_SEED to replay)");
     let mut rng = Rng(seed);
-    let cycles: usize = std::env::var("TAILFLIGHT_CRASH_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let cycles: usize = std::env::var("TAILFLIGHT_CRASH_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
 
     let dir = scratch("crashes");
     let mut pipeline = Pipeline::start(&dir, PipelineOptions::default());
@@ -41,7 +52,18 @@ fn kill_nine_sink_watcher_and_both() {
     let mut sim = simulate_in_background(
         &dir,
         &pipeline.source,
-        &["--streams", "4", "--rate", "200", "--frame", "32KiB", "--chunk", "4MiB", "--duration", "600s"],
+        &[
+            "--streams",
+            "4",
+            "--rate",
+            "200",
+            "--frame",
+            "32KiB",
+            "--chunk",
+            "4MiB",
+            "--duration",
+            "600s",
+        ],
     );
 
     for round in ["sink", "watcher", "both"] {
@@ -73,11 +95,20 @@ fn kill_nine_sink_watcher_and_both() {
 
     let status = pipeline.status().expect("sink status");
     println!("sink status after the crashes: {status}");
-    assert!(status_u64(&status, "duplicate_bytes") > 0, "re-delivery was never exercised: {status}");
+    assert!(
+        status_u64(&status, "duplicate_bytes") > 0,
+        "re-delivery was never exercised: {status}"
+    );
     pipeline.watcher.stop();
     pipeline.sink.stop();
     let report = audit(&pipeline.sink_state);
     println!("audit: {report}");
-    assert_eq!(report["overlapping_placements"], 0, "a range was recorded twice: {report}");
-    assert_eq!(report["record_mismatches"], 0, "records disagree with the audit log: {report}");
+    assert_eq!(
+        report["overlapping_placements"], 0,
+        "a range was recorded twice: {report}"
+    );
+    assert_eq!(
+        report["record_mismatches"], 0,
+        "records disagree with the audit log: {report}"
+    );
 }

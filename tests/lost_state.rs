@@ -6,10 +6,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Pipeline, PipelineOptions, files_of_run, scratch, simulate, simulate_in_background, status_u64};
+use common::{
+    Pipeline, PipelineOptions, files_of_run, scratch, simulate, simulate_in_background, status_u64,
+};
 
 fn total_bytes(dir: &std::path::Path) -> u64 {
-    common::list_files(dir).iter().map(|f| std::fs::metadata(dir.join(f)).unwrap().len()).sum()
+    common::list_files(dir)
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .sum()
 }
 
 #[test]
@@ -18,7 +23,23 @@ fn nothing_placed_is_written_again() {
     let mut pipeline = Pipeline::start(&dir, PipelineOptions::default());
 
     // First run: complete files.
-    simulate(&pipeline.source, &["--run", "r1", "--streams", "2", "--rate", "100", "--frame", "16KiB", "--chunk", "1MiB", "--duration", "2s"]);
+    simulate(
+        &pipeline.source,
+        &[
+            "--run",
+            "r1",
+            "--streams",
+            "2",
+            "--rate",
+            "100",
+            "--frame",
+            "16KiB",
+            "--chunk",
+            "1MiB",
+            "--duration",
+            "2s",
+        ],
+    );
     let first_files = files_of_run(&pipeline.source, "r1");
     pipeline.wait_sealed(first_files, Duration::from_secs(120));
     pipeline.wait_identical(Duration::from_secs(60));
@@ -27,7 +48,20 @@ fn nothing_placed_is_written_again() {
     let mut sim = simulate_in_background(
         &dir,
         &pipeline.source,
-        &["--run", "r2", "--streams", "2", "--rate", "100", "--frame", "16KiB", "--chunk", "1MiB", "--duration", "600s"],
+        &[
+            "--run",
+            "r2",
+            "--streams",
+            "2",
+            "--rate",
+            "100",
+            "--frame",
+            "16KiB",
+            "--chunk",
+            "1MiB",
+            "--duration",
+            "600s",
+        ],
     );
     std::thread::sleep(Duration::from_secs(2));
     pipeline.watcher.kill9();
@@ -49,9 +83,26 @@ fn nothing_placed_is_written_again() {
     let after = pipeline.status().expect("status");
 
     let total = total_bytes(&pipeline.source);
-    println!("placed before restart {placed_before_restart}; status before {before}; after {after}; source total {total}");
-    assert_eq!(status_u64(&after, "placed_bytes"), total, "every byte placed exactly once");
-    assert_eq!(status_u64(&after, "rewritten_bytes"), 0, "no placed byte was written again");
-    assert_eq!(status_u64(&after, "placed_bytes"), status_u64(&before, "placed_bytes"));
-    assert_eq!(status_u64(&after, "duplicate_bytes"), status_u64(&before, "duplicate_bytes"), "complete files were not even re-sent");
+    println!(
+        "placed before restart {placed_before_restart}; status before {before}; after {after}; source total {total}"
+    );
+    assert_eq!(
+        status_u64(&after, "placed_bytes"),
+        total,
+        "every byte placed exactly once"
+    );
+    assert_eq!(
+        status_u64(&after, "rewritten_bytes"),
+        0,
+        "no placed byte was written again"
+    );
+    assert_eq!(
+        status_u64(&after, "placed_bytes"),
+        status_u64(&before, "placed_bytes")
+    );
+    assert_eq!(
+        status_u64(&after, "duplicate_bytes"),
+        status_u64(&before, "duplicate_bytes"),
+        "complete files were not even re-sent"
+    );
 }

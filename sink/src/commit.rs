@@ -30,13 +30,16 @@ pub(crate) struct Dependency {
     pub end: u64,
 }
 
+/// Ranges one batch wrote into one file generation.
+pub(crate) type PlacedRanges = (Arc<Slot>, Vec<(u64, u64)>);
+
 /// What one batch needs made durable before its ack.
 #[derive(Default)]
 pub(crate) struct CommitRequest {
     /// Every slot whose record this batch changed (written in full).
     pub touched: Vec<Arc<Slot>>,
     /// Ranges this batch wrote, per slot.
-    pub placed: Vec<(Arc<Slot>, Vec<(u64, u64)>)>,
+    pub placed: Vec<PlacedRanges>,
     pub files_to_sync: Vec<Arc<File>>,
     pub dirs_to_sync: Vec<Arc<OwnedFd>>,
     pub dependencies: Vec<Dependency>,

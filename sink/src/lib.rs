@@ -210,12 +210,18 @@ impl Ingest for Sink {
             .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;
             let (request, ack) = placed.map_err(|e| match e {
                 PlaceError::Peer(detail) => Status::invalid_argument(detail),
-                PlaceError::Storage(detail) => Status::unavailable(format!("sink storage: {detail}")),
+                PlaceError::Storage(detail) => {
+                    Status::unavailable(format!("sink storage: {detail}"))
+                }
             })?;
-            committer.commit(request).await.map_err(Status::unavailable)?;
+            committer
+                .commit(request)
+                .await
+                .map_err(Status::unavailable)?;
             Ok(ack)
         });
-        task.await.map_err(|e| Status::internal(format!("batch {seq}: {e}")))?
+        task.await
+            .map_err(|e| Status::internal(format!("batch {seq}: {e}")))?
     }
 
     async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, Status> {

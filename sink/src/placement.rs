@@ -208,7 +208,12 @@ impl Placer {
     /// at the key's own path, later generations need an Open row first.
     /// Lookup and creation happen under the source's lock, so two streams
     /// carrying the same new file end up with one slot.
-    fn slot_or_create(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<Arc<Slot>, RowError> {
+    fn slot_or_create(
+        &self,
+        source: &Source,
+        row: &Row<'_>,
+        work: &mut BatchWork,
+    ) -> Result<Arc<Slot>, RowError> {
         let mut files = lock(&source.files);
         if let Some(slot) = files.slots.get(&(row.file_key.to_owned(), row.generation)) {
             return Ok(slot.clone());
@@ -236,17 +241,28 @@ impl Placer {
         self.supersede_at(files, &dest, work)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
-        work.request.dirs_to_sync.extend(opened.dirs_to_sync.into_iter().map(Arc::new));
+        work.request
+            .dirs_to_sync
+            .extend(opened.dirs_to_sync.into_iter().map(Arc::new));
         let slot = Arc::new(Slot {
-            id: FileId { source: source.name.clone(), key: key.to_owned(), generation },
+            id: FileId {
+                source: source.name.clone(),
+                key: key.to_owned(),
+                generation,
+            },
             state: Mutex::new(SlotState {
-                record: FileRecord { dest_path: dest.clone(), ..FileRecord::default() },
+                record: FileRecord {
+                    dest_path: dest.clone(),
+                    ..FileRecord::default()
+                },
                 pending: IntervalSet::new(),
                 disk_len,
                 file: Some(Arc::new(opened.file)),
             }),
         });
-        files.slots.insert((key.to_owned(), generation), slot.clone());
+        files
+            .slots
+            .insert((key.to_owned(), generation), slot.clone());
         files.by_path.insert(dest, (key.to_owned(), generation));
         self.remember_open(&slot);
         work.request.touched.push(slot.clone());
@@ -255,7 +271,12 @@ impl Placer {
 
     /// A new generation or a rename takes `dest`: whatever live generation
     /// was there is superseded (removed, or kept aside by policy).
-    fn supersede_at(&self, files: &mut SourceFiles, dest: &str, work: &mut BatchWork) -> Result<(), RowError> {
+    fn supersede_at(
+        &self,
+        files: &mut SourceFiles,
+        dest: &str,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
         let Some((key, generation)) = files.by_path.remove(dest) else {
             return Ok(());
         };
@@ -274,7 +295,9 @@ impl Placer {
             SupersededPolicy::Keep => {
                 let aside = format!("{dest}.gen{generation}");
                 let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
-                work.request.dirs_to_sync.extend(dirs.into_iter().map(Arc::new));
+                work.request
+                    .dirs_to_sync
+                    .extend(dirs.into_iter().map(Arc::new));
                 state.record.dest_path = aside;
             }
         }
@@ -318,7 +341,9 @@ impl Placer {
         let mut attempts = open.len();
         while open.len() > self.max_open_files && attempts > 0 {
             attempts -= 1;
-            let Some(evicted) = open.pop_front() else { break };
+            let Some(evicted) = open.pop_front() else {
+                break;
+            };
             if Arc::ptr_eq(&evicted, slot) {
                 open.push_back(evicted);
                 continue;
@@ -405,8 +430,15 @@ impl Placer {
         Ok(())
     }
 
-    fn open_generation(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
-        let path = row.path.ok_or_else(|| RowError::Peer("an Open row needs a path".into()))?;
+    fn open_generation(
+        &self,
+        source: &Source,
+        row: &Row<'_>,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        let path = row
+            .path
+            .ok_or_else(|| RowError::Peer("an Open row needs a path".into()))?;
         crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
         if row.generation == 0 {
             return Err(RowError::Peer("generations start at 1".into()));
@@ -422,7 +454,9 @@ impl Placer {
     }
 
     fn rename(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
-        let path = row.path.ok_or_else(|| RowError::Peer("a Rename row needs the new path".into()))?;
+        let path = row
+            .path
+            .ok_or_else(|| RowError::Peer("a Rename row needs the new path".into()))?;
         crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
         let slot = self.slot_or_create(source, row, work)?;
         // Renames of one source are serialised: a re-delivered rename racing
@@ -438,14 +472,23 @@ impl Placer {
             return Ok(());
         }
         if superseded {
-            return Err(RowError::Reject("a newer generation replaced this one; rename ignored".into()));
+            return Err(RowError::Reject(
+                "a newer generation replaced this one; rename ignored".into(),
+            ));
         }
         self.supersede_at(&mut files, &new_dest, work)?;
-        let dirs = self.root.rename(&old_dest, &new_dest).map_err(confine_error)?;
-        work.request.dirs_to_sync.extend(dirs.into_iter().map(Arc::new));
+        let dirs = self
+            .root
+            .rename(&old_dest, &new_dest)
+            .map_err(confine_error)?;
+        work.request
+            .dirs_to_sync
+            .extend(dirs.into_iter().map(Arc::new));
         lock(&slot.state).record.dest_path = new_dest.clone();
         files.by_path.remove(&old_dest);
-        files.by_path.insert(new_dest, (row.file_key.to_owned(), row.generation));
+        files
+            .by_path
+            .insert(new_dest, (row.file_key.to_owned(), row.generation));
         drop(files);
         work.request.touched.push(slot);
         Ok(())

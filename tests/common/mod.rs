@@ -14,7 +14,9 @@ pub fn bin() -> PathBuf {
 
 /// A scratch folder for one test, emptied at creation.
 pub fn scratch(name: &str) -> PathBuf {
-    let base = std::env::var_os("TAILFLIGHT_TEST_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let base = std::env::var_os("TAILFLIGHT_TEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     let dir = base.join(format!("tailflight-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create scratch dir");
@@ -22,7 +24,11 @@ pub fn scratch(name: &str) -> PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A child process that is killed when dropped. Its stderr goes to `<dir>/<name>.log`.
@@ -36,7 +42,12 @@ pub struct Proc {
 impl Proc {
     pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Self {
         let log = dir.join(format!("{name}.log"));
-        let mut proc = Self { name: name.into(), child: None, args: args.to_vec(), log };
+        let mut proc = Self {
+            name: name.into(),
+            child: None,
+            args: args.to_vec(),
+            log,
+        };
         proc.start();
         proc
     }
@@ -44,10 +55,17 @@ impl Proc {
     /// (Re)starts the process with the same arguments.
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "{} is already running", self.name);
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         let child = Command::new(bin())
             .args(&self.args)
-            .env("TAILFLIGHT_LOG", std::env::var("TAILFLIGHT_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "TAILFLIGHT_LOG",
+                std::env::var("TAILFLIGHT_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -115,7 +133,11 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
 
 /// Runs a `tailflight` subcommand to completion; returns (success, stdout+stderr).
 pub fn run(args: &[String]) -> (bool, String) {
-    let output = Command::new(bin()).args(args).env("TAILFLIGHT_LOG", "warn").output().expect("run tailflight");
+    let output = Command::new(bin())
+        .args(args)
+        .env("TAILFLIGHT_LOG", "warn")
+        .output()
+        .expect("run tailflight");
     let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&output.stderr));
     (output.status.success(), text)
@@ -152,9 +174,16 @@ pub fn verify(src: &Path, dest: &Path) -> (bool, String) {
 
 /// Audits a stopped sink's manifest.
 pub fn audit(state: &Path) -> serde_json::Value {
-    let (ok, text) = run(&["audit".into(), "--state".into(), state.display().to_string()]);
-    let start = text.find('{').unwrap_or_else(|| panic!("audit printed no JSON: {text}"));
-    let value: serde_json::Value = serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("audit output: {e}: {text}"));
+    let (ok, text) = run(&[
+        "audit".into(),
+        "--state".into(),
+        state.display().to_string(),
+    ]);
+    let start = text
+        .find('{')
+        .unwrap_or_else(|| panic!("audit printed no JSON: {text}"));
+    let value: serde_json::Value = serde_json::from_str(&text[start..])
+        .unwrap_or_else(|e| panic!("audit output: {e}: {text}"));
     assert!(ok, "audit failed: {text}");
     value
 }
@@ -164,7 +193,9 @@ pub fn list_files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() {
@@ -206,26 +237,52 @@ impl Pipeline {
         let port = free_port();
         let mut sink_args = strings(&["sink", "--listen", &format!("127.0.0.1:{port}")]);
         sink_args.extend(["--root".into(), dest_root.display().to_string()]);
-        sink_args.extend(["--state".into(), dir.join("sink-state").display().to_string()]);
+        sink_args.extend([
+            "--state".into(),
+            dir.join("sink-state").display().to_string(),
+        ]);
         let mut client_tls = Vec::new();
         let scheme = if options.mtls {
             let certs = dir.join("certs");
             let (ok, text) = run(&["certs".into(), "--out".into(), certs.display().to_string()]);
             assert!(ok, "certs: {text}");
             let c = |f: &str| certs.join(f).display().to_string();
-            sink_args.extend(["--tls-cert".into(), c("server.pem"), "--tls-key".into(), c("server.key")]);
+            sink_args.extend([
+                "--tls-cert".into(),
+                c("server.pem"),
+                "--tls-key".into(),
+                c("server.key"),
+            ]);
             sink_args.extend(["--client-ca".into(), c("ca.pem")]);
-            client_tls = vec!["--tls-ca".into(), c("ca.pem"), "--tls-cert".into(), c("client.pem"), "--tls-key".into(), c("client.key")];
+            client_tls = vec![
+                "--tls-ca".into(),
+                c("ca.pem"),
+                "--tls-cert".into(),
+                c("client.pem"),
+                "--tls-key".into(),
+                c("client.key"),
+            ];
             "https"
         } else {
             "http"
         };
         let endpoint = format!("{scheme}://127.0.0.1:{port}");
         let sink = Proc::spawn(dir, "sink", &sink_args);
-        let mut watch_args = strings(&["watch", "--source", "src", "--seal-idle", "1s", "--rescan", "1s"]);
+        let mut watch_args = strings(&[
+            "watch",
+            "--source",
+            "src",
+            "--seal-idle",
+            "1s",
+            "--rescan",
+            "1s",
+        ]);
         watch_args.extend(["--dir".into(), source.display().to_string()]);
         watch_args.extend(["--to".into(), endpoint.clone()]);
-        watch_args.extend(["--state".into(), dir.join("watch-state").display().to_string()]);
+        watch_args.extend([
+            "--state".into(),
+            dir.join("watch-state").display().to_string(),
+        ]);
         watch_args.extend(client_tls.iter().cloned());
         if options.poll {
             watch_args.push("--poll".into());

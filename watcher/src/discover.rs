@@ -187,7 +187,9 @@ impl Events {
                     }
                 } else {
                     // A file renamed into place was closed by whoever wrote it.
-                    let closed = event.mask.intersects(EventMask::CLOSE_WRITE | EventMask::MOVED_TO);
+                    let closed = event
+                        .mask
+                        .intersects(EventMask::CLOSE_WRITE | EventMask::MOVED_TO);
                     changes.push(Change::Touched { path, closed });
                 }
             }

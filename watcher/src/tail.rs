@@ -92,7 +92,7 @@ impl Tracked {
 /// What reconciliation made of a file found on disk.
 enum Adoption {
     /// Part of it is at the sink: continue from there.
-    Track(Tracked),
+    Track(Box<Tracked>),
     /// All of it is at the sink, sealed.
     Complete,
     /// The sink holds nothing of it.
@@ -326,10 +326,13 @@ impl Tailer {
             size: meta.len(),
         };
         self.on_found(found);
-        if closed {
-            if let Some(t) = self.by_path.get(path).and_then(|key| self.files.get_mut(key)) {
-                t.closed = true;
-            }
+        if closed
+            && let Some(t) = self
+                .by_path
+                .get(path)
+                .and_then(|key| self.files.get_mut(key))
+        {
+            t.closed = true;
         }
     }
 
@@ -362,13 +365,13 @@ impl Tailer {
             // A different inode at a tracked path: the old file was replaced.
             self.lost_path(&other);
         }
-        if let Some(record) = self.resumable.remove(&inode) {
-            if self.resume(record, &found) {
-                return;
-            }
+        if let Some(record) = self.resumable.remove(&inode)
+            && self.resume(record, &found)
+        {
+            return;
         }
         match self.adopt(&found) {
-            Adoption::Track(adopted) => self.insert(adopted),
+            Adoption::Track(adopted) => self.insert(*adopted),
             Adoption::Complete => {}
             Adoption::Unknown => self.start_new(&found, None),
         }
@@ -467,11 +470,12 @@ impl Tailer {
             if let Err(error) = self.state.save(&[t.record()], false) {
                 tracing::warn!(path = %found.path, %error, "cannot record an adopted sealed file");
             }
-            self.finished.insert(found.path.clone(), (found.dev, found.ino, found.size));
+            self.finished
+                .insert(found.path.clone(), (found.dev, found.ino, found.size));
             return Adoption::Complete;
         }
         tracing::info!(path = %found.path, resume_at = mark.contiguous_end, "resuming from the sink's watermark");
-        Adoption::Track(t)
+        Adoption::Track(Box::new(t))
     }
 
     fn start_new(&mut self, found: &Found, path_override: Option<String>) {
@@ -505,7 +509,7 @@ impl Tailer {
             fingerprint_len: 0,
             hasher: Some(Sha256::new()),
             hashed_to: 0,
-            sink: rendezvous(key, &self.config.sinks_names()),
+            sink: rendezvous(key, self.config.sinks_names()),
             last_change: now,
             closed,
             deleted: false,
@@ -710,11 +714,11 @@ impl Tailer {
                 return Ok(false);
             }
             let data = &self.scratch[..got];
-            if let Some(hasher) = &mut t.hasher {
-                if t.hashed_to == offset {
-                    hasher.update(data);
-                    t.hashed_to += got as u64;
-                }
+            if let Some(hasher) = &mut t.hasher
+                && t.hashed_to == offset
+            {
+                hasher.update(data);
+                t.hashed_to += got as u64;
             }
             if offset < FINGERPRINT_LEN && offset == t.fingerprint_len as u64 {
                 let head_end = (offset + got as u64).min(FINGERPRINT_LEN);
@@ -743,10 +747,10 @@ impl Tailer {
 
     fn flush_due(&mut self, now: Instant) {
         for sink in 0..self.batches.len() {
-            if let Some(started) = self.batches[sink].started {
-                if now >= started + self.config.linger {
-                    self.flush(sink);
-                }
+            if let Some(started) = self.batches[sink].started
+                && now >= started + self.config.linger
+            {
+                self.flush(sink);
             }
         }
     }

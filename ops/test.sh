@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit tests of every crate and the end-to-end,
+# crash, lost-state, source-event, bad-input and authentication tests, which
+# start sinks, watchers and simulators as separate processes on loopback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source ops/env.sh
+tailflight_install_build_deps
+cargo build --workspace --all-targets
+# Two test threads: the machines this runs on have two cores, and the
+# end-to-end tests each run several processes.
+cargo test --workspace -- --test-threads=2
