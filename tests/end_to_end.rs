@@ -86,3 +86,103 @@ fn polling() {
         },
     );
 }
+
+/// `--to A --to B`: files are sharded across two sinks, each file whole on
+/// exactly one of them.
+#[test]
+fn two_sinks_shard_files() {
+    use common::{Proc, free_port, strings, verify};
+    let dir = scratch("e2e-two-sinks");
+    let source = dir.join("source");
+    std::fs::create_dir_all(&source).unwrap();
+    let mut endpoints = Vec::new();
+    let mut sinks = Vec::new();
+    for name in ["a", "b"] {
+        let port = free_port();
+        let mut args = strings(&[
+            "sink",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--layout",
+            "flat",
+        ]);
+        args.extend([
+            "--root".into(),
+            dir.join(format!("dest-{name}")).display().to_string(),
+        ]);
+        args.extend([
+            "--state".into(),
+            dir.join(format!("state-{name}")).display().to_string(),
+        ]);
+        sinks.push(Proc::spawn(&dir, &format!("sink-{name}"), &args));
+        endpoints.push(format!("http://127.0.0.1:{port}"));
+    }
+    let mut args = strings(&[
+        "watch",
+        "--source",
+        "src",
+        "--seal-idle",
+        "1s",
+        "--rescan",
+        "1s",
+    ]);
+    args.extend([
+        "--dir".into(),
+        source.display().to_string(),
+        "--state".into(),
+        dir.join("watch-state").display().to_string(),
+    ]);
+    for endpoint in &endpoints {
+        args.extend(["--to".into(), endpoint.clone()]);
+    }
+    let _watcher = Proc::spawn(&dir, "watcher", &args);
+    simulate(
+        &source,
+        &[
+            "--streams",
+            "4",
+            "--rate",
+            "100",
+            "--frame",
+            "16KiB",
+            "--chunk",
+            "1MiB",
+            "--duration",
+            "2s",
+        ],
+    );
+    let expected = files_of_run(&source, "r0001");
+    common::wait_until(
+        "both sinks to seal every file",
+        Duration::from_secs(120),
+        || {
+            let sealed: u64 = endpoints
+                .iter()
+                .filter_map(|e| common::sink_status(e, &[]))
+                .map(|s| common::status_u64(&s, "sealed_files"))
+                .sum();
+            sealed >= expected
+        },
+    );
+    let in_a = list_files(&dir.join("dest-a"));
+    let in_b = list_files(&dir.join("dest-b"));
+    assert!(
+        !in_a.is_empty() && !in_b.is_empty(),
+        "one sink got nothing: a={in_a:?} b={in_b:?}"
+    );
+    assert!(
+        in_a.iter().all(|f| !in_b.contains(f)),
+        "a file landed on both sinks"
+    );
+    // Each file is whole and identical on the sink it went to.
+    let merged = dir.join("merged");
+    for (dest, files) in [("dest-a", &in_a), ("dest-b", &in_b)] {
+        for f in files {
+            let to = merged.join(f);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(dir.join(dest).join(f), to).unwrap();
+        }
+    }
+    let (identical, report) = verify(&source, &merged);
+    assert!(identical, "{report}");
+}

@@ -70,6 +70,9 @@ pub struct ServerConfig {
     pub connection_window_bytes: u32,
     /// Batches of one stream being placed at once.
     pub pipeline_depth: usize,
+    /// DoPut streams served at once; with the message limit and the
+    /// pipeline depth this bounds the memory peers can make the sink hold.
+    pub max_streams: usize,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +84,7 @@ impl Default for ServerConfig {
             stream_window_bytes: 64 << 20,
             connection_window_bytes: 64 << 20,
             pipeline_depth: 8,
+            max_streams: 256,
         }
     }
 }
@@ -95,6 +99,7 @@ pub async fn serve<I: Ingest>(
     let service = Service {
         ingest,
         pipeline_depth: config.pipeline_depth.max(1),
+        streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
     };
     let server = FlightServiceServer::new(service)
         .max_decoding_message_size(config.max_message_bytes)
@@ -119,6 +124,7 @@ pub async fn serve<I: Ingest>(
 struct Service<I> {
     ingest: Arc<I>,
     pipeline_depth: usize,
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -190,10 +196,16 @@ impl<I: Ingest> FlightService for Service<I> {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         let peer = peer_name(&request);
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "peer {peer}: the sink serves its maximum number of streams; retry later"
+            ))
+        })?;
         let (tx, rx) = mpsc::channel(self.pipeline_depth * 2);
         let ingest = self.ingest.clone();
         let depth = self.pipeline_depth;
         tokio::spawn(async move {
+            let _permit = permit;
             if let Err(status) = run_put(ingest, &peer, request.into_inner(), &tx, depth).await {
                 tracing::warn!(%peer, error = %status.message(), "DoPut stream refused");
                 let _ = tx.send(Err(status)).await;

@@ -123,6 +123,16 @@ pub async fn run(
         "source name {:?} must be one plain path component",
         config.source
     );
+    // A batch may exceed batch_bytes by one row; the sink refuses messages
+    // over its limit, so a batch must fit with room for the IPC framing.
+    let largest_batch = config.batch_bytes + config.max_row_bytes + (64 << 10);
+    anyhow::ensure!(
+        largest_batch <= config.max_message_bytes,
+        "--batch-bytes ({}) plus --max-row-bytes ({}) must stay below --max-message-bytes ({}), and below the sink's limit",
+        config.batch_bytes,
+        config.max_row_bytes,
+        config.max_message_bytes
+    );
     let root = std::fs::canonicalize(&config.root).with_context(|| {
         format!(
             "the watched directory {} is not accessible",

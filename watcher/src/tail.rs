@@ -27,6 +27,8 @@ use crate::{WatchConfig, rendezvous};
 
 /// Bytes at the head of a file used as its fingerprint.
 const FINGERPRINT_LEN: u64 = 4096;
+/// Growth observations kept per file for its lag in seconds.
+const MAX_GROWTH_MARKS: usize = 64;
 /// How often acknowledged offsets are written to the state store.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 
@@ -65,7 +67,10 @@ struct Tracked {
     failed: Option<String>,
     poll_interval: Duration,
     next_poll: Instant,
-    unacked_since: Option<Instant>,
+    /// (size, when first seen) of recent growth, oldest first: the age of
+    /// the oldest unacknowledged byte is the age of the first entry above
+    /// the acknowledged offset.
+    growth: VecDeque<(u64, Instant)>,
 }
 
 impl Tracked {
@@ -521,7 +526,7 @@ impl Tailer {
             failed: None,
             poll_interval: self.config.poll_min,
             next_poll: now,
-            unacked_since: None,
+            growth: VecDeque::new(),
         }
     }
 
@@ -686,7 +691,12 @@ impl Tailer {
         t.last_change = now;
         t.poll_interval = self.config.poll_min;
         t.next_poll = now + t.poll_interval;
-        t.unacked_since.get_or_insert(now);
+        if t.growth.len() < MAX_GROWTH_MARKS {
+            t.growth.push_back((size, now));
+        } else if let Some(last) = t.growth.back_mut() {
+            // Coarser but bounded: the newest mark absorbs further growth.
+            last.0 = size;
+        }
         Ok(Some(size))
     }
 
@@ -886,8 +896,9 @@ impl Tailer {
         match row.kind {
             RowKind::Data => {
                 t.acked.insert(row.offset, row.offset + row.len);
-                if t.acked_offset() >= t.size_seen {
-                    t.unacked_since = None;
+                let acked = t.acked_offset();
+                while t.growth.front().is_some_and(|&(size, _)| size <= acked) {
+                    t.growth.pop_front();
                 }
             }
             kind => {
@@ -953,8 +964,9 @@ impl Tailer {
                 size: t.size_seen,
                 acked: t.acked_offset(),
                 seconds_behind: t
-                    .unacked_since
-                    .map_or(0.0, |since| now.duration_since(since).as_secs_f64()),
+                    .growth
+                    .front()
+                    .map_or(0.0, |&(_, seen)| now.duration_since(seen).as_secs_f64()),
                 sealed: t.sealed,
             })
             .collect();
