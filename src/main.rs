@@ -126,6 +126,9 @@ pub struct SinkArgs {
     /// Destination files kept open at once.
     #[arg(long, default_value_t = 1024)]
     max_open_files: usize,
+    /// Append "source key generation offset length unix_nanos" per recorded range (for latency benchmarks).
+    #[arg(long)]
+    commit_log: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -330,6 +333,7 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         max_message_bytes: args.max_message_bytes,
         window_bytes: args.window_bytes,
         max_open_files: args.max_open_files,
+        commit_log: args.commit_log.clone(),
     }
 }
 

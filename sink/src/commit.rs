@@ -59,10 +59,13 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub fn start(manifest: SinkManifest) -> Self {
+    /// `commit_log`, if given, gets one line per recorded range with the
+    /// time it became durable (for latency measurements).
+    pub fn start(manifest: SinkManifest, commit_log: Option<File>) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
         let poisoned = Arc::new(Mutex::new(None));
-        tokio::spawn(run(manifest, receiver, poisoned.clone()));
+        let commit_log = commit_log.map(std::io::BufWriter::new);
+        tokio::spawn(run(manifest, receiver, poisoned.clone(), commit_log));
         Self { queue, poisoned }
     }
 
@@ -90,6 +93,7 @@ async fn run(
     manifest: SinkManifest,
     mut receiver: mpsc::UnboundedReceiver<Queued>,
     poisoned: Arc<Mutex<Option<String>>>,
+    mut commit_log: Option<std::io::BufWriter<File>>,
 ) {
     let mut waiting: Vec<Queued> = Vec::new();
     while let Some(first) = receiver.recv().await {
@@ -111,19 +115,28 @@ async fn run(
             (round, result)
         })
         .await;
-        let (round, result) = match outcome {
+        let (round, result): (Vec<Queued>, Result<Vec<Placement>, String>) = match outcome {
             Ok(done) => done,
             Err(join_error) => {
                 *lock(&poisoned) = Some(format!("the commit round panicked: {join_error}"));
                 continue;
             }
         };
-        if let Err(reason) = result {
-            tracing::error!(error = %reason, "commit failed; the sink refuses further batches until restarted");
-            *lock(&poisoned) = Some(reason.clone());
-            fail_all(round, &reason);
-            fail_all(std::mem::take(&mut waiting), &reason);
-            continue;
+        let placements = match result {
+            Ok(placements) => placements,
+            Err(reason) => {
+                tracing::error!(error = %reason, "commit failed; the sink refuses further batches until restarted");
+                *lock(&poisoned) = Some(reason.clone());
+                fail_all(round, &reason);
+                fail_all(std::mem::take(&mut waiting), &reason);
+                continue;
+            }
+        };
+        if let Some(log) = &mut commit_log {
+            if let Err(error) = write_commit_log(log, &placements) {
+                tracing::warn!(%error, "cannot write the commit log; it stops here");
+                commit_log = None;
+            }
         }
         waiting.extend(round);
         waiting = answer_ready(waiting);
@@ -188,7 +201,29 @@ fn verdict(request: &CommitRequest) -> Verdict {
     verdict
 }
 
-fn commit_round(manifest: &SinkManifest, round: &[Queued]) -> Result<(), String> {
+type Placement = (manifest_db::FileId, u64, u64);
+
+/// One line per range: source, key, generation, offset, length, and the
+/// wall-clock nanoseconds at which it was durable and recorded.
+fn write_commit_log(
+    log: &mut std::io::BufWriter<File>,
+    placements: &[Placement],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    for (id, offset, len) in placements {
+        writeln!(
+            log,
+            "{}\t{}\t{}\t{offset}\t{len}\t{nanos}",
+            id.source, id.key, id.generation
+        )?;
+    }
+    log.flush()
+}
+
+fn commit_round(manifest: &SinkManifest, round: &[Queued]) -> Result<Vec<Placement>, String> {
     let mut files: HashMap<*const File, &Arc<File>> = HashMap::new();
     let mut dirs: HashMap<*const OwnedFd, &Arc<OwnedFd>> = HashMap::new();
     for queued in round {
@@ -240,7 +275,8 @@ fn commit_round(manifest: &SinkManifest, round: &[Queued]) -> Result<(), String>
     }
     manifest
         .commit(&commit)
-        .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))
+        .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))?;
+    Ok(commit.placements)
 }
 
 pub(crate) fn remove_range(set: &mut manifest_db::IntervalSet, start: u64, end: u64) {

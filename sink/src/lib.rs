@@ -65,6 +65,8 @@ pub struct SinkConfig {
     pub max_message_bytes: usize,
     pub window_bytes: u32,
     pub max_open_files: usize,
+    /// Append one line per recorded range with its commit time (benchmarks).
+    pub commit_log: Option<PathBuf>,
 }
 
 impl Default for SinkConfig {
@@ -79,6 +81,7 @@ impl Default for SinkConfig {
             max_message_bytes: 64 << 20,
             window_bytes: 64 << 20,
             max_open_files: 1024,
+            commit_log: None,
         }
     }
 }
@@ -106,7 +109,17 @@ impl Sink {
         let root = Root::open(&config.root)
             .with_context(|| format!("cannot open the sink root {}", config.root.display()))?;
         let manifest = SinkManifest::open(&config.state_dir)?;
-        let committer = Committer::start(manifest.clone());
+        let commit_log = match &config.commit_log {
+            Some(path) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("cannot open the commit log {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let committer = Committer::start(manifest.clone(), commit_log);
         let placer = Placer::new(
             root,
             manifest,
