@@ -46,6 +46,21 @@ enum Command {
     Audit(AuditArgs),
     /// Run simulator, watcher and sink on loopback with live progress, then verify.
     Demo(demo::DemoArgs),
+    /// TCP relay that delays each direction by half an RTT (WAN emulation for benchmarks).
+    DelayLine(DelayLineArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct DelayLineArgs {
+    /// Address to accept connections on.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Address to relay them to.
+    #[arg(long)]
+    to: SocketAddr,
+    /// Round-trip time to add (each direction gets half).
+    #[arg(long, value_parser = parse_duration)]
+    rtt: Duration,
 }
 
 #[derive(Args, Clone)]
@@ -456,6 +471,17 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
             });
         }
         Command::Demo(args) => return demo::run(args),
+        Command::DelayLine(args) => {
+            runtime()?.block_on(async {
+                let listener = tokio::net::TcpListener::bind(args.listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {}", args.listen))?;
+                tokio::select! {
+                    result = detector_sim::delay_line::serve(listener, args.to, args.rtt / 2) => result,
+                    _ = terminated() => Ok(()),
+                }
+            })?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,6 +8,7 @@
 //! [`fill`] — so any receiver can check any byte range it holds.
 
 mod content;
+pub mod delay_line;
 mod pacing;
 mod stream;
 mod units;

@@ -50,8 +50,10 @@ pub(crate) struct SlotState {
     pub record: FileRecord,
     /// Written, not yet handed to the committer's merge.
     pub pending: IntervalSet,
-    /// Bytes known to exist in the destination file (written in an earlier run
-    /// or this one), to count rewrites of unrecorded data.
+    /// Length of the destination file when this process first opened it:
+    /// bytes below it that are not recorded were written by an earlier run
+    /// that crashed before recording them, and writing them again counts as
+    /// a rewrite.
     disk_len: Option<u64>,
     file: Option<Arc<File>>,
 }
@@ -419,7 +421,6 @@ impl Placer {
             if s < known {
                 work.request.counters.rewritten_bytes += e.min(known) - s;
             }
-            state.disk_len = Some(known.max(e));
             state.pending.insert(s, e);
         }
         drop(state);
