@@ -18,9 +18,16 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// Relays connections from `listener` to `target`, delaying each direction by `one_way`.
-pub async fn serve(listener: TcpListener, target: SocketAddr, one_way: Duration) -> anyhow::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    target: SocketAddr,
+    one_way: Duration,
+) -> anyhow::Result<()> {
     loop {
-        let (inbound, peer) = listener.accept().await.context("accepting a relay connection")?;
+        let (inbound, peer) = listener
+            .accept()
+            .await
+            .context("accepting a relay connection")?;
         tokio::spawn(async move {
             let outbound = match TcpStream::connect(target).await {
                 Ok(stream) => stream,
@@ -39,7 +46,11 @@ pub async fn serve(listener: TcpListener, target: SocketAddr, one_way: Duration)
     }
 }
 
-async fn delay(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, one_way: Duration) {
+async fn delay(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    one_way: Duration,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let writer = tokio::spawn(async move {
         while let Some((due, chunk)) = rx.recv().await {
@@ -55,7 +66,10 @@ async fn delay(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp
         match from.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if tx.send((Instant::now() + one_way, buffer[..n].to_vec())).is_err() {
+                if tx
+                    .send((Instant::now() + one_way, buffer[..n].to_vec()))
+                    .is_err()
+                {
                     break;
                 }
             }

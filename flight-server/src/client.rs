@@ -203,7 +203,7 @@ async fn run_action(
         .await
         .map_err(|e| ClientError::Endpoint {
             endpoint: url.clone(),
-            detail: format!("cannot connect: {e}"),
+            detail: format!("cannot connect: {}", error_chain(&e)),
         })?;
     let mut client = FlightServiceClient::new(channel)
         .max_decoding_message_size(config.max_message_bytes)
@@ -404,11 +404,9 @@ async fn stream_once(
     backoff: &mut Duration,
 ) -> Result<(), StreamFailure> {
     let endpoint = &shared.config.endpoint;
-    let channel = shared
-        .endpoint
-        .connect()
-        .await
-        .map_err(|e| StreamFailure::Transport(format!("cannot connect to {endpoint}: {e}")))?;
+    let channel = shared.endpoint.connect().await.map_err(|e| {
+        StreamFailure::Transport(format!("cannot connect to {endpoint}: {}", error_chain(&e)))
+    })?;
     let mut client = shared.flight_client(channel);
     let (tx, rx) = mpsc::channel::<FlightData>(2);
     let mut encoder = Encoder::new();
@@ -474,4 +472,17 @@ impl<F: FnMut()> Drop for ScopeGuard<F> {
 
 fn scopeguard<F: FnMut()>(f: F) -> ScopeGuard<F> {
     ScopeGuard(f)
+}
+
+/// An error with its sources ("transport error: ... : invalid peer certificate"),
+/// since tonic's own message hides the TLS or socket cause.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -114,12 +114,31 @@ pub async fn serve<I: Ingest>(
         builder = builder.tls_config(tls.load()?)?;
     }
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    builder
+    // DoPut streams live as long as their watchers, so a graceful shutdown
+    // would wait forever: stop accepting, give streams a moment to finish
+    // what is in flight, then drop them. Nothing acknowledged is lost, and
+    // what was not acknowledged is sent again.
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop_accepting = async move {
+        shutdown.await;
+        let _ = stopping_tx.send(());
+    };
+    let server = builder
         .add_service(server)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
+        .serve_with_incoming_shutdown(incoming, stop_accepting);
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => result?,
+        _ = async {
+            let _ = stopping_rx.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::info!("streams still open after the shutdown grace period; closing them"),
+    }
     Ok(())
 }
+
+/// How long open streams may run on after a shutdown was asked for.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 struct Service<I> {
     ingest: Arc<I>,
@@ -205,8 +224,25 @@ impl<I: Ingest> FlightService for Service<I> {
         let ingest = self.ingest.clone();
         let depth = self.pipeline_depth;
         tokio::spawn(async move {
+            use futures::FutureExt;
             let _permit = permit;
-            if let Err(status) = run_put(ingest, &peer, request.into_inner(), &tx, depth).await {
+            // Decoding hostile IPC can panic inside arrow; that ends this
+            // stream with an error, never the sink or other streams.
+            let outcome = std::panic::AssertUnwindSafe(run_put(
+                ingest,
+                &peer,
+                request.into_inner(),
+                &tx,
+                depth,
+            ))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                Err(Status::invalid_argument(format!(
+                    "peer {peer}: a message could not be decoded (malformed Arrow IPC)"
+                )))
+            });
+            if let Err(status) = outcome {
                 tracing::warn!(%peer, error = %status.message(), "DoPut stream refused");
                 let _ = tx.send(Err(status)).await;
             }

@@ -132,11 +132,11 @@ async fn run(
                 continue;
             }
         };
-        if let Some(log) = &mut commit_log {
-            if let Err(error) = write_commit_log(log, &placements) {
-                tracing::warn!(%error, "cannot write the commit log; it stops here");
-                commit_log = None;
-            }
+        if let Some(log) = &mut commit_log
+            && let Err(error) = write_commit_log(log, &placements)
+        {
+            tracing::warn!(%error, "cannot write the commit log; it stops here");
+            commit_log = None;
         }
         waiting.extend(round);
         waiting = answer_ready(waiting);
