@@ -85,6 +85,9 @@ pub enum ClientError {
 /// Refusals of the same batch before it is reported instead of retried.
 const MAX_REFUSALS: u32 = 3;
 
+/// Longest wait between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
 struct Queued {
     out: Outgoing,
     bytes: u64,
@@ -344,7 +347,9 @@ async fn run_connection(shared: Arc<Shared>, index: usize) {
         }
         shared.requeue_front(unacked);
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        // Capped low: a restarted sink should see its watchers back within a
+        // fraction of a second, and a refused connect costs little.
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 

@@ -235,7 +235,7 @@ async fn reconcile(source: &str, pools: &[Arc<FlightPool>]) -> Vec<(usize, FileW
                 Err(e) => {
                     tracing::warn!(sink = pool.endpoint(), error = %e, "sink not reachable for reconciliation; retrying");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+                    delay = (delay * 2).min(Duration::from_millis(500));
                 }
             }
         }
