@@ -58,8 +58,13 @@ pub(crate) struct SlotState {
     file: Option<Arc<File>>,
 }
 
+/// Slots kept in memory before sealed, idle ones are dropped.
+const SLOT_CACHE: usize = 4096;
+
 #[derive(Default)]
 struct SourceFiles {
+    /// Sweep the slot cache when it grows past this.
+    sweep_above: usize,
     slots: HashMap<(String, u64), Arc<Slot>>,
     /// Live (not superseded) generation at each destination path.
     by_path: HashMap<String, (String, u64)>,
@@ -113,25 +118,19 @@ impl Placer {
         let records = self.manifest.files_of_source(name).map_err(|e| {
             PlaceError::Storage(format!("loading the manifest of source {name:?}: {e}"))
         })?;
-        let mut files = SourceFiles::default();
+        // Only the path index is kept for every file; slots are loaded on
+        // demand and sealed ones are dropped again, so memory follows the
+        // files in use, not every file the source ever sent.
+        let mut files = SourceFiles {
+            sweep_above: SLOT_CACHE,
+            ..SourceFiles::default()
+        };
         for (id, record) in records {
             if !record.superseded {
                 files
                     .by_path
-                    .insert(record.dest_path.clone(), (id.key.clone(), id.generation));
+                    .insert(record.dest_path, (id.key, id.generation));
             }
-            let slot = Slot {
-                state: Mutex::new(SlotState {
-                    record,
-                    pending: IntervalSet::new(),
-                    disk_len: None,
-                    file: None,
-                }),
-                id,
-            };
-            files
-                .slots
-                .insert((slot.id.key.clone(), slot.id.generation), Arc::new(slot));
         }
         let source = Arc::new(Source {
             name: name.to_owned(),
@@ -206,6 +205,59 @@ impl Placer {
         Ok((work.request, work.ack))
     }
 
+    /// The slot of (key, generation), from memory or from the manifest.
+    fn lookup(
+        &self,
+        source: &Source,
+        files: &mut SourceFiles,
+        key: &str,
+        generation: u64,
+    ) -> Result<Option<Arc<Slot>>, RowError> {
+        let cache_key = (key.to_owned(), generation);
+        if let Some(slot) = files.slots.get(&cache_key) {
+            return Ok(Some(slot.clone()));
+        }
+        let id = FileId {
+            source: source.name.clone(),
+            key: key.to_owned(),
+            generation,
+        };
+        let record = self
+            .manifest
+            .get(&id)
+            .map_err(|e| RowError::Storage(format!("reading the manifest: {e}")))?;
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let slot = Arc::new(Slot {
+            id,
+            state: Mutex::new(SlotState {
+                record,
+                pending: IntervalSet::new(),
+                disk_len: None,
+                file: None,
+            }),
+        });
+        self.cache(files, cache_key, slot.clone());
+        Ok(Some(slot))
+    }
+
+    /// Keeps a slot in memory; past a size, drops sealed slots nobody holds
+    /// (their record is in the manifest and they take no more writes).
+    fn cache(&self, files: &mut SourceFiles, key: (String, u64), slot: Arc<Slot>) {
+        files.slots.insert(key, slot);
+        if files.slots.len() > files.sweep_above.max(SLOT_CACHE) {
+            files.slots.retain(|_, slot| {
+                let idle_and_sealed = Arc::strong_count(slot) == 1
+                    && slot.state.try_lock().is_ok_and(|state| {
+                        state.record.sealed.is_some() && state.pending.is_empty()
+                    });
+                !idle_and_sealed
+            });
+            files.sweep_above = files.slots.len() * 2;
+        }
+    }
+
     /// The slot of (key, generation); generation 1 is created on first sight
     /// at the key's own path, later generations need an Open row first.
     /// Lookup and creation happen under the source's lock, so two streams
@@ -217,8 +269,8 @@ impl Placer {
         work: &mut BatchWork,
     ) -> Result<Arc<Slot>, RowError> {
         let mut files = lock(&source.files);
-        if let Some(slot) = files.slots.get(&(row.file_key.to_owned(), row.generation)) {
-            return Ok(slot.clone());
+        if let Some(slot) = self.lookup(source, &mut files, row.file_key, row.generation)? {
+            return Ok(slot);
         }
         if row.generation != 1 {
             return Err(RowError::Peer(format!(
@@ -240,7 +292,7 @@ impl Placer {
     ) -> Result<Arc<Slot>, RowError> {
         crate::confine::components(key).map_err(|e| RowError::Peer(e.to_string()))?;
         let dest = self.dest(source, path);
-        self.supersede_at(files, &dest, work)?;
+        self.supersede_at(source, files, &dest, work)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
         work.request
@@ -275,6 +327,7 @@ impl Placer {
     /// was there is superseded (removed, or kept aside by policy).
     fn supersede_at(
         &self,
+        source: &Source,
         files: &mut SourceFiles,
         dest: &str,
         work: &mut BatchWork,
@@ -282,7 +335,7 @@ impl Placer {
         let Some((key, generation)) = files.by_path.remove(dest) else {
             return Ok(());
         };
-        let Some(old) = files.slots.get(&(key, generation)).cloned() else {
+        let Some(old) = self.lookup(source, files, &key, generation)? else {
             return Ok(());
         };
         let mut state = lock(&old.state);
@@ -445,9 +498,9 @@ impl Placer {
             return Err(RowError::Peer("generations start at 1".into()));
         }
         let mut files = lock(&source.files);
-        if let Some(slot) = files.slots.get(&(row.file_key.to_owned(), row.generation)) {
+        if let Some(slot) = self.lookup(source, &mut files, row.file_key, row.generation)? {
             // A re-delivered Open: already done.
-            work.request.touched.push(slot.clone());
+            work.request.touched.push(slot);
             return Ok(());
         }
         self.create(source, &mut files, row.file_key, row.generation, path, work)?;
@@ -477,7 +530,7 @@ impl Placer {
                 "a newer generation replaced this one; rename ignored".into(),
             ));
         }
-        self.supersede_at(&mut files, &new_dest, work)?;
+        self.supersede_at(source, &mut files, &new_dest, work)?;
         let dirs = self
             .root
             .rename(&old_dest, &new_dest)
