@@ -27,6 +27,8 @@ use crate::{WatchConfig, rendezvous};
 
 /// Bytes at the head of a file used as its fingerprint.
 const FINGERPRINT_LEN: u64 = 4096;
+/// How often every file is checked for an idle seal.
+const SEAL_SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// Growth observations kept per file for its lag in seconds.
 const MAX_GROWTH_MARKS: usize = 64;
 /// How often acknowledged offsets are written to the state store.
@@ -144,6 +146,9 @@ pub(crate) struct Tailer {
     events: Option<Events>,
     /// Set while a walk (not an event) brings files under tracking.
     walking: bool,
+    /// Files whose controls or seal may be able to move.
+    attention: HashSet<FileKey>,
+    next_sweep: Instant,
 }
 
 impl Tailer {
@@ -195,6 +200,8 @@ impl Tailer {
             progress,
             events,
             walking: false,
+            attention: HashSet::new(),
+            next_sweep: Instant::now(),
         })
     }
 
@@ -256,6 +263,7 @@ impl Tailer {
     }
 
     fn mark_ready(&mut self, key: &FileKey) {
+        self.attention.insert(key.clone());
         if self.ready_set.insert(key.clone()) {
             self.ready.push_back(key.clone());
         }
@@ -803,7 +811,15 @@ impl Tailer {
     /// that are complete and fully acknowledged.
     fn advance_controls(&mut self) {
         let now = Instant::now();
-        let keys: Vec<FileKey> = self.files.keys().cloned().collect();
+        // Files that changed since the last call, plus all of them now and
+        // then for the idle-seal clock: no per-iteration sweep over every file.
+        let keys: Vec<FileKey> = if now >= self.next_sweep {
+            self.next_sweep = now + SEAL_SWEEP_EVERY;
+            self.attention.clear();
+            self.files.keys().cloned().collect()
+        } else {
+            self.attention.drain().collect()
+        };
         let mut to_flush = HashSet::new();
         for key in keys {
             let Some(t) = self.files.get_mut(&key) else {
@@ -893,6 +909,7 @@ impl Tailer {
             return;
         };
         self.dirty.insert(row.file.clone());
+        self.attention.insert(row.file.clone());
         match row.kind {
             RowKind::Data => {
                 t.acked.insert(row.offset, row.offset + row.len);
