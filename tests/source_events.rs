@@ -309,13 +309,11 @@ fn truncation_after_seal_poll() {
 /// Truncated and rewritten to exactly its old length (same inode, same size):
 /// only the content shows that it is a new generation.
 #[test]
-#[ignore = "product bug: a sealed file rewritten to exactly its sealed size (same dev/inode) is never sent again: on_found trusts (dev, ino, size) of finished files"]
 fn truncation_same_size_after_seal_inotify() {
     truncation("trunc-same-size", false, true, 200 * KIB);
 }
 
 #[test]
-#[ignore = "product bug: a sealed file rewritten to exactly its sealed size (same dev/inode) is never sent again: on_found trusts (dev, ino, size) of finished files"]
 fn truncation_same_size_after_seal_poll() {
     truncation("trunc-same-size", true, true, 200 * KIB);
 }
@@ -374,13 +372,11 @@ fn recreate_while_tracked_poll() {
 }
 
 #[test]
-#[ignore = "product bug: a generation superseded while still tracked keeps its deleted source file open forever (its Seal is rejected, the watcher marks it failed and never forgets it)"]
 fn recreate_while_tracked_releases_old_file_inotify() {
     recreate("recreate-release", false, false, 30 * KIB, true);
 }
 
 #[test]
-#[ignore = "product bug: a generation superseded while still tracked keeps its deleted source file open forever (its Seal is rejected, the watcher marks it failed and never forgets it)"]
 fn recreate_while_tracked_releases_old_file_poll() {
     recreate("recreate-release", true, false, 30 * KIB, true);
 }
@@ -398,13 +394,11 @@ fn recreate_after_seal_poll() {
 /// The new file has exactly the old size: if the filesystem hands it the
 /// freed inode number (ext4 usually does), only its content tells it apart.
 #[test]
-#[ignore = "product bug: a sealed file rewritten to exactly its sealed size (same dev/inode) is never sent again: on_found trusts (dev, ino, size) of finished files"]
 fn recreate_same_size_after_seal_inotify() {
     recreate("recreate-same-size", false, true, 100 * KIB, true);
 }
 
 #[test]
-#[ignore = "product bug: a sealed file rewritten to exactly its sealed size (same dev/inode) is never sent again: on_found trusts (dev, ino, size) of finished files"]
 fn recreate_same_size_after_seal_poll() {
     recreate("recreate-same-size", true, true, 100 * KIB, true);
 }
@@ -640,13 +634,11 @@ fn rename_after_seal(name: &str, poll: bool) {
 }
 
 #[test]
-#[ignore = "product bug: a file renamed after its seal is sent again as a new file and the old name stays at the destination"]
 fn rename_after_seal_inotify() {
     rename_after_seal("rename-sealed", false);
 }
 
 #[test]
-#[ignore = "product bug: a file renamed after its seal is sent again as a new file and the old name stays at the destination"]
 fn rename_after_seal_poll() {
     rename_after_seal("rename-sealed", true);
 }
@@ -698,13 +690,11 @@ fn replace_by_rename_while_tracked_poll() {
 }
 
 #[test]
-#[ignore = "product bug: a generation superseded while still tracked keeps its deleted source file open forever (its Seal is rejected, the watcher marks it failed and never forgets it)"]
 fn replace_by_rename_while_tracked_releases_old_file_inotify() {
     replace_by_rename("replace-release", false, false, true);
 }
 
 #[test]
-#[ignore = "product bug: a generation superseded while still tracked keeps its deleted source file open forever (its Seal is rejected, the watcher marks it failed and never forgets it)"]
 fn replace_by_rename_while_tracked_releases_old_file_poll() {
     replace_by_rename("replace-release", true, false, true);
 }

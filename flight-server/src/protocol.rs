@@ -55,6 +55,10 @@ impl Hello {
 pub struct RejectedRow {
     pub row: usize,
     pub error: String,
+    /// The row's generation was replaced by a newer one at the sink: the
+    /// watcher can let the file go.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub superseded: bool,
 }
 
 /// The answer to one batch: sent only once everything it says is durable.

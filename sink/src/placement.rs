@@ -184,6 +184,15 @@ impl Placer {
                     work.ack.rejected.push(RejectedRow {
                         row: index,
                         error: context(error),
+                        superseded: false,
+                    });
+                    continue;
+                }
+                Err(RowError::Superseded(error)) => {
+                    work.ack.rejected.push(RejectedRow {
+                        row: index,
+                        error: context(error),
+                        superseded: true,
                     });
                     continue;
                 }
@@ -526,7 +535,7 @@ impl Placer {
             return Ok(());
         }
         if superseded {
-            return Err(RowError::Reject(
+            return Err(RowError::Superseded(
                 "a newer generation replaced this one; rename ignored".into(),
             ));
         }
@@ -568,7 +577,7 @@ impl Placer {
             };
         }
         if state.record.superseded {
-            return Err(RowError::Reject(
+            return Err(RowError::Superseded(
                 "a newer generation replaced this one; seal ignored".into(),
             ));
         }
@@ -637,6 +646,8 @@ fn sha256_prefix(mut file: File, size: u64) -> std::io::Result<String> {
 enum RowError {
     /// Refuse this row only, in the ack.
     Reject(String),
+    /// Refuse this row only: its generation was replaced by a newer one.
+    Superseded(String),
     /// Fail the batch: the peer sent something invalid.
     Peer(String),
     /// Fail the batch: storage failed.

@@ -24,6 +24,8 @@ pub struct Found {
     pub dev: u64,
     pub ino: u64,
     pub size: u64,
+    /// Modification time in nanoseconds: tells a rewritten file from an untouched one.
+    pub mtime_ns: i64,
 }
 
 /// Walks `root` and returns its regular files (symlinks are not followed)
@@ -65,11 +67,18 @@ pub fn walk(root: &Path) -> io::Result<(Vec<Found>, Vec<String>)> {
                     dev: meta.dev(),
                     ino: meta.ino(),
                     size: meta.len(),
+                    mtime_ns: mtime_ns(&meta),
                 });
             }
         }
     }
     Ok((files, dirs))
+}
+
+pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
+    meta.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(meta.mtime_nsec())
 }
 
 /// What an inotify event tells the tailer.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flight_server::{BatchBuilder, Delivery, FileWatermark, Outgoing, RowKind};
+use flight_server::{BatchBuilder, Delivery, FileWatermark, Outgoing, RejectedRow, RowKind};
 use manifest_db::{IntervalSet, WatchState, WatchedFile};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -67,6 +67,10 @@ struct Tracked {
     control_in_flight: bool,
     sealed: bool,
     failed: Option<String>,
+    /// Re-tracked only to rename a sealed file; done when the rename is acknowledged.
+    rename_only: bool,
+    /// Modification time when last sized up for a seal.
+    mtime_ns: i64,
     poll_interval: Duration,
     next_poll: Instant,
     /// (size, when first seen) of recent growth, oldest first: the age of
@@ -92,6 +96,28 @@ impl Tracked {
             acked_offset: self.acked_offset(),
             sealed: self.sealed,
             deleted: self.deleted,
+        }
+    }
+}
+
+/// A sealed file no longer tracked, remembered so that walks leave it alone
+/// and a later rename or rewrite is recognised.
+struct Finished {
+    key: String,
+    generation: u64,
+    path: String,
+    size: u64,
+    mtime_ns: i64,
+}
+
+impl Finished {
+    fn of(t: &Tracked, mtime_ns: i64) -> Self {
+        Self {
+            key: t.key.clone(),
+            generation: t.generation,
+            path: t.path.clone(),
+            size: t.read_offset,
+            mtime_ns,
         }
     }
 }
@@ -128,7 +154,9 @@ pub(crate) struct Tailer {
     by_inode: HashMap<(u64, u64), FileKey>,
     max_generation: HashMap<String, u64>,
     /// Sealed files no longer tracked, so rescans leave them alone.
-    finished: HashMap<String, (u64, u64, u64)>,
+    finished: HashMap<(u64, u64), Finished>,
+    /// Which inode a sealed path holds.
+    finished_at: HashMap<String, (u64, u64)>,
     /// What an earlier run recorded, by inode, until the first walk claims it.
     resumable: HashMap<(u64, u64), WatchedFile>,
     /// What the sinks hold, for a watcher that lost its state.
@@ -187,6 +215,7 @@ impl Tailer {
             by_inode: HashMap::new(),
             max_generation,
             finished: HashMap::new(),
+            finished_at: HashMap::new(),
             resumable,
             watermarks,
             batches,
@@ -295,7 +324,7 @@ impl Tailer {
                         t.closed = closed;
                     }
                     self.mark_ready(&key);
-                } else if !self.finished.contains_key(&path) || closed {
+                } else if !self.finished_at.contains_key(&path) || closed {
                     self.look_at(&path, closed);
                 }
             }
@@ -337,6 +366,7 @@ impl Tailer {
             dev: meta.dev(),
             ino: meta.ino(),
             size: meta.len(),
+            mtime_ns: discover::mtime_ns(&meta),
         };
         self.on_found(found);
         if closed
@@ -350,15 +380,26 @@ impl Tailer {
     }
 
     fn on_found(&mut self, found: Found) {
-        if let Some(&(dev, ino, size)) = self.finished.get(&found.path) {
-            if dev == found.dev && ino == found.ino && size == found.size {
+        let inode = (found.dev, found.ino);
+        if let Some(done) = self.finished.get(&inode) {
+            let unchanged = done.size == found.size && done.mtime_ns == found.mtime_ns;
+            if unchanged && done.path == found.path {
                 return;
             }
-            self.finished.remove(&found.path);
-            if dev == found.dev && ino == found.ino && found.size > size {
-                tracing::warn!(path = %found.path, "a sealed file grew again; sending it as a new generation");
+            let done = self.forget_finished(inode);
+            if unchanged {
+                // Renamed after its seal: rename it at the destination too.
+                self.rename_sealed(done, &found);
+            } else {
+                tracing::warn!(path = %found.path, "a sealed file changed; sending it as a new generation");
                 self.start_new(&found, Some(found.path.clone()));
-                return;
+            }
+            return;
+        }
+        if let Some(other) = self.finished_at.remove(&found.path) {
+            // Another inode now holds a sealed path: a new file replaced it.
+            if let Some(done) = self.finished.get_mut(&other) {
+                done.path.clear();
             }
         }
         let inode = (found.dev, found.ino);
@@ -388,6 +429,61 @@ impl Tailer {
             Adoption::Complete => {}
             Adoption::Unknown => self.start_new(&found, None),
         }
+    }
+
+    fn finish(&mut self, t: &Tracked, mtime_ns: i64) {
+        let mut done = Finished::of(t, mtime_ns);
+        done.size = t.acked_offset().max(t.read_offset);
+        self.inode_finished(t.dev, t.ino, done);
+    }
+
+    fn remember_finished(&mut self, done: Finished) {
+        let inode = self
+            .files
+            .get(&(done.key.clone(), done.generation))
+            .map(|t| (t.dev, t.ino));
+        if let Some((dev, ino)) = inode {
+            self.inode_finished(dev, ino, done);
+        }
+    }
+
+    fn inode_finished(&mut self, dev: u64, ino: u64, done: Finished) {
+        if !done.path.is_empty() {
+            self.finished_at.insert(done.path.clone(), (dev, ino));
+        }
+        self.finished.insert((dev, ino), done);
+    }
+
+    fn forget_finished(&mut self, inode: (u64, u64)) -> Finished {
+        let done = self.finished.remove(&inode).unwrap_or(Finished {
+            key: String::new(),
+            generation: 0,
+            path: String::new(),
+            size: 0,
+            mtime_ns: 0,
+        });
+        if self.finished_at.get(&done.path) == Some(&inode) {
+            self.finished_at.remove(&done.path);
+        }
+        done
+    }
+
+    /// Tracks a sealed file again just long enough to rename it at the sink.
+    fn rename_sealed(&mut self, done: Finished, found: &Found) {
+        let mut t = self.tracked(&done.key, done.generation, found);
+        t.acked = IntervalSet::from_ranges([(0, done.size)]);
+        t.read_offset = done.size;
+        t.size_seen = done.size;
+        t.hasher = None;
+        t.rename_only = true;
+        let fingerprint_len = done.size.min(FINGERPRINT_LEN);
+        if let Some(fingerprint) = head_crc(&self.root.join(&found.path), fingerprint_len) {
+            t.fingerprint = fingerprint;
+            t.fingerprint_len = fingerprint_len as u32;
+        }
+        tracing::debug!(from = %done.path, to = %found.path, "a sealed file was renamed");
+        t.controls.push_back(Control::Rename(found.path.clone()));
+        self.insert(t);
     }
 
     fn renamed(&mut self, key: &FileKey, new_path: &str) {
@@ -424,8 +520,7 @@ impl Tailer {
         t.hasher = None;
         t.deleted = record.deleted;
         if record.sealed && found.size == record.acked_offset && found.path == record.path {
-            self.finished
-                .insert(found.path.clone(), (found.dev, found.ino, found.size));
+            self.finish(&t, found.mtime_ns);
             return true;
         }
         if record.generation > 1 {
@@ -483,8 +578,7 @@ impl Tailer {
             if let Err(error) = self.state.save(&[t.record()], false) {
                 tracing::warn!(path = %found.path, %error, "cannot record an adopted sealed file");
             }
-            self.finished
-                .insert(found.path.clone(), (found.dev, found.ino, found.size));
+            self.finish(&t, found.mtime_ns);
             return Adoption::Complete;
         }
         tracing::info!(path = %found.path, resume_at = mark.contiguous_end, "resuming from the sink's watermark");
@@ -532,6 +626,8 @@ impl Tailer {
             control_in_flight: false,
             sealed: false,
             failed: None,
+            rename_only: false,
+            mtime_ns: found.mtime_ns,
             poll_interval: self.config.poll_min,
             next_poll: now,
             growth: VecDeque::new(),
@@ -610,6 +706,7 @@ impl Tailer {
             dev: old.dev,
             ino: old.ino,
             size: 0,
+            mtime_ns: 0,
         };
         let generation = self
             .max_generation
@@ -881,8 +978,8 @@ impl Tailer {
                     let Some(rows) = self.in_flight.remove(&token) else {
                         continue;
                     };
-                    let rejected: HashMap<usize, String> =
-                        ack.rejected.into_iter().map(|r| (r.row, r.error)).collect();
+                    let rejected: HashMap<usize, RejectedRow> =
+                        ack.rejected.into_iter().map(|r| (r.row, r)).collect();
                     self.progress
                         .add_acked(ack.placed + ack.duplicate + ack.stale);
                     for (index, row) in rows.into_iter().enumerate() {
@@ -904,7 +1001,7 @@ impl Tailer {
         }
     }
 
-    fn on_row_acked(&mut self, row: RowRef, rejected: Option<&String>) {
+    fn on_row_acked(&mut self, row: RowRef, rejected: Option<&RejectedRow>) {
         let Some(t) = self.files.get_mut(&row.file) else {
             return;
         };
@@ -920,10 +1017,18 @@ impl Tailer {
             }
             kind => {
                 t.control_in_flight = false;
-                if let Some(error) = rejected {
-                    tracing::error!(path = %t.path, ?kind, %error, "the sink rejected a control row");
+                if let Some(rejection) = rejected {
+                    if rejection.superseded {
+                        // A newer generation took this file's place at the
+                        // sink (it was replaced at the source): let it go.
+                        tracing::info!(path = %t.path, generation = t.generation, "replaced by a newer generation; released");
+                        t.sealed = true;
+                        t.file = None;
+                        return;
+                    }
+                    tracing::error!(path = %t.path, ?kind, error = %rejection.error, "the sink rejected a control row");
                     if kind != RowKind::Rename {
-                        t.failed = Some(error.clone());
+                        t.failed = Some(rejection.error.clone());
                     }
                     return;
                 }
@@ -937,8 +1042,17 @@ impl Tailer {
                         t.sealed = true;
                         t.file = None;
                         tracing::info!(path = %t.path, size = row.offset, "sealed");
-                        self.finished
-                            .insert(t.path.clone(), (t.dev, t.ino, row.offset));
+                        let t = &self.files[&row.file];
+                        let done = Finished::of(t, t.mtime_ns);
+                        self.remember_finished(done);
+                    }
+                    RowKind::Rename if t.rename_only && t.controls.is_empty() => {
+                        // A sealed file renamed: nothing else to send.
+                        t.sealed = true;
+                        t.file = None;
+                        let t = &self.files[&row.file];
+                        let done = Finished::of(t, t.mtime_ns);
+                        self.remember_finished(done);
                     }
                     _ => {}
                 }
@@ -969,7 +1083,10 @@ impl Tailer {
                 if self.by_path.get(&t.path) == Some(&key) {
                     self.by_path.remove(&t.path);
                 }
-                self.by_inode.remove(&(t.dev, t.ino));
+                // A newer generation of the same inode may own the entry now.
+                if self.by_inode.get(&(t.dev, t.ino)) == Some(&key) {
+                    self.by_inode.remove(&(t.dev, t.ino));
+                }
             }
         }
         let now = Instant::now();
@@ -1016,11 +1133,15 @@ fn seal_due(t: &Tracked, now: Instant, config: &WatchConfig) -> bool {
 /// The seal of a complete file: its final size and sha256, or None if it grew meanwhile.
 fn seal_control(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<Option<Control>> {
     let size = t.read_offset;
-    let current = match &t.file {
-        Some(file) => file.metadata()?.len(),
-        None if t.deleted => size,
-        None => std::fs::symlink_metadata(root.join(&t.path))?.len(),
+    let meta = match &t.file {
+        Some(file) => Some(file.metadata()?),
+        None if t.deleted => None,
+        None => Some(std::fs::symlink_metadata(root.join(&t.path))?),
     };
+    let current = meta.as_ref().map_or(size, |m| m.len());
+    if let Some(meta) = &meta {
+        t.mtime_ns = discover::mtime_ns(meta);
+    }
     if current != size {
         return Ok(None);
     }
