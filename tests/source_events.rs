@@ -192,8 +192,7 @@ fn watcher_pid(p: &Pipeline) -> Option<u32> {
             continue;
         };
         let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        let is_watcher =
-            args.iter().any(|a| *a == b"watch") && args.iter().any(|a| *a == state.as_bytes());
+        let is_watcher = args.contains(&&b"watch"[..]) && args.contains(&state.as_bytes());
         if is_watcher {
             return Some(pid);
         }
