@@ -197,6 +197,9 @@ pub struct WatchArgs {
     /// Largest gRPC message sent (bytes).
     #[arg(long, default_value_t = 64 << 20)]
     max_message_bytes: usize,
+    /// Source files kept open at once (idle, fully read files are closed first).
+    #[arg(long, default_value_t = 4096)]
+    max_open_files: usize,
 }
 
 #[derive(Args, Clone)]
@@ -314,6 +317,24 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Sinks and watchers hold a descriptor per open file: take the hard limit.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit with a valid, initialised struct.
+    unsafe {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                tracing::warn!("cannot raise the open-file limit; many files may exhaust it");
+            }
+        }
+    }
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -372,6 +393,7 @@ fn watch_config(args: &WatchArgs) -> watcher::WatchConfig {
         seal: true,
         seal_idle: args.seal_idle,
         inprogress_suffix: args.inprogress_suffix.clone(),
+        max_open_files: args.max_open_files,
     }
 }
 
@@ -398,9 +420,11 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
     use std::process::ExitCode;
     match command {
         Command::Sink(args) => {
+            raise_fd_limit();
             runtime()?.block_on(sink::run(sink_config(&args), terminated()))?;
         }
         Command::Watch(args) => {
+            raise_fd_limit();
             let progress = Arc::new(watcher::Progress::default());
             runtime()?.block_on(watcher::run(watch_config(&args), progress, terminated()))?;
         }

@@ -122,9 +122,15 @@ impl Drop for FlightPool {
     }
 }
 
+/// What a batch counts against the queue and the window. Small batches are
+/// charged a floor, so thousands of tiny ones (many slow files, each
+/// flushed by the linger timer) cannot pile up: their per-batch overhead
+/// is real memory too.
 fn batch_bytes(batch: &RecordBatch) -> u64 {
-    batch.get_array_memory_size() as u64
+    (batch.get_array_memory_size() as u64).max(MIN_BATCH_CHARGE)
 }
+
+const MIN_BATCH_CHARGE: u64 = 64 << 10;
 
 impl FlightPool {
     /// Starts the connection tasks; they connect (and reconnect) on their own.

@@ -109,9 +109,10 @@ async fn run(
             fail_all(std::mem::take(&mut waiting), &reason);
             continue;
         }
+        let synced = sync_all(sync_targets(&round)).await;
         let manifest = manifest.clone();
         let outcome = tokio::task::spawn_blocking(move || {
-            let result = commit_round(&manifest, &round);
+            let result = synced.and_then(|()| record_round(&manifest, &round));
             (round, result)
         })
         .await;
@@ -223,7 +224,8 @@ fn write_commit_log(
     log.flush()
 }
 
-fn commit_round(manifest: &SinkManifest, round: &[Queued]) -> Result<Vec<Placement>, String> {
+/// Every distinct file and directory the round touched.
+fn sync_targets(round: &[Queued]) -> Vec<SyncTarget> {
     let mut files: HashMap<*const File, &Arc<File>> = HashMap::new();
     let mut dirs: HashMap<*const OwnedFd, &Arc<OwnedFd>> = HashMap::new();
     for queued in round {
@@ -234,14 +236,15 @@ fn commit_round(manifest: &SinkManifest, round: &[Queued]) -> Result<Vec<Placeme
             dirs.insert(Arc::as_ptr(dir), dir);
         }
     }
-    sync_all(
-        files
-            .values()
-            .map(|f| SyncTarget::File(f))
-            .chain(dirs.values().map(|d| SyncTarget::Dir(d)))
-            .collect(),
-    )?;
+    files
+        .into_values()
+        .map(|f| SyncTarget::File(f.clone()))
+        .chain(dirs.into_values().map(|d| SyncTarget::Dir(d.clone())))
+        .collect()
+}
 
+/// Records a round whose bytes are durable.
+fn record_round(manifest: &SinkManifest, round: &[Queued]) -> Result<Vec<Placement>, String> {
     // The bytes are durable: fold the round's ranges into the records and
     // write them all at once.
     let mut commit = SinkCommit::default();
@@ -292,33 +295,45 @@ pub(crate) fn remove_range(set: &mut manifest_db::IntervalSet, start: u64, end: 
     *set = manifest_db::IntervalSet::from_ranges(kept);
 }
 
-enum SyncTarget<'a> {
-    File(&'a Arc<File>),
-    Dir(&'a Arc<OwnedFd>),
+enum SyncTarget {
+    File(Arc<File>),
+    Dir(Arc<OwnedFd>),
 }
 
-/// fdatasyncs files (and fsyncs directories) on a few threads at once: the
-/// device queues the flushes together instead of one round trip after another.
-fn sync_all(targets: Vec<SyncTarget<'_>>) -> Result<(), String> {
-    const THREADS: usize = 4;
-    let run = |target: &SyncTarget<'_>| match target {
-        SyncTarget::File(file) => file.sync_data().map_err(|e| format!("fdatasync: {e}")),
-        SyncTarget::Dir(dir) => {
-            sync_dir(dir.as_ref()).map_err(|e| format!("fsync of a directory: {e}"))
+impl SyncTarget {
+    fn sync(&self) -> Result<(), String> {
+        match self {
+            SyncTarget::File(file) => file.sync_data().map_err(|e| format!("fdatasync: {e}")),
+            SyncTarget::Dir(dir) => {
+                sync_dir(dir.as_ref()).map_err(|e| format!("fsync of a directory: {e}"))
+            }
         }
-    };
-    if targets.len() <= 1 {
-        return targets.iter().try_for_each(run);
     }
-    let chunk = targets.len().div_ceil(THREADS);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = targets
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().try_for_each(run)))
-            .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err("a sync thread panicked".into()))
-        })
-    })
+}
+
+/// Most flushes issued at once.
+const SYNC_PARALLELISM: usize = 64;
+
+/// fdatasyncs files (and fsyncs directories) all at once, on tokio's
+/// blocking threads: concurrent flushes share the filesystem's journal
+/// commits (ext4 and XFS batch them), so a round touching a hundred files
+/// costs about one commit instead of a hundred in a row.
+async fn sync_all(targets: Vec<SyncTarget>) -> Result<(), String> {
+    if targets.is_empty() {
+        return Ok(());
+    }
+    let per_task = targets.len().div_ceil(SYNC_PARALLELISM);
+    let mut tasks = Vec::new();
+    let mut targets = targets.into_iter().peekable();
+    while targets.peek().is_some() {
+        let part: Vec<SyncTarget> = targets.by_ref().take(per_task).collect();
+        tasks.push(tokio::task::spawn_blocking(move || {
+            part.iter().try_for_each(SyncTarget::sync)
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| format!("a sync task failed: {e}"))??;
+    }
+    Ok(())
 }

@@ -57,6 +57,8 @@ pub struct WatchConfig {
     pub seal_idle: Duration,
     /// Files with this suffix are in progress; renaming them away seals them.
     pub inprogress_suffix: String,
+    /// Source files kept open at once; idle, fully read ones are closed first.
+    pub max_open_files: usize,
 }
 
 impl Default for WatchConfig {
@@ -80,6 +82,7 @@ impl Default for WatchConfig {
             seal: true,
             seal_idle: Duration::from_secs(60),
             inprogress_suffix: ".inprogress".into(),
+            max_open_files: 4096,
         }
     }
 }

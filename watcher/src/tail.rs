@@ -176,6 +176,8 @@ pub(crate) struct Tailer {
     walking: bool,
     /// Files whose controls or seal may be able to move.
     attention: HashSet<FileKey>,
+    /// Descriptors opened since the last check against the open-file cap.
+    opened_since_shed: usize,
     next_sweep: Instant,
 }
 
@@ -230,6 +232,7 @@ impl Tailer {
             events,
             walking: false,
             attention: HashSet::new(),
+            opened_since_shed: 0,
             next_sweep: Instant::now(),
         })
     }
@@ -734,10 +737,37 @@ impl Tailer {
         }
     }
 
+    /// Closes the descriptors of idle, fully read files when too many are
+    /// open (they are opened again when the file grows). Deleted files keep
+    /// theirs: their path cannot open them again.
+    fn shed_descriptors(&mut self) {
+        self.opened_since_shed = 0;
+        let cap = self.config.max_open_files.max(16);
+        let open = self.files.values().filter(|t| t.file.is_some()).count();
+        if open <= cap {
+            return;
+        }
+        let mut idle: Vec<(Instant, FileKey)> = self
+            .files
+            .iter()
+            .filter(|(_, t)| t.file.is_some() && !t.deleted && t.read_offset >= t.size_seen)
+            .map(|(key, t)| (t.last_change, key.clone()))
+            .collect();
+        idle.sort();
+        for (_, key) in idle.into_iter().take(open - cap / 2) {
+            if let Some(t) = self.files.get_mut(&key) {
+                t.file = None;
+            }
+        }
+    }
+
     /// Reads appended bytes of ready files, a bounded amount each, round robin.
     fn read_ready(&mut self) {
         let rounds = self.ready.len();
         for _ in 0..rounds {
+            if self.opened_since_shed >= self.config.max_open_files.max(16) / 4 {
+                self.shed_descriptors();
+            }
             let Some(key) = self.ready.pop_front() else {
                 break;
             };
@@ -778,6 +808,7 @@ impl Tailer {
                 return Ok(None);
             }
             t.file = Some(file);
+            self.opened_since_shed += 1;
         }
         let Some(file) = &t.file else { return Ok(None) };
         let size = file.metadata()?.len();
