@@ -28,7 +28,8 @@ pub enum RowKind {
     Open = 1,
     /// The file now lives at `path` (relative to the source root).
     Rename = 2,
-    /// The file is complete: `offset` is its final size, `digest` its sha256 (hex).
+    /// The file is complete: `offset` is its final size, `digest` its whole-file
+    /// digest (`blake3:<hex>`).
     Seal = 3,
 }
 
@@ -285,7 +286,7 @@ impl BatchBuilder {
         self.crc.append_value(0);
     }
 
-    pub fn push_seal(&mut self, file_key: &str, generation: u64, size: u64, sha256_hex: &str) {
+    pub fn push_seal(&mut self, file_key: &str, generation: u64, size: u64, digest: &str) {
         self.push(
             RowKind::Seal,
             file_key,
@@ -293,7 +294,7 @@ impl BatchBuilder {
             size,
             &[],
             None,
-            Some(sha256_hex),
+            Some(digest),
         );
         self.crc.append_value(0);
     }

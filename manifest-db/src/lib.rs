@@ -51,7 +51,8 @@ pub struct FileId {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sealed {
     pub size: u64,
-    pub sha256_hex: String,
+    /// `blake3:<hex>` of the whole file.
+    pub digest: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -321,7 +321,7 @@ mod tests {
         let mut sealed = record("run1/a.xtc2", &[(0, 100)]);
         sealed.sealed = Some(Sealed {
             size: 100,
-            sha256_hex: "ab".repeat(32),
+            digest: format!("blake3:{}", "ab".repeat(32)),
         });
         sealed.superseded = true;
         {

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind};
 use manifest_db::{FileId, FileRecord, IntervalSet, Sealed, SinkManifest};
-use sha2::{Digest, Sha256};
 
 use crate::commit::{CommitRequest, Dependency};
 use crate::confine::{ConfineError, Root};
@@ -560,12 +559,12 @@ impl Placer {
     fn seal(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
         let digest = row
             .digest
-            .ok_or_else(|| RowError::Peer("a Seal row needs a sha256 digest".into()))?;
+            .ok_or_else(|| RowError::Peer("a Seal row needs a digest".into()))?;
         let size = row.offset;
         let slot = self.slot_or_create(source, row, work)?;
         let mut state = lock(&slot.state);
         if let Some(sealed) = &state.record.sealed {
-            return if sealed.size == size && sealed.sha256_hex == digest {
+            return if sealed.size == size && sealed.digest == digest {
                 drop(state);
                 work.request.touched.push(slot);
                 Ok(())
@@ -604,16 +603,16 @@ impl Placer {
             work.request.files_to_sync.push(file);
         }
         let reader = self.root.open_for_read(&dest).map_err(confine_error)?;
-        let actual = sha256_prefix(reader, size)
+        let actual = digest_prefix(reader, size)
             .map_err(|e| RowError::Storage(format!("hashing {dest}: {e}")))?;
         if actual != digest {
             return Err(RowError::Reject(format!(
-                "sha256 of {dest} is {actual}, the source says {digest}"
+                "digest of {dest} is {actual}, the source says {digest}"
             )));
         }
         state.record.sealed = Some(Sealed {
             size,
-            sha256_hex: digest.to_owned(),
+            digest: digest.to_owned(),
         });
         // A sealed file takes no more writes: give its descriptor back.
         state.file = None;
@@ -623,8 +622,9 @@ impl Placer {
     }
 }
 
-fn sha256_prefix(mut file: File, size: u64) -> std::io::Result<String> {
-    let mut hasher = Sha256::new();
+/// `blake3:<hex>` of the first `size` bytes: the same form the watcher sends.
+pub(crate) fn digest_prefix(mut file: File, size: u64) -> std::io::Result<String> {
+    let mut hasher = blake3::Hasher::new();
     let mut buffer = vec![0u8; 1 << 20];
     let mut left = size;
     while left > 0 {
@@ -639,7 +639,7 @@ fn sha256_prefix(mut file: File, size: u64) -> std::io::Result<String> {
         hasher.update(&buffer[..got]);
         left -= got as u64;
     }
-    Ok(hex::encode(hasher.finalize()))
+    Ok(format!("blake3:{}", hasher.finalize().to_hex()))
 }
 
 /// How one row failed.

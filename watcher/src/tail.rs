@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use flight_server::{BatchBuilder, Delivery, FileWatermark, Outgoing, RejectedRow, RowKind};
 use manifest_db::{IntervalSet, WatchState, WatchedFile};
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::discover::{self, Change, Events, Found};
@@ -54,7 +53,7 @@ struct Tracked {
     acked: IntervalSet,
     fingerprint: u32,
     fingerprint_len: u32,
-    hasher: Option<Sha256>,
+    hasher: Option<blake3::Hasher>,
     hashed_to: u64,
     sink: usize,
     last_change: Instant,
@@ -617,7 +616,7 @@ impl Tailer {
             acked: IntervalSet::new(),
             fingerprint: 0,
             fingerprint_len: 0,
-            hasher: Some(Sha256::new()),
+            hasher: Some(blake3::Hasher::new()),
             hashed_to: 0,
             sink: rendezvous(key, self.config.sinks_names()),
             last_change: now,
@@ -1161,7 +1160,7 @@ fn seal_due(t: &Tracked, now: Instant, config: &WatchConfig) -> bool {
     idle && may_be_done && !t.path.ends_with(config.inprogress_suffix.as_str())
 }
 
-/// The seal of a complete file: its final size and sha256, or None if it grew meanwhile.
+/// The seal of a complete file: its final size and digest, or None if it grew meanwhile.
 fn seal_control(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<Option<Control>> {
     let size = t.read_offset;
     let meta = match &t.file {
@@ -1177,7 +1176,7 @@ fn seal_control(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<Opti
         return Ok(None);
     }
     let digest = match t.hasher.take() {
-        Some(hasher) if t.hashed_to == size => hex::encode(hasher.finalize()),
+        Some(hasher) if t.hashed_to == size => format!("blake3:{}", hasher.finalize().to_hex()),
         _ => {
             let file = match &t.file {
                 Some(file) => file.try_clone()?,
@@ -1190,7 +1189,7 @@ fn seal_control(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<Opti
 }
 
 fn hash_prefix(file: &File, size: u64) -> std::io::Result<String> {
-    let mut hasher = Sha256::new();
+    let mut hasher = blake3::Hasher::new();
     let mut buffer = vec![0u8; 1 << 20];
     let mut offset = 0;
     while offset < size {
@@ -1205,7 +1204,7 @@ fn hash_prefix(file: &File, size: u64) -> std::io::Result<String> {
         hasher.update(&buffer[..got]);
         offset += got as u64;
     }
-    Ok(hex::encode(hasher.finalize()))
+    Ok(format!("blake3:{}", hasher.finalize().to_hex()))
 }
 
 /// crc32c of the first `len` bytes, or None if the file is shorter or unreadable.
