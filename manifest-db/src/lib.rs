@@ -64,6 +64,10 @@ pub struct FileRecord {
     pub sealed: Option<Sealed>,
     /// A newer generation replaced this one at its path.
     pub superseded: bool,
+    /// Set while a rename to `dest_path` from this path may not have reached
+    /// the disk yet: recorded before the rename, cleared after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renamed_from: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

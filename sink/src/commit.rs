@@ -30,6 +30,9 @@ pub(crate) struct Dependency {
     pub end: u64,
 }
 
+/// Serialises every write of file records to the manifest.
+pub(crate) type CommitGate = Arc<Mutex<()>>;
+
 /// Ranges one batch wrote into one file generation.
 pub(crate) type PlacedRanges = (Arc<Slot>, Vec<(u64, u64)>);
 
@@ -61,11 +64,11 @@ pub(crate) struct Committer {
 impl Committer {
     /// `commit_log`, if given, gets one line per recorded range with the
     /// time it became durable (for latency measurements).
-    pub fn start(manifest: SinkManifest, commit_log: Option<File>) -> Self {
+    pub fn start(manifest: SinkManifest, commit_log: Option<File>, gate: CommitGate) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
         let poisoned = Arc::new(Mutex::new(None));
         let commit_log = commit_log.map(std::io::BufWriter::new);
-        tokio::spawn(run(manifest, receiver, poisoned.clone(), commit_log));
+        tokio::spawn(run(manifest, receiver, poisoned.clone(), commit_log, gate));
         Self { queue, poisoned }
     }
 
@@ -94,6 +97,7 @@ async fn run(
     mut receiver: mpsc::UnboundedReceiver<Queued>,
     poisoned: Arc<Mutex<Option<String>>>,
     mut commit_log: Option<std::io::BufWriter<File>>,
+    gate: CommitGate,
 ) {
     let mut waiting: Vec<Queued> = Vec::new();
     while let Some(first) = receiver.recv().await {
@@ -111,8 +115,9 @@ async fn run(
         }
         let synced = sync_all(sync_targets(&round)).await;
         let manifest = manifest.clone();
+        let gate = gate.clone();
         let outcome = tokio::task::spawn_blocking(move || {
-            let result = synced.and_then(|()| record_round(&manifest, &round));
+            let result = synced.and_then(|()| record_round(&manifest, &round, &gate));
             (round, result)
         })
         .await;
@@ -244,7 +249,14 @@ fn sync_targets(round: &[Queued]) -> Vec<SyncTarget> {
 }
 
 /// Records a round whose bytes are durable.
-fn record_round(manifest: &SinkManifest, round: &[Queued]) -> Result<Vec<Placement>, String> {
+fn record_round(
+    manifest: &SinkManifest,
+    round: &[Queued],
+    gate: &CommitGate,
+) -> Result<Vec<Placement>, String> {
+    // Snapshots and their write happen under the gate, so a record written
+    // out of band (a rename's intent) is never overwritten by an older one.
+    let _gate = lock(gate);
     // The bytes are durable: fold the round's ranges into the records and
     // write them all at once.
     let mut commit = SinkCommit::default();

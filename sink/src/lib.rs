@@ -119,13 +119,15 @@ impl Sink {
             ),
             None => None,
         };
-        let committer = Committer::start(manifest.clone(), commit_log);
+        let gate = commit::CommitGate::default();
+        let committer = Committer::start(manifest.clone(), commit_log, gate.clone());
         let placer = Placer::new(
             root,
             manifest,
             config.layout,
             config.superseded,
             config.max_open_files,
+            gate,
         );
         Ok(Self {
             placer: Arc::new(placer),

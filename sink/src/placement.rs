@@ -14,9 +14,9 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind};
-use manifest_db::{FileId, FileRecord, IntervalSet, Sealed, SinkManifest};
+use manifest_db::{FileId, FileRecord, IntervalSet, Sealed, SinkCommit, SinkManifest};
 
-use crate::commit::{CommitRequest, Dependency};
+use crate::commit::{CommitGate, CommitRequest, Dependency};
 use crate::confine::{ConfineError, Root};
 use crate::{Layout, SupersededPolicy};
 
@@ -82,6 +82,7 @@ pub(crate) struct Placer {
     pub superseded: SupersededPolicy,
     sources: Mutex<HashMap<String, Arc<Source>>>,
     open_files: Mutex<VecDeque<Arc<Slot>>>,
+    commit_gate: CommitGate,
     max_open_files: usize,
 }
 
@@ -97,8 +98,10 @@ impl Placer {
         layout: Layout,
         superseded: SupersededPolicy,
         max_open_files: usize,
+        commit_gate: CommitGate,
     ) -> Self {
         Self {
+            commit_gate,
             root,
             manifest,
             layout,
@@ -369,6 +372,33 @@ impl Placer {
         Ok(())
     }
 
+    /// Finishes a rename recorded before a crash (or a failed attempt): the
+    /// file is moved to where the record says it lives before anything opens
+    /// it there, so nothing writes into a new empty file by mistake.
+    fn settle_rename(
+        &self,
+        slot: &Arc<Slot>,
+        state: &mut SlotState,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        let Some(from) = state.record.renamed_from.clone() else {
+            return Ok(());
+        };
+        match self.root.rename(&from, &state.record.dest_path) {
+            Ok(dirs) => work
+                .request
+                .dirs_to_sync
+                .extend(dirs.into_iter().map(Arc::new)),
+            // Neither name exists: nothing to move.
+            Err(ConfineError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(confine_error(e)),
+        }
+        state.record.renamed_from = None;
+        work.request.touched.push(slot.clone());
+        Ok(())
+    }
+
     fn file_of(
         &self,
         slot: &Arc<Slot>,
@@ -378,6 +408,7 @@ impl Placer {
         if let Some(file) = &state.file {
             return Ok(file.clone());
         }
+        self.settle_rename(slot, state, work)?;
         let opened = self
             .root
             .open_for_write(&state.record.dest_path)
@@ -530,6 +561,10 @@ impl Placer {
             (state.record.dest_path.clone(), state.record.superseded)
         };
         if old_dest == new_dest {
+            // Done before (perhaps only recorded, before a crash): make sure.
+            let mut state = lock(&slot.state);
+            self.settle_rename(&slot, &mut state, work)?;
+            drop(state);
             work.request.touched.push(slot);
             return Ok(());
         }
@@ -539,6 +574,23 @@ impl Placer {
             ));
         }
         self.supersede_at(source, &mut files, &new_dest, work)?;
+        {
+            // Record the rename before making it: a crash in between leaves a
+            // record that knows both names, and settle_rename finishes the
+            // move before the file is opened again.
+            let _gate = lock(&self.commit_gate);
+            let mut state = lock(&slot.state);
+            self.settle_rename(&slot, &mut state, work)?;
+            state.record.dest_path = new_dest.clone();
+            state.record.renamed_from = Some(old_dest.clone());
+            let intent = SinkCommit {
+                records: vec![(slot.id.clone(), state.record.clone())],
+                ..SinkCommit::default()
+            };
+            self.manifest.commit(&intent).map_err(|e| {
+                RowError::Storage(format!("recording the rename to {new_dest}: {e}"))
+            })?;
+        }
         let dirs = self
             .root
             .rename(&old_dest, &new_dest)
@@ -546,7 +598,7 @@ impl Placer {
         work.request
             .dirs_to_sync
             .extend(dirs.into_iter().map(Arc::new));
-        lock(&slot.state).record.dest_path = new_dest.clone();
+        lock(&slot.state).record.renamed_from = None;
         files.by_path.remove(&old_dest);
         files
             .by_path

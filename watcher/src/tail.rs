@@ -890,10 +890,14 @@ impl Tailer {
         }
     }
 
+    /// Sends batches whose linger time is up. When nothing is in flight the
+    /// link is idle and waiting would only add latency, so a batch goes at
+    /// once; under load, acks take a while and the linger gathers rows.
     fn flush_due(&mut self, now: Instant) {
+        let idle = self.in_flight.is_empty();
         for sink in 0..self.batches.len() {
             if let Some(started) = self.batches[sink].started
-                && now >= started + self.config.linger
+                && (idle || now >= started + self.config.linger)
             {
                 self.flush(sink);
             }
