@@ -280,6 +280,7 @@ mod tests {
             placed: IntervalSet::from_ranges(ranges.iter().copied()),
             sealed: None,
             superseded: false,
+            renamed_from: None,
         }
     }
 
