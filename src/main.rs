@@ -283,6 +283,9 @@ pub struct AuditArgs {
     /// The sink's manifest directory (the sink must not be running).
     #[arg(long)]
     state: PathBuf,
+    /// Also print every file record (destination path, placed ranges, seal).
+    #[arg(long)]
+    files: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -486,7 +489,7 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
             println!("{}", String::from_utf8_lossy(&status));
         }
         Command::Audit(args) => {
-            let report = sink::audit(&args.state)?;
+            let report = sink::audit(&args.state, args.files)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
             return Ok(if report.overlapping_placements == 0 {
                 ExitCode::SUCCESS

@@ -298,11 +298,14 @@ pub struct AuditReport {
     /// Files whose record disagrees with their audit log: must be 0.
     pub record_mismatches: u64,
     pub examples: Vec<String>,
+    /// Every file record, with `--files`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<(manifest_db::FileId, manifest_db::FileRecord)>,
 }
 
 /// Reads a manifest (of a stopped sink) and checks that no byte range was
 /// ever recorded twice, and that each file's record matches its audit log.
-pub fn audit(state_dir: &std::path::Path) -> anyhow::Result<AuditReport> {
+pub fn audit(state_dir: &std::path::Path, with_records: bool) -> anyhow::Result<AuditReport> {
     let manifest = SinkManifest::open(state_dir)?;
     let counters = manifest.counters()?;
     let files = manifest.all_files()?;
@@ -316,6 +319,7 @@ pub fn audit(state_dir: &std::path::Path) -> anyhow::Result<AuditReport> {
         overlapping_placements: 0,
         record_mismatches: 0,
         examples: Vec::new(),
+        records: Vec::new(),
     };
     for (id, record) in &files {
         let placements = manifest.placements(id)?;
@@ -344,6 +348,9 @@ pub fn audit(state_dir: &std::path::Path) -> anyhow::Result<AuditReport> {
             ));
             report.record_mismatches += 1;
         }
+    }
+    if with_records {
+        report.records = files;
     }
     Ok(report)
 }

@@ -66,6 +66,8 @@ struct Tracked {
     control_in_flight: bool,
     sealed: bool,
     failed: Option<String>,
+    /// Where the sink has this file (the last acknowledged name).
+    sink_path: String,
     /// Re-tracked only to rename a sealed file; done when the rename is acknowledged.
     rename_only: bool,
     /// Modification time when last sized up for a seal.
@@ -86,7 +88,9 @@ impl Tracked {
     fn record(&self) -> WatchedFile {
         WatchedFile {
             key: self.key.clone(),
-            path: self.path.clone(),
+            // The path the sink knows: a rename not yet acknowledged must be
+            // sent again after a restart, so it is not recorded before.
+            path: self.sink_path.clone(),
             dev: self.dev,
             ino: self.ino,
             fingerprint: self.fingerprint,
@@ -136,6 +140,8 @@ struct RowRef {
     kind: RowKind,
     offset: u64,
     len: u64,
+    /// A rename's new path.
+    path: Option<String>,
 }
 
 struct OpenBatch {
@@ -473,6 +479,7 @@ impl Tailer {
     /// Tracks a sealed file again just long enough to rename it at the sink.
     fn rename_sealed(&mut self, done: Finished, found: &Found) {
         let mut t = self.tracked(&done.key, done.generation, found);
+        t.sink_path = done.path.clone();
         t.acked = IntervalSet::from_ranges([(0, done.size)]);
         t.read_offset = done.size;
         t.size_seen = done.size;
@@ -515,6 +522,7 @@ impl Tailer {
             return false;
         }
         let mut t = self.tracked(&record.key, record.generation, found);
+        t.sink_path = record.path.clone();
         t.acked = IntervalSet::from_ranges([(0, record.acked_offset)]);
         t.read_offset = record.acked_offset;
         t.fingerprint = record.fingerprint;
@@ -629,6 +637,7 @@ impl Tailer {
             sealed: false,
             failed: None,
             rename_only: false,
+            sink_path: found.path.clone(),
             mtime_ns: found.mtime_ns,
             poll_interval: self.config.poll_min,
             next_poll: now,
@@ -879,6 +888,7 @@ impl Tailer {
                 kind: RowKind::Data,
                 offset,
                 len: got as u64,
+                path: None,
             });
             batch.started.get_or_insert_with(Instant::now);
             t.read_offset += got as u64;
@@ -986,16 +996,17 @@ impl Tailer {
                     RowKind::Seal
                 }
             };
-            let offset = if let Control::Seal { size, .. } = control {
-                size
-            } else {
-                0
+            let (offset, path) = match control {
+                Control::Seal { size, .. } => (size, None),
+                Control::Rename(path) => (0, Some(path)),
+                Control::Open => (0, None),
             };
             batch.rows.push(RowRef {
                 file: key.clone(),
                 kind,
                 offset,
                 len: 0,
+                path,
             });
             t.control_in_flight = true;
             to_flush.insert(t.sink);
@@ -1081,12 +1092,20 @@ impl Tailer {
                         self.remember_finished(done);
                     }
                     RowKind::Rename if t.rename_only && t.controls.is_empty() => {
+                        if let Some(path) = row.path {
+                            t.sink_path = path;
+                        }
                         // A sealed file renamed: nothing else to send.
                         t.sealed = true;
                         t.file = None;
                         let t = &self.files[&row.file];
                         let done = Finished::of(t, t.mtime_ns);
                         self.remember_finished(done);
+                    }
+                    RowKind::Rename => {
+                        if let Some(path) = row.path {
+                            t.sink_path = path;
+                        }
                     }
                     _ => {}
                 }
