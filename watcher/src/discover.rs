@@ -140,9 +140,14 @@ impl Events {
             events: libc::POLLIN,
             revents: 0,
         };
-        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd, for the duration of the call.
-        let ready = unsafe { libc::poll(&mut pollfd, 1, millis) };
+        // ppoll, not poll: a sub-millisecond linger budget must neither be
+        // truncated to 0 (the loop would spin) nor rounded up to 1 ms.
+        let timeout = libc::timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: one valid pollfd and a valid timespec, for the duration of the call.
+        let ready = unsafe { libc::ppoll(&mut pollfd, 1, &timeout, std::ptr::null()) };
         if ready < 0 {
             let error = io::Error::last_os_error();
             return if error.kind() == io::ErrorKind::Interrupted {
