@@ -47,6 +47,22 @@ pub(crate) struct CommitRequest {
     pub dirs_to_sync: Vec<Arc<OwnedFd>>,
     pub dependencies: Vec<Dependency>,
     pub counters: SinkCounters,
+    /// (device, inode) of the directories already in `dirs_to_sync`.
+    dirs_seen: std::collections::HashSet<(u64, u64)>,
+}
+
+impl CommitRequest {
+    /// Adds directories to fsync, once each: a batch creating thousands of
+    /// files in one directory holds one descriptor for it, not thousands.
+    pub fn add_dirs(&mut self, dirs: impl IntoIterator<Item = OwnedFd>) {
+        for dir in dirs {
+            let identity = rustix::fs::fstat(&dir).map(|st| (st.st_dev, st.st_ino));
+            match identity {
+                Ok(identity) if !self.dirs_seen.insert(identity) => {}
+                _ => self.dirs_to_sync.push(Arc::new(dir)),
+            }
+        }
+    }
 }
 
 pub(crate) struct Queued {

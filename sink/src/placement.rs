@@ -306,9 +306,7 @@ impl Placer {
         self.supersede_at(source, files, &dest, work)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
-        work.request
-            .dirs_to_sync
-            .extend(opened.dirs_to_sync.into_iter().map(Arc::new));
+        work.request.add_dirs(opened.dirs_to_sync);
         let slot = Arc::new(Slot {
             id: FileId {
                 source: source.name.clone(),
@@ -355,15 +353,13 @@ impl Placer {
         match self.superseded {
             SupersededPolicy::Mirror => {
                 if let Some(dir) = self.root.remove(dest).map_err(confine_error)? {
-                    work.request.dirs_to_sync.push(Arc::new(dir));
+                    work.request.add_dirs([dir]);
                 }
             }
             SupersededPolicy::Keep => {
                 let aside = format!("{dest}.gen{generation}");
                 let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
-                work.request
-                    .dirs_to_sync
-                    .extend(dirs.into_iter().map(Arc::new));
+                work.request.add_dirs(dirs);
                 state.record.dest_path = aside;
             }
         }
@@ -385,10 +381,7 @@ impl Placer {
             return Ok(());
         };
         match self.root.rename(&from, &state.record.dest_path) {
-            Ok(dirs) => work
-                .request
-                .dirs_to_sync
-                .extend(dirs.into_iter().map(Arc::new)),
+            Ok(dirs) => work.request.add_dirs(dirs),
             // Neither name exists: nothing to move.
             Err(ConfineError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound => {}
@@ -416,9 +409,7 @@ impl Placer {
         if state.disk_len.is_none() {
             state.disk_len = opened.file.metadata().map(|m| m.len()).ok();
         }
-        work.request
-            .dirs_to_sync
-            .extend(opened.dirs_to_sync.into_iter().map(Arc::new));
+        work.request.add_dirs(opened.dirs_to_sync);
         let file = Arc::new(opened.file);
         state.file = Some(file.clone());
         self.remember_open(slot);
@@ -595,9 +586,7 @@ impl Placer {
             .root
             .rename(&old_dest, &new_dest)
             .map_err(confine_error)?;
-        work.request
-            .dirs_to_sync
-            .extend(dirs.into_iter().map(Arc::new));
+        work.request.add_dirs(dirs);
         lock(&slot.state).record.renamed_from = None;
         files.by_path.remove(&old_dest);
         files
