@@ -8,26 +8,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Pipeline, PipelineOptions, files_of_run, list_files, scratch, simulate};
+use common::{Pipeline, PipelineOptions, files_of_run, list_files, scratch, simulate, workload};
 
 fn stream_and_check(name: &str, options: PipelineOptions) {
     let dir = scratch(name);
     let pipeline = Pipeline::start(&dir, options);
-    simulate(
-        &pipeline.source,
-        &[
-            "--streams",
-            "4",
-            "--rate",
-            "100",
-            "--frame",
-            "16KiB",
-            "--chunk",
-            "2MiB",
-            "--duration",
-            "3s",
-        ],
-    );
+    simulate(&pipeline.source, &workload("r0001", "4", "2MiB", "3s"));
     let files = files_of_run(&pipeline.source, "r0001");
     assert!(
         files > 5,
@@ -136,21 +122,7 @@ fn two_sinks_shard_files() {
         args.extend(["--to".into(), endpoint.clone()]);
     }
     let _watcher = Proc::spawn(&dir, "watcher", &args);
-    simulate(
-        &source,
-        &[
-            "--streams",
-            "4",
-            "--rate",
-            "100",
-            "--frame",
-            "16KiB",
-            "--chunk",
-            "1MiB",
-            "--duration",
-            "2s",
-        ],
-    );
+    simulate(&source, &workload("r0001", "4", "1MiB", "2s"));
     let expected = files_of_run(&source, "r0001");
     common::wait_until(
         "both sinks to seal every file",

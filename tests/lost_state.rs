@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::{
     Pipeline, PipelineOptions, files_of_run, scratch, simulate, simulate_in_background, status_u64,
+    workload,
 };
 
 fn total_bytes(dir: &std::path::Path) -> u64 {
@@ -23,46 +24,14 @@ fn nothing_placed_is_written_again() {
     let mut pipeline = Pipeline::start(&dir, PipelineOptions::default());
 
     // First run: complete files.
-    simulate(
-        &pipeline.source,
-        &[
-            "--run",
-            "r1",
-            "--streams",
-            "2",
-            "--rate",
-            "100",
-            "--frame",
-            "16KiB",
-            "--chunk",
-            "1MiB",
-            "--duration",
-            "2s",
-        ],
-    );
+    simulate(&pipeline.source, &workload("r1", "2", "1MiB", "2s"));
     let first_files = files_of_run(&pipeline.source, "r1");
     pipeline.wait_sealed(first_files, Duration::from_secs(120));
     pipeline.wait_identical(Duration::from_secs(60));
 
     // Second run: kill the watcher mid-stream, wipe its state, restart it.
-    let mut sim = simulate_in_background(
-        &dir,
-        &pipeline.source,
-        &[
-            "--run",
-            "r2",
-            "--streams",
-            "2",
-            "--rate",
-            "100",
-            "--frame",
-            "16KiB",
-            "--chunk",
-            "1MiB",
-            "--duration",
-            "600s",
-        ],
-    );
+    let mut sim =
+        simulate_in_background(&dir, &pipeline.source, &workload("r2", "2", "1MiB", "600s"));
     std::thread::sleep(Duration::from_secs(2));
     pipeline.watcher.kill9();
     std::fs::remove_dir_all(&pipeline.watch_state).unwrap();

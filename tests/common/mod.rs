@@ -356,6 +356,30 @@ fn tail(text: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// The simulator arguments of the small DAQ-like workload the tests share:
+/// 16 KiB frames at 100 Hz per stream, rotated into chunks.
+pub fn workload<'a>(
+    run: &'a str,
+    streams: &'a str,
+    chunk: &'a str,
+    duration: &'a str,
+) -> [&'a str; 12] {
+    [
+        "--run",
+        run,
+        "--streams",
+        streams,
+        "--rate",
+        "100",
+        "--frame",
+        "16KiB",
+        "--chunk",
+        chunk,
+        "--duration",
+        duration,
+    ]
+}
+
 /// Runs the simulator to completion into `dir`.
 pub fn simulate(dir: &Path, extra: &[&str]) {
     let mut args = strings(&["sim", "--dir"]);
