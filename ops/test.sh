@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 source ops/env.sh
 tailflight_install_build_deps
 cargo build --workspace --all-targets
+# The tests need ~2 GiB of scratch at peak (each removes its folder when it
+# passes); say what there is, so a full disk is recognised as such.
+df -h "${TMPDIR:-/tmp}" . | sed 's/^/disk: /'
 # Two test threads: the machines this runs on have two cores, and the
 # end-to-end tests each run several processes.
 cargo test --workspace -- --test-threads=2

@@ -43,12 +43,13 @@ impl Certs {
 
 /// A sink serving CA A's server certificate and accepting only clients of CA A.
 struct TlsSink {
-    dir: PathBuf,
     a: Certs,
     b: Certs,
     root: PathBuf,
     port: u16,
     process: common::Proc,
+    /// Last, so the processes stop before their folder is removed.
+    dir: common::Scratch,
 }
 
 impl TlsSink {

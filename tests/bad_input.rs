@@ -37,12 +37,13 @@ struct Outcome {
 
 /// A sink process in a scratch folder, with a runtime for hand-made clients.
 struct SinkUnderTest {
-    dir: PathBuf,
     root: PathBuf,
     endpoint: String,
     process: common::Proc,
     runtime: tokio::runtime::Runtime,
     probes: u64,
+    /// Last, so the processes stop before their folder is removed.
+    dir: common::Scratch,
 }
 
 impl SinkUnderTest {

@@ -76,9 +76,8 @@ fn inode(path: &Path) -> (u64, u64) {
 
 fn start(name: &str, poll: bool) -> Pipeline {
     let mode = if poll { "poll" } else { "inotify" };
-    let dir = common::scratch(&format!("{name}-{mode}"));
-    Pipeline::start(
-        &dir,
+    Pipeline::in_scratch(
+        &format!("{name}-{mode}"),
         PipelineOptions {
             poll,
             ..Default::default()

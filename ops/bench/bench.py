@@ -154,6 +154,9 @@ def dir_bytes(path: Path) -> tuple[int, int]:
     return total, files
 
 
+KEPT_SUFFIXES = {".log", ".json", ".md", ".csv", ".txt"}
+
+
 def rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -389,6 +392,7 @@ class Bench:
             self.p[key] = json.loads(value) if value[:1] in "[{0123456789" or value in ("true", "false") else value
         self.bin = str(Path(args.bin).resolve())
         self.work = Path(args.work).resolve()
+        self.made: list[Path] = []
         self.shm = Path(args.shm)
         self.netns = args.netns
         self.env = dict(os.environ, TAILFLIGHT_LOG=args.log, NO_COLOR="1")
@@ -442,12 +446,31 @@ class Bench:
         d = self.work.joinpath(*parts)
         rmtree(d)
         d.mkdir(parents=True)
+        self.made.append(d)
         return d
+
+    def prune_made(self) -> None:
+        """Deletes the data a scenario left in its folders, keeping logs and reports.
+
+        CI machines can have little free disk, and one scenario's gigabytes must not
+        starve the next."""
+        for d in self.made:
+            for path in sorted(d.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                try:
+                    if path.is_symlink() or path.is_file():
+                        if path.suffix not in KEPT_SUFFIXES:
+                            path.unlink()
+                    elif path.is_dir() and not any(path.iterdir()):
+                        path.rmdir()
+                except OSError:
+                    pass
+        self.made.clear()
 
     def fresh_src(self, *parts) -> Path:
         d = self.shm.joinpath(*parts)
         rmtree(d)
         d.mkdir(parents=True)
+        self.made.append(d)
         return d
 
     def row(self, **kw):
@@ -2208,6 +2231,7 @@ def main():
                 traceback.print_exc()
             finally:
                 Proc.stop_all()
+                b.prune_made()
             b.results.setdefault("durations_s", {})[name] = time.monotonic() - t
             (tot1, idle1), (tot0, idle0) = cpu_times(), busy0
             if tot1 > tot0:

@@ -12,15 +12,44 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tailflight"))
 }
 
-/// A scratch folder for one test, emptied at creation.
-pub fn scratch(name: &str) -> PathBuf {
+/// A scratch folder for one test, emptied at creation and removed when dropped.
+///
+/// A failing test keeps its folder (logs, source, destination) for inspection;
+/// `TAILFLIGHT_KEEP_TEST_DIR=1` keeps every folder. Without this, a full suite
+/// run leaves gigabytes behind and the next step on a small CI disk fails.
+pub struct Scratch(PathBuf);
+
+pub fn scratch(name: &str) -> Scratch {
     let base = std::env::var_os("TAILFLIGHT_TEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let dir = base.join(format!("tailflight-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
+    Scratch(dir)
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test folder kept: {}", self.0.display());
+        } else if std::env::var_os("TAILFLIGHT_KEEP_TEST_DIR").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 pub fn free_port() -> u16 {
@@ -220,6 +249,8 @@ pub struct Pipeline {
     pub sink: Proc,
     pub watcher: Proc,
     pub client_tls: Vec<String>,
+    /// Set by [`Pipeline::in_scratch`]; last, so the processes stop before it is removed.
+    scratch: Option<Scratch>,
 }
 
 #[derive(Default, Clone)]
@@ -299,7 +330,16 @@ impl Pipeline {
             sink,
             watcher,
             client_tls,
+            scratch: None,
         }
+    }
+
+    /// A pipeline in a scratch folder of its own, removed with the pipeline.
+    pub fn in_scratch(name: &str, options: PipelineOptions) -> Self {
+        let dir = scratch(name);
+        let mut pipeline = Self::start(&dir, options);
+        pipeline.scratch = Some(dir);
+        pipeline
     }
 
     /// Where this pipeline's files land.
