@@ -10,22 +10,21 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
 };
 use futures::stream::{BoxStream, FuturesUnordered};
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::decode;
 use crate::protocol::{self, Hello};
 use crate::tls::ServerTls;
-use crate::wire::{RangeBatch, range_schema};
+use crate::wire::RangeBatch;
 
 /// What a sink does with validated batches.
 pub trait Ingest: Send + Sync + 'static {
@@ -295,25 +294,12 @@ impl<I: Ingest> FlightService for Service<I> {
 async fn run_put<I: Ingest>(
     ingest: Arc<I>,
     peer: &str,
-    stream: Streaming<FlightData>,
+    mut stream: Streaming<FlightData>,
     acks: &mpsc::Sender<Result<PutResult, Status>>,
     depth: usize,
 ) -> Result<(), Status> {
-    let stream = stream.map_err(|status| FlightError::Tonic(Box::new(status)));
-    // The decoder needs a 'static stream: hand the descriptor over through a
-    // oneshot-like slot instead of borrowing.
-    let (descriptor_tx, mut descriptor_rx) = mpsc::channel::<Option<FlightDescriptor>>(1);
-    let mut sent = false;
-    let stream = stream.map(move |item| {
-        if !sent {
-            sent = true;
-            let descriptor = item.as_ref().ok().and_then(|d| d.flight_descriptor.clone());
-            let _ = descriptor_tx.try_send(descriptor);
-        }
-        item
-    });
-    let mut decoder = FlightDataDecoder::new(stream);
     let mut source: Option<Arc<str>> = None;
+    let mut schema_seen = false;
     let mut pending = FuturesUnordered::new();
     let mut input_done = false;
     loop {
@@ -325,17 +311,13 @@ async fn run_put<I: Ingest>(
                     return Ok(()); // the peer went away; nothing left to tell it
                 }
             }
-            message = decoder.next(), if !input_done && pending.len() < depth => {
-                let Some(message) = message else {
+            message = stream.message(), if !input_done && pending.len() < depth => {
+                let Some(data) = message? else {
                     input_done = true;
                     continue;
                 };
-                let message = message.map_err(|e| match e {
-                    FlightError::Tonic(status) => *status,
-                    other => Status::invalid_argument(format!("peer {peer}: undecodable Flight data: {other}")),
-                })?;
                 if source.is_none() {
-                    let descriptor = descriptor_rx.try_recv().ok().flatten().ok_or_else(|| {
+                    let descriptor = data.flight_descriptor.as_ref().ok_or_else(|| {
                         Status::invalid_argument(format!("peer {peer}: the first message of a DoPut stream must carry a descriptor with the tailflight hello"))
                     })?;
                     let hello = Hello::decode(&descriptor.cmd)
@@ -343,18 +325,12 @@ async fn run_put<I: Ingest>(
                     ingest.accept_source(&hello.source)?;
                     source = Some(Arc::from(hello.source.as_str()));
                 }
-                match message.payload {
-                    DecodedPayload::None => {}
-                    DecodedPayload::Schema(schema) => {
-                        if schema.fields() != range_schema().fields() {
-                            return Err(Status::invalid_argument(format!(
-                                "peer {peer}: stream schema is not the tailflight range schema (nullability included): got {:?}",
-                                schema.fields()
-                            )));
-                        }
-                    }
-                    DecodedPayload::RecordBatch(batch) => {
-                        let seq = protocol::decode_seq(&message.inner.app_metadata)
+                let undecodable = |e: String| Status::invalid_argument(format!("peer {peer}: undecodable Flight data: {e}"));
+                match decode::message(&data, schema_seen).map_err(undecodable)? {
+                    decode::Message::Empty => {}
+                    decode::Message::Schema => schema_seen = true,
+                    decode::Message::Batch(batch) => {
+                        let seq = protocol::decode_seq(&data.app_metadata)
                             .map_err(|e| Status::invalid_argument(format!("peer {peer}: {e}")))?;
                         let batch = RangeBatch::validate(batch)
                             .map_err(|e| Status::invalid_argument(format!("peer {peer}: batch {seq}: {e}")))?;
