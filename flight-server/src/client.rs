@@ -386,11 +386,15 @@ struct Encoder {
 
 impl Encoder {
     fn new() -> Self {
+        let mut context = IpcWriteContext::default();
+        // Start each body with the previous one's capacity: a multi-megabyte
+        // body grown by doubling is copied several times over.
+        context.set_reserve_scratch(true);
         Self {
             generator: IpcDataGenerator::default(),
             tracker: DictionaryTracker::new(false),
             options: IpcWriteOptions::default(),
-            context: IpcWriteContext::default(),
+            context,
         }
     }
 

@@ -6,14 +6,14 @@
 //! numeric columns (`offset` is the final size of a seal) and leave `data`
 //! empty.
 
+use std::mem::MaybeUninit;
 use std::sync::{Arc, LazyLock};
 
-use arrow_array::builder::{
-    BinaryBuilder, StringBuilder, UInt8Builder, UInt32Builder, UInt64Builder,
-};
+use arrow_array::builder::{StringBuilder, UInt8Builder, UInt32Builder, UInt64Builder};
 use arrow_array::{
     Array, ArrayRef, BinaryArray, RecordBatch, StringArray, UInt8Array, UInt32Array, UInt64Array,
 };
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::WireError;
@@ -208,6 +208,74 @@ fn downcast<T: Array + Clone + 'static>(array: ArrayRef) -> Result<T, WireError>
         .ok_or_else(|| WireError::Schema(format!("column has type {}", array.data_type())))
 }
 
+/// The `data` column under construction: one contiguous values buffer that
+/// becomes the Arrow buffer without a copy. It is sized from the previous
+/// batch, so a stream of full batches never regrows it and a trickle of
+/// small ones does not hold megabytes each.
+struct DataColumn {
+    offsets: Vec<i32>,
+    values: Vec<u8>,
+}
+
+impl DataColumn {
+    fn with_capacity(rows: usize, bytes: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Self {
+            offsets,
+            values: Vec::with_capacity(bytes),
+        }
+    }
+
+    fn end_offset(&self) -> i32 {
+        i32::try_from(self.values.len()).expect("a batch's data stays under 2 GiB")
+    }
+
+    fn append(&mut self, bytes: &[u8]) {
+        self.values.extend_from_slice(bytes);
+        self.offsets.push(self.end_offset());
+    }
+
+    /// Lets `fill` write up to `max_len` bytes at the end; returns how many it wrote.
+    fn fill_next<E>(
+        &mut self,
+        max_len: usize,
+        fill: impl for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], E>,
+    ) -> Result<usize, E> {
+        self.values.reserve(max_len);
+        let room = &mut self.values.spare_capacity_mut()[..max_len];
+        let room_start = room.as_ptr().cast::<u8>();
+        let filled = fill(room)?;
+        let written = filled.len();
+        assert!(
+            std::ptr::eq(filled.as_ptr(), room_start) && written <= max_len,
+            "fill must return the start of the room it was given"
+        );
+        // SAFETY: `filled` is a `&mut [u8]` over the first `written` bytes
+        // of the spare capacity (checked just above), so they are initialised.
+        unsafe { self.values.set_len(self.values.len() + written) };
+        if written > 0 {
+            self.offsets.push(self.end_offset());
+        }
+        Ok(written)
+    }
+
+    /// The bytes of the last row.
+    fn last(&self) -> &[u8] {
+        let start = self.offsets[self.offsets.len() - 2] as usize;
+        &self.values[start..]
+    }
+
+    /// The finished column; the next one starts with as much room as this one used.
+    fn finish(&mut self) -> BinaryArray {
+        let rows = self.offsets.len() - 1;
+        let next = Self::with_capacity(rows, self.values.len());
+        let Self { offsets, values } = std::mem::replace(self, next);
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
+        BinaryArray::new(offsets, Buffer::from_vec(values), None)
+    }
+}
+
 /// Accumulates rows into one batch; `finish` hands out a batch and leaves the
 /// builder ready for the next.
 pub struct BatchBuilder {
@@ -215,7 +283,7 @@ pub struct BatchBuilder {
     file_key: StringBuilder,
     generation: UInt64Builder,
     offset: UInt64Builder,
-    data: BinaryBuilder,
+    data: DataColumn,
     crc: UInt32Builder,
     path: StringBuilder,
     digest: StringBuilder,
@@ -230,7 +298,7 @@ impl BatchBuilder {
             file_key: StringBuilder::with_capacity(rows, rows * 48),
             generation: UInt64Builder::with_capacity(rows),
             offset: UInt64Builder::with_capacity(rows),
-            data: BinaryBuilder::with_capacity(rows, data_bytes),
+            data: DataColumn::with_capacity(rows, data_bytes),
             crc: UInt32Builder::with_capacity(rows),
             path: StringBuilder::with_capacity(rows, 0),
             digest: StringBuilder::with_capacity(rows, 0),
@@ -258,6 +326,36 @@ impl BatchBuilder {
             None,
         );
         self.crc.append_value(crc32c::crc32c(data));
+    }
+
+    /// Appends a data row whose bytes `fill` writes straight into the batch
+    /// (a pread into the Arrow buffer: no copy through a scratch buffer).
+    /// `fill` gets room for `max_len` bytes and returns the part it filled,
+    /// which must start at the beginning of that room. Returns the row's
+    /// bytes; when `fill` wrote nothing, no row is added.
+    pub fn push_data_in_place<E>(
+        &mut self,
+        file_key: &str,
+        generation: u64,
+        offset: u64,
+        max_len: usize,
+        fill: impl for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], E>,
+    ) -> Result<&[u8], E> {
+        let written = self.data.fill_next(max_len, fill)?;
+        if written == 0 {
+            return Ok(&[]);
+        }
+        self.kind.append_value(RowKind::Data as u8);
+        self.file_key.append_value(file_key);
+        self.generation.append_value(generation);
+        self.offset.append_value(offset);
+        self.path.append_null();
+        self.digest.append_null();
+        self.rows += 1;
+        self.data_bytes += written;
+        let bytes = self.data.last();
+        self.crc.append_value(crc32c::crc32c(bytes));
+        Ok(bytes)
     }
 
     pub fn push_open(&mut self, file_key: &str, generation: u64, path: &str) {
@@ -314,7 +412,7 @@ impl BatchBuilder {
         self.file_key.append_value(file_key);
         self.generation.append_value(generation);
         self.offset.append_value(offset);
-        self.data.append_value(data);
+        self.data.append(data);
         self.path.append_option(path);
         self.digest.append_option(digest);
         self.rows += 1;
@@ -344,6 +442,47 @@ impl BatchBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Fills the room with `bytes` (at most its length), as a pread would.
+    fn write_into<'b>(room: &'b mut [MaybeUninit<u8>], bytes: &[u8]) -> &'b mut [u8] {
+        let n = bytes.len().min(room.len());
+        for (slot, byte) in room.iter_mut().zip(&bytes[..n]) {
+            slot.write(*byte);
+        }
+        let (filled, _) = room.split_at_mut(n);
+        // SAFETY: the first `n` slots were written just above.
+        unsafe { &mut *(filled as *mut [MaybeUninit<u8>] as *mut [u8]) }
+    }
+
+    #[test]
+    fn rows_filled_in_place_match_copied_rows_and_an_empty_fill_adds_none() {
+        let mut b = BatchBuilder::with_capacity(1, 0);
+        b.push_data("f", 1, 0, b"copied");
+        let row = b
+            .push_data_in_place::<()>("f", 1, 6, 100, |room| Ok(write_into(room, b" in place")))
+            .unwrap()
+            .to_vec();
+        assert_eq!(row, b" in place");
+        let none = b
+            .push_data_in_place::<()>("f", 1, 15, 8, |room| Ok(write_into(room, b"")))
+            .unwrap();
+        assert!(none.is_empty());
+        b.push_seal("f", 1, 15, "00ff");
+        let refused: Result<&[u8], &str> = b.push_data_in_place("f", 1, 15, 8, |_| Err("eio"));
+        assert_eq!(refused, Err("eio"));
+        assert_eq!(b.rows(), 3);
+        assert_eq!(b.data_bytes(), 15);
+        // Validation recomputes each crc32c from the column the batch carries.
+        let batch = RangeBatch::validate(b.finish()).unwrap();
+        assert_eq!(batch.len(), 3);
+        assert_eq!(batch.row(0).data, b"copied");
+        assert_eq!(batch.row(1).data, b" in place");
+        assert_eq!(batch.row(1).offset, 6);
+        assert_eq!(batch.row(2).kind, RowKind::Seal);
+        // The builder starts over, with room sized from the batch before.
+        b.push_data("g", 1, 0, b"next");
+        assert_eq!(RangeBatch::validate(b.finish()).unwrap().len(), 1);
+    }
 
     #[test]
     fn built_batches_validate_and_read_back() {

@@ -175,7 +175,8 @@ pub(crate) struct Tailer {
     ready_set: HashSet<FileKey>,
     dirty: HashSet<FileKey>,
     progress: Arc<Progress>,
-    scratch: Vec<u8>,
+    /// Largest single data row read at once.
+    max_row_bytes: usize,
     events: Option<Events>,
     /// Set while a walk (not an event) brings files under tracking.
     walking: bool,
@@ -214,7 +215,7 @@ impl Tailer {
         let batches = (0..outboxes.len()).map(|_| new_batch(&config)).collect();
         Ok(Self {
             root: config.root.clone(),
-            scratch: vec![0; config.max_row_bytes.max(4096)],
+            max_row_bytes: config.max_row_bytes.max(4096),
             config,
             state,
             files: HashMap::new(),
@@ -862,12 +863,18 @@ impl Tailer {
                 return Ok(false);
             };
             let offset = t.read_offset;
-            let want = (size - offset).min(self.scratch.len() as u64) as usize;
-            let got = file.read_at(&mut self.scratch[..want], offset)?;
+            let want = (size - offset).min(self.max_row_bytes as u64) as usize;
+            let batch = &mut self.batches[t.sink];
+            let data =
+                batch
+                    .builder
+                    .push_data_in_place(&t.key, t.generation, offset, want, |room| {
+                        rustix::io::pread(file, room, offset).map(|(filled, _)| filled)
+                    })?;
+            let got = data.len();
             if got == 0 {
                 return Ok(false);
             }
-            let data = &self.scratch[..got];
             if let Some(hasher) = &mut t.hasher
                 && t.hashed_to == offset
             {
@@ -881,8 +888,6 @@ impl Tailer {
                 t.fingerprint_len = head_end as u32;
             }
             let sink = t.sink;
-            let batch = &mut self.batches[sink];
-            batch.builder.push_data(&t.key, t.generation, offset, data);
             batch.rows.push(RowRef {
                 file: key.clone(),
                 kind: RowKind::Data,
