@@ -389,7 +389,7 @@ class Bench:
             key, _, value = item.partition("=")
             if key not in self.p:
                 raise SystemExit(f"--set: unknown parameter {key!r}; known: {', '.join(sorted(self.p))}")
-            self.p[key] = json.loads(value) if value[:1] in "[{0123456789" or value in ("true", "false") else value
+            self.p[key] = json.loads(value) if (value and value[0] in "[{0123456789") or value in ("true", "false") else value
         self.bin = str(Path(args.bin).resolve())
         self.work = Path(args.work).resolve()
         self.made: list[Path] = []

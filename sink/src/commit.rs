@@ -129,7 +129,11 @@ async fn run(
             fail_all(std::mem::take(&mut waiting), &reason);
             continue;
         }
-        let synced = sync_all(sync_targets(&round)).await;
+        let started = std::time::Instant::now();
+        let targets = sync_targets(&round);
+        let flushed = targets.len();
+        let synced = sync_all(targets).await;
+        let synced_after = started.elapsed();
         let manifest = manifest.clone();
         let gate = gate.clone();
         let outcome = tokio::task::spawn_blocking(move || {
@@ -144,6 +148,13 @@ async fn run(
                 continue;
             }
         };
+        tracing::debug!(
+            requests = round.len(),
+            flushed,
+            sync_us = synced_after.as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "commit round"
+        );
         let placements = match result {
             Ok(placements) => placements,
             Err(reason) => {
