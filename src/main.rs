@@ -147,6 +147,11 @@ pub struct SinkArgs {
     /// Destination files kept open at once.
     #[arg(long, default_value_t = 1024)]
     max_open_files: usize,
+    /// Ranges up to this size are made durable in the manifest's journal and
+    /// their files flushed in the background (lower latency for small appends);
+    /// 0 flushes every file in place before its ack.
+    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    journal_max_range: u64,
     /// Append "source key generation offset length unix_nanos" per recorded range (for latency benchmarks).
     #[arg(long)]
     commit_log: Option<PathBuf>,
@@ -189,7 +194,7 @@ pub struct WatchArgs {
     #[arg(long, default_value = "4MiB", value_parser = parse_size)]
     batch_bytes: u64,
     /// ...or once its first row waited this long.
-    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "300us", value_parser = parse_duration)]
     linger: Duration,
     /// Largest single range in a batch.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
@@ -378,6 +383,7 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         max_message_bytes: args.max_message_bytes,
         window_bytes: args.window_bytes,
         max_open_files: args.max_open_files,
+        journal_max_range: args.journal_max_range,
         commit_log: args.commit_log.clone(),
     }
 }

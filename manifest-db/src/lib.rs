@@ -86,7 +86,13 @@ pub struct SinkCommit {
     pub placements: Vec<(FileId, u64, u64)>,
     /// Deltas to add to the persisted counters.
     pub counters: SinkCounters,
+    /// Bytes placed in this commit whose files are not flushed yet: they are
+    /// durable here, in the same synced write, until [`SinkManifest::forget_journal`].
+    pub journal: Vec<JournalEntry>,
 }
+
+/// A range kept in the manifest's journal: (file, offset, bytes).
+pub type JournalEntry = (FileId, u64, Vec<u8>);
 
 /// Watcher-side state of one tracked source file, keyed by `key` (its path relative to the
 /// watched root when first seen, e.g. "run1/a-s01-c000.xtc2.inprogress").

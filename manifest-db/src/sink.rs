@@ -1,12 +1,14 @@
 //! Owns the sink-side manifest: per file generation, where it lives and which byte ranges are
 //! durably placed ("files"), an append-only audit log of every placement ("placements"), and
-//! running byte counters plus the audit sequence number ("counters").
+//! running byte counters plus the audit sequence number ("counters"), and the journal of small
+//! ranges acknowledged before their destination files were flushed ("journal").
 //!
 //! Key layout in "files" and "placements": `source, 0x00, key, 0x00, generation (u64 BE)`.
 //! Source and key never contain NUL, so the NUL terminators make the byte order equal to
 //! (source, key, generation) order and no file's key is a prefix of another file's key.
 //! "placements" appends `offset (u64 BE), seq (u64 BE)` so two placements at the same offset
-//! never overwrite each other and the audit can show duplicates.
+//! never overwrite each other and the audit can show duplicates. "journal" appends
+//! `offset (u64 BE)` and holds the range's bytes.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -14,11 +16,12 @@ use std::sync::{Arc, Mutex};
 use rocksdb::WriteBatch;
 
 use crate::store::{Entry, Store, decode_u64};
-use crate::{FileId, FileRecord, Result, SinkCommit, SinkCounters};
+use crate::{FileId, FileRecord, JournalEntry, Result, SinkCommit, SinkCounters};
 
 const CF_FILES: &str = "files";
 const CF_PLACEMENTS: &str = "placements";
 const CF_COUNTERS: &str = "counters";
+const CF_JOURNAL: &str = "journal";
 
 const KEY_PLACED: &[u8] = b"placed_bytes";
 const KEY_DUPLICATE: &[u8] = b"duplicate_bytes";
@@ -61,6 +64,12 @@ fn file_key(id: &FileId) -> Vec<u8> {
     k
 }
 
+fn journal_key(id: &FileId, offset: u64) -> Vec<u8> {
+    let mut k = file_key(id);
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
 fn decode_file_key(raw: &[u8]) -> Option<FileId> {
     let (head, generation) = raw.split_at_checked(raw.len().checked_sub(8)?)?;
     let head = head.strip_suffix(&[0])?;
@@ -79,7 +88,7 @@ fn decode_file_key(raw: &[u8]) -> Option<FileId> {
 
 impl SinkManifest {
     pub fn open(dir: &Path) -> Result<Self> {
-        let store = Store::open(dir, &[CF_FILES, CF_PLACEMENTS, CF_COUNTERS])?;
+        let store = Store::open(dir, &[CF_FILES, CF_PLACEMENTS, CF_COUNTERS, CF_JOURNAL])?;
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
@@ -105,7 +114,12 @@ impl SinkManifest {
         let files = store.cf(CF_FILES)?;
         let placements = store.cf(CF_PLACEMENTS)?;
         let counters = store.cf(CF_COUNTERS)?;
+        let journal = store.cf(CF_JOURNAL)?;
         let mut batch = WriteBatch::default();
+
+        for (id, offset, bytes) in &commit.journal {
+            batch.put_cf(journal, journal_key(id, *offset), bytes);
+        }
 
         for (id, record) in &commit.records {
             // FileRecord holds only strings, integers and plain structs, which always serialise.
@@ -139,6 +153,37 @@ impl SinkManifest {
         }
 
         store.write(batch, true, "commit")
+    }
+
+    /// Drops journal entries whose bytes are now durable in their files. Not synced: an entry
+    /// that comes back after a crash is written again at its offset, which changes nothing.
+    pub fn forget_journal(&self, entries: &[(FileId, u64)]) -> Result<()> {
+        let journal = self.store().cf(CF_JOURNAL)?;
+        let mut batch = WriteBatch::default();
+        for (id, offset) in entries {
+            batch.delete_cf(journal, journal_key(id, *offset));
+        }
+        self.store().write(batch, false, "forget journal entries")
+    }
+
+    /// Every journal entry, ascending by file then offset.
+    pub fn journal(&self) -> Result<Vec<JournalEntry>> {
+        let entries = self.store().scan_prefix(CF_JOURNAL, &[], "scan journal")?;
+        entries
+            .into_iter()
+            .map(|(k, v)| {
+                let split = k.len().checked_sub(8);
+                let decoded = split.and_then(|at| {
+                    let (file, offset) = k.split_at(at);
+                    Some((decode_file_key(file)?, decode_u64(offset)?))
+                });
+                let (id, offset) = decoded.ok_or_else(|| {
+                    self.store()
+                        .corrupt(CF_JOURNAL, &k, "key is not file key + offset")
+                })?;
+                Ok((id, offset, v.into_vec()))
+            })
+            .collect()
     }
 
     pub fn get(&self, id: &FileId) -> Result<Option<FileRecord>> {
@@ -328,6 +373,7 @@ mod tests {
         {
             let m = SinkManifest::open(dir.path()).unwrap();
             m.commit(&SinkCommit {
+                journal: Vec::new(),
                 records: vec![
                     (a2.clone(), record("run1/a.xtc2", &[(0, 10)])),
                     (a1.clone(), sealed.clone()),
@@ -386,6 +432,7 @@ mod tests {
             let m = SinkManifest::open(dir.path()).unwrap();
             assert_eq!(m.counters().unwrap(), SinkCounters::default());
             m.commit(&SinkCommit {
+                journal: Vec::new(),
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
                 counters: SinkCounters {
@@ -401,6 +448,7 @@ mod tests {
         let clone = m.clone();
         clone
             .commit(&SinkCommit {
+                journal: Vec::new(),
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
                 counters: SinkCounters {
@@ -432,6 +480,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..10 {
                         m.commit(&SinkCommit {
+                            journal: Vec::new(),
                             records: vec![],
                             placements: vec![(id("s", "k", t), i, 1)],
                             counters: SinkCounters {
@@ -504,6 +553,36 @@ mod tests {
             })
             .unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn journal_entries_commit_with_records_and_are_forgotten() {
+        let dir = TempDir::new("sink-journal");
+        let m = SinkManifest::open(dir.path()).unwrap();
+        let a = id("s", "run/a", 1);
+        let b = id("s", "run/a", 2);
+        m.commit(&SinkCommit {
+            records: vec![(a.clone(), record("s/run/a", &[(0, 8)]))],
+            journal: vec![
+                (b.clone(), 0, b"second".to_vec()),
+                (a.clone(), 4, b"tail".to_vec()),
+                (a.clone(), 0, b"head".to_vec()),
+            ],
+            ..SinkCommit::default()
+        })
+        .unwrap();
+        drop(m);
+        let m = SinkManifest::open(dir.path()).unwrap();
+        assert_eq!(
+            m.journal().unwrap(),
+            vec![
+                (a.clone(), 0, b"head".to_vec()),
+                (a.clone(), 4, b"tail".to_vec()),
+                (b.clone(), 0, b"second".to_vec()),
+            ]
+        );
+        m.forget_journal(&[(a.clone(), 0), (b, 0)]).unwrap();
+        assert_eq!(m.journal().unwrap(), vec![(a, 4, b"tail".to_vec())]);
     }
 
     #[test]

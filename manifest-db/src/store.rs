@@ -14,6 +14,12 @@ use crate::{Error, Result};
 /// Small memtables: the manifests hold little data, and many may run on one host.
 const WRITE_BUFFER_SIZE: usize = 8 << 20;
 
+/// Column families whose entries are short-lived bulk data get room to be
+/// written and deleted again within one memtable, so they rarely reach disk
+/// beyond the write-ahead log.
+pub(crate) const BULK_CFS: &[&str] = &["journal"];
+const BULK_WRITE_BUFFER_SIZE: usize = 64 << 20;
+
 pub(crate) struct Store {
     db: DB,
     path: PathBuf,
@@ -38,9 +44,13 @@ impl Store {
         // Prefer refusing to start over silently serving a damaged manifest: placement
         // decisions made on bad state would break exactly-once.
         opts.set_paranoid_checks(true);
-        let descriptors = cfs
-            .iter()
-            .map(|name| ColumnFamilyDescriptor::new(*name, options()));
+        let descriptors = cfs.iter().map(|name| {
+            let mut cf_options = options();
+            if BULK_CFS.contains(name) {
+                cf_options.set_write_buffer_size(BULK_WRITE_BUFFER_SIZE);
+            }
+            ColumnFamilyDescriptor::new(*name, cf_options)
+        });
         let db =
             DB::open_cf_descriptors(&opts, dir, descriptors).map_err(|source| Error::Open {
                 path: dir.to_path_buf(),

@@ -51,7 +51,7 @@ MODES = {
         iperf_seconds=2, fio_mib=256,
         p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
-        p3_linger0=1,
+        p3_linger0=1, p3_watch="",
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536,
@@ -62,7 +62,7 @@ MODES = {
         iperf_seconds=5, fio_mib=2048,
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
-        p3_linger0=1,
+        p3_linger0=1, p3_watch="",
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536,
@@ -1090,7 +1090,8 @@ def scenario_p3(b: Bench):
     n, rate, secs = b.p["p3_streams"], b.p["p3_rate"], b.p["p3_seconds"]
     say(f"[P3] append→durable latency: {n} files × {rate:.0f} appends/s of 4 KiB for {secs}s; "
         f"tailflight {b.p['runs']} run(s), each peer {b.p['peer_runs']} run(s)")
-    tf_runs = [p3_tailflight(b, i + 1) for i in range(b.p["runs"])]
+    extra = tuple(str(b.p["p3_watch"]).split())  # e.g. --set "p3_watch=--linger 250us"
+    tf_runs = [p3_tailflight(b, i + 1, extra) for i in range(b.p["runs"])]
     # Diagnostic, not a target: how much of the latency is the watcher's 1 ms batching linger.
     linger0 = [p3_tailflight(b, i + 1, ("--linger", "0ms"), "tailflight --linger 0ms")
                for i in range(int(b.p["p3_linger0"]))]

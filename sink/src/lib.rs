@@ -65,6 +65,8 @@ pub struct SinkConfig {
     pub max_message_bytes: usize,
     pub window_bytes: u32,
     pub max_open_files: usize,
+    /// Ranges up to this many bytes go to the manifest's journal (0: none).
+    pub journal_max_range: u64,
     /// Append one line per recorded range with its commit time (benchmarks).
     pub commit_log: Option<PathBuf>,
 }
@@ -81,6 +83,7 @@ impl Default for SinkConfig {
             max_message_bytes: 64 << 20,
             window_bytes: 64 << 20,
             max_open_files: 1024,
+            journal_max_range: 64 << 10,
             commit_log: None,
         }
     }
@@ -94,6 +97,9 @@ pub struct SinkStatus {
     pub rewritten_bytes: u64,
     pub files: u64,
     pub sealed_files: u64,
+    /// Journaled bytes whose destination files are not flushed yet.
+    #[serde(default)]
+    pub journal_backlog_bytes: u64,
     pub poisoned: Option<String>,
 }
 
@@ -120,15 +126,27 @@ impl Sink {
             None => None,
         };
         let gate = commit::CommitGate::default();
-        let committer = Committer::start(manifest.clone(), commit_log, gate.clone());
+        let journal_backlog = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let placer = Placer::new(
             root,
-            manifest,
+            manifest.clone(),
             config.layout,
             config.superseded,
             config.max_open_files,
-            gate,
+            gate.clone(),
+            placement::Journal {
+                max_range: config.journal_max_range,
+                backlog: journal_backlog.clone(),
+            },
         );
+        let replayed = placer.replay_journal()?;
+        if replayed > 0 {
+            tracing::info!(
+                bytes = replayed,
+                "wrote journaled ranges back into their files"
+            );
+        }
+        let committer = Committer::start(manifest, commit_log, gate, journal_backlog);
         Ok(Self {
             placer: Arc::new(placer),
             committer,
@@ -149,6 +167,11 @@ impl Sink {
             rewritten_bytes: counters.rewritten_bytes,
             files: files.len() as u64,
             sealed_files: files.iter().filter(|(_, r)| r.sealed.is_some()).count() as u64,
+            journal_backlog_bytes: self
+                .placer
+                .journal
+                .backlog
+                .load(std::sync::atomic::Ordering::Relaxed),
             poisoned: self.committer.poisoned(),
         })
     }
