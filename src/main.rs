@@ -148,9 +148,11 @@ pub struct SinkArgs {
     #[arg(long, default_value_t = 1024)]
     max_open_files: usize,
     /// Ranges up to this size are made durable in the manifest's journal and
-    /// their files flushed in the background (lower latency for small appends);
-    /// 0 flushes every file in place before its ack.
-    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    /// their files flushed in the background: lower median latency for many
+    /// small appends, but under sustained load RocksDB's compactions of the
+    /// journal lengthen the tail (see ops/bench). 0 (default) flushes every
+    /// file in place before its ack.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
     journal_max_range: u64,
     /// Append "source key generation offset length unix_nanos" per recorded range (for latency benchmarks).
     #[arg(long)]

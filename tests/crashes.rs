@@ -1,7 +1,8 @@
 //! Crashes: while the simulator writes, the sink, then the watcher, then
 //! both are killed with SIGKILL at random moments and restarted, ten times
-//! each. At the end the files are identical, the manifest records no byte
-//! range twice, and the duplicate counter shows re-delivery happened.
+//! each (five with the sink's journal on, whose entries are written back at
+//! every restart). At the end the files are identical, the manifest records
+//! no byte range twice, and the duplicate counter shows re-delivery happened.
 
 mod common;
 
@@ -29,6 +30,19 @@ impl Rng {
 
 #[test]
 fn kill_nine_sink_watcher_and_both() {
+    crash_cycles("crashes", PipelineOptions::default(), 10);
+}
+
+#[test]
+fn kill_nine_with_the_sink_journal() {
+    let options = PipelineOptions {
+        extra_sink_args: common::strings(&["--journal-max-range", "64KiB"]),
+        ..PipelineOptions::default()
+    };
+    crash_cycles("crashes-journal", options, 5);
+}
+
+fn crash_cycles(name: &str, options: PipelineOptions, default_cycles: usize) {
     let seed = std::env::var("TAILFLIGHT_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -44,10 +58,10 @@ fn kill_nine_sink_watcher_and_both() {
     let cycles: usize = std::env::var("TAILFLIGHT_CRASH_CYCLES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+        .unwrap_or(default_cycles);
 
-    let dir = scratch("crashes");
-    let mut pipeline = Pipeline::start(&dir, PipelineOptions::default());
+    let dir = scratch(name);
+    let mut pipeline = Pipeline::start(&dir, options);
     // Long enough to outlast every kill cycle; stopped when the cycles end.
     let mut sim = simulate_in_background(
         &dir,

@@ -83,7 +83,7 @@ impl Default for SinkConfig {
             max_message_bytes: 64 << 20,
             window_bytes: 64 << 20,
             max_open_files: 1024,
-            journal_max_range: 64 << 10,
+            journal_max_range: 0,
             commit_log: None,
         }
     }

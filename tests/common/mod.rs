@@ -258,6 +258,7 @@ pub struct PipelineOptions {
     pub mtls: bool,
     pub poll: bool,
     pub extra_watch_args: Vec<String>,
+    pub extra_sink_args: Vec<String>,
 }
 
 impl Pipeline {
@@ -298,6 +299,7 @@ impl Pipeline {
             "http"
         };
         let endpoint = format!("{scheme}://127.0.0.1:{port}");
+        sink_args.extend(options.extra_sink_args.iter().cloned());
         let sink = Proc::spawn(dir, "sink", &sink_args);
         let mut watch_args = strings(&[
             "watch",
