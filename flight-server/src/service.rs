@@ -242,7 +242,12 @@ impl<I: Ingest> FlightService for Service<I> {
                 )))
             });
             if let Err(status) = outcome {
-                tracing::warn!(%peer, error = %status.message(), "DoPut stream refused");
+                if connection_lost(&status) {
+                    // A watcher stopping or crashing: nothing was refused.
+                    tracing::info!(%peer, error = %status.message(), "DoPut stream ended: the peer's connection closed");
+                } else {
+                    tracing::warn!(%peer, error = %status.message(), "DoPut stream refused");
+                }
                 let _ = tx.send(Err(status)).await;
             }
         });
@@ -291,6 +296,24 @@ impl<I: Ingest> FlightService for Service<I> {
 
 /// Reads one DoPut stream, places up to `depth` batches at once and sends each
 /// ack as soon as its batch is durable. Returns the error that ends the stream.
+/// Whether a stream failed because the peer's connection went away rather
+/// than because this side refused what it sent.
+fn connection_lost(status: &Status) -> bool {
+    if status.code() == tonic::Code::Cancelled {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            // The connection broke (an I/O error) or the peer reset or
+            // abandoned the stream: it is gone, it was not refused.
+            return h2.is_io() || h2.is_go_away() || (h2.is_reset() && h2.is_remote());
+        }
+        source = error.source();
+    }
+    false
+}
+
 async fn run_put<I: Ingest>(
     ingest: Arc<I>,
     peer: &str,
