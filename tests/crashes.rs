@@ -125,4 +125,11 @@ fn crash_cycles(name: &str, options: PipelineOptions, default_cycles: usize) {
         report["record_mismatches"], 0,
         "records disagree with the audit log: {report}"
     );
+    // The sink keeps its file counts in memory across restarts; the audit reads every record.
+    for count in ["files", "sealed_files"] {
+        assert_eq!(
+            status[count], report[count],
+            "status and audit disagree on {count}: {status} vs {report}"
+        );
+    }
 }

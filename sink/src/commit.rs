@@ -28,7 +28,7 @@ use manifest_db::{FileId, JournalEntry, SinkCommit, SinkCounters, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::confine::sync_dir;
-use crate::placement::{Slot, lock};
+use crate::placement::{FileCounts, Slot, lock};
 
 /// Ranges of a file another batch already placed or is placing.
 pub(crate) struct Dependency {
@@ -98,6 +98,7 @@ impl Committer {
         commit_log: Option<File>,
         gate: CommitGate,
         journal_backlog: Arc<AtomicU64>,
+        counts: Arc<FileCounts>,
     ) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
         let poisoned = Arc::new(Mutex::new(None));
@@ -113,6 +114,7 @@ impl Committer {
             commit_log,
             gate,
             backlog,
+            counts,
         ));
         Self { queue, poisoned }
     }
@@ -233,6 +235,7 @@ async fn run(
     mut commit_log: Option<std::io::BufWriter<File>>,
     gate: CommitGate,
     mut backlog: Backlog,
+    counts: Arc<FileCounts>,
 ) {
     let mut waiting: Vec<Queued> = Vec::new();
     loop {
@@ -266,9 +269,11 @@ async fn run(
         let synced_after = started.elapsed();
         let manifest_for_round = manifest.clone();
         let gate = gate.clone();
+        let counts = counts.clone();
         let outcome = tokio::task::spawn_blocking(move || {
             let mut round = round;
-            let result = synced.and_then(|()| record_round(&manifest_for_round, &mut round, &gate));
+            let result =
+                synced.and_then(|()| record_round(&manifest_for_round, &mut round, &gate, &counts));
             (round, result)
         })
         .await;
@@ -433,6 +438,7 @@ fn record_round(
     manifest: &SinkManifest,
     round: &mut [Queued],
     gate: &CommitGate,
+    counts: &FileCounts,
 ) -> Result<Recorded, String> {
     // Snapshots and their write happen under the gate, so a record written
     // out of band (a rename's intent) is never overwritten by an older one.
@@ -464,14 +470,18 @@ fn record_round(
         commit.counters.duplicate_bytes += request.counters.duplicate_bytes;
         commit.counters.rewritten_bytes += request.counters.rewritten_bytes;
     }
+    let mut written = Vec::with_capacity(touched.len());
     for slot in touched.values() {
-        commit
-            .records
-            .push((slot.id.clone(), lock(&slot.state).record.clone()));
+        let record = lock(&slot.state).record.clone();
+        written.push((*slot, record.sealed.is_some()));
+        commit.records.push((slot.id.clone(), record));
     }
     manifest
         .commit(&commit)
         .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))?;
+    for (slot, sealed) in written {
+        counts.committed(&mut lock(&slot.state), sealed);
+    }
     let journal_bytes = commit.journal.iter().map(|(_, _, b)| b.len() as u64).sum();
     let journaled = commit
         .journal

@@ -107,6 +107,7 @@ pub struct SinkStatus {
 pub struct Sink {
     placer: Arc<Placer>,
     committer: Committer,
+    counts: Arc<placement::FileCounts>,
 }
 
 impl Sink {
@@ -146,32 +147,33 @@ impl Sink {
                 "wrote journaled ranges back into their files"
             );
         }
-        let committer = Committer::start(manifest, commit_log, gate, journal_backlog);
+        let counts = Arc::new(
+            placement::FileCounts::from_manifest(&manifest)
+                .context("counting the manifest's file records")?,
+        );
+        let committer =
+            Committer::start(manifest, commit_log, gate, journal_backlog, counts.clone());
         Ok(Self {
             placer: Arc::new(placer),
             committer,
+            counts,
         })
     }
 
     fn status(&self) -> Result<SinkStatus, Status> {
-        let manifest = &self.placer.manifest;
-        let counters = manifest
+        let counters = self
+            .placer
+            .manifest
             .counters()
             .map_err(|e| Status::internal(e.to_string()))?;
-        let files = manifest
-            .all_files()
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let count = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
         Ok(SinkStatus {
             placed_bytes: counters.placed_bytes,
             duplicate_bytes: counters.duplicate_bytes,
             rewritten_bytes: counters.rewritten_bytes,
-            files: files.len() as u64,
-            sealed_files: files.iter().filter(|(_, r)| r.sealed.is_some()).count() as u64,
-            journal_backlog_bytes: self
-                .placer
-                .journal
-                .backlog
-                .load(std::sync::atomic::Ordering::Relaxed),
+            files: count(&self.counts.files),
+            sealed_files: count(&self.counts.sealed),
+            journal_backlog_bytes: count(&self.placer.journal.backlog),
             poisoned: self.committer.poisoned(),
         })
     }

@@ -62,6 +62,43 @@ pub(crate) struct SlotState {
     /// a rewrite.
     disk_len: Option<u64>,
     file: Option<Arc<File>>,
+    /// What the manifest holds of this record, for the file counts: whether
+    /// it is recorded at all, and recorded as sealed.
+    pub recorded: bool,
+    pub recorded_sealed: bool,
+}
+
+/// How many file records the manifest holds, and how many are sealed;
+/// counted once at startup and kept up by the committer, so `status` does
+/// not read every record.
+#[derive(Default)]
+pub(crate) struct FileCounts {
+    pub files: AtomicU64,
+    pub sealed: AtomicU64,
+}
+
+impl FileCounts {
+    pub fn from_manifest(manifest: &SinkManifest) -> Result<Self, manifest_db::Error> {
+        let records = manifest.all_files()?;
+        let sealed = records.iter().filter(|(_, r)| r.sealed.is_some()).count();
+        Ok(Self {
+            files: AtomicU64::new(records.len() as u64),
+            sealed: AtomicU64::new(sealed as u64),
+        })
+    }
+
+    /// Counts what a successful commit of this slot's record changed;
+    /// `sealed` says whether the record it wrote was sealed.
+    pub fn committed(&self, state: &mut SlotState, sealed: bool) {
+        if !state.recorded {
+            state.recorded = true;
+            self.files.fetch_add(1, Ordering::Relaxed);
+        }
+        if sealed && !state.recorded_sealed {
+            state.recorded_sealed = true;
+            self.sealed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Most bytes one batch puts in the journal.
@@ -334,6 +371,8 @@ impl Placer {
         let slot = Arc::new(Slot {
             id,
             state: Mutex::new(SlotState {
+                recorded: true,
+                recorded_sealed: record.sealed.is_some(),
                 record,
                 pending: IntervalSet::new(),
                 disk_len: None,
@@ -412,6 +451,8 @@ impl Placer {
                 pending: IntervalSet::new(),
                 disk_len,
                 file: Some(Arc::new(opened.file)),
+                recorded: false,
+                recorded_sealed: false,
             }),
         });
         files
