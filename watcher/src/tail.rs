@@ -53,7 +53,11 @@ struct Tracked {
     acked: IntervalSet,
     fingerprint: u32,
     fingerprint_len: u32,
-    hasher: Option<blake3::Hasher>,
+    /// The digest so far, from offset 0 to `hashed_to`. Started by the first
+    /// read at offset 0 (a file waiting to be read holds none: with many new
+    /// files queued that is ~2 KiB each); None past that point means the
+    /// seal hashes the file from disk.
+    hasher: Option<Box<blake3::Hasher>>,
     hashed_to: u64,
     sink: usize,
     last_change: Instant,
@@ -625,7 +629,7 @@ impl Tailer {
             acked: IntervalSet::new(),
             fingerprint: 0,
             fingerprint_len: 0,
-            hasher: Some(blake3::Hasher::new()),
+            hasher: None,
             hashed_to: 0,
             sink: rendezvous(key, self.config.sinks_names()),
             last_change: now,
@@ -874,6 +878,9 @@ impl Tailer {
             let got = data.len();
             if got == 0 {
                 return Ok(false);
+            }
+            if offset == 0 && t.hashed_to == 0 {
+                t.hasher.get_or_insert_with(Box::default);
             }
             if let Some(hasher) = &mut t.hasher
                 && t.hashed_to == offset
