@@ -158,6 +158,8 @@ struct Backlog {
     /// `bytes` of this backlog and of flushes under way, for placement to see.
     shared_bytes: Arc<AtomicU64>,
     flushing: Option<tokio::task::JoinHandle<()>>,
+    /// Signalled when a flush ends, so a due flush waits for it without polling.
+    flush_done: Arc<tokio::sync::Notify>,
 }
 
 impl Backlog {
@@ -202,6 +204,7 @@ impl Backlog {
         let shared_bytes = self.shared_bytes.clone();
         let manifest = manifest.clone();
         let poisoned = poisoned.clone();
+        let flush_done = self.flush_done.clone();
         self.flushing = Some(tokio::spawn(async move {
             // Few flushes at a time: this one is in no hurry, and the
             // commit rounds' manifest flushes must not queue behind it.
@@ -224,6 +227,7 @@ impl Backlog {
                     *lock(&poisoned) = Some(reason);
                 }
             }
+            flush_done.notify_one();
         }));
     }
 }
@@ -240,12 +244,22 @@ async fn run(
     let mut waiting: Vec<Queued> = Vec::new();
     loop {
         let deadline = backlog.deadline();
+        let flushing = backlog.flushing.is_some();
+        let flush_done = backlog.flush_done.clone();
         let first = tokio::select! {
             next = receiver.recv() => match next {
                 Some(first) => first,
                 None => break,
             },
-            () = sleep_until(deadline), if deadline.is_some() => {
+            // A flush is running: the next one waits for its end.
+            () = flush_done.notified(), if flushing => {
+                if backlog.flushing.as_ref().is_some_and(|task| task.is_finished()) {
+                    backlog.flushing = None;
+                }
+                backlog.flush_if_due(&manifest, &poisoned);
+                continue;
+            }
+            () = sleep_until(deadline), if deadline.is_some() && !flushing => {
                 backlog.flush_if_due(&manifest, &poisoned);
                 continue;
             }
