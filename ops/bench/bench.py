@@ -42,6 +42,7 @@ MiB = 1 << 20
 GB = 1e9
 INPROGRESS = ".inprogress"
 SOURCE = "bench"  # --source of every watcher: files land in <root>/bench/
+JOURNAL_LABEL = "tailflight, sink --journal-max-range 64KiB"
 
 # Sizes per mode. Full mode follows the issue; quick mode only keeps the
 # suite from rotting (< 5 minutes on 2 cores).
@@ -51,7 +52,7 @@ MODES = {
         iperf_seconds=2, fio_mib=256,
         p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
-        p3_linger0=1, p3_watch="",
+        p3_linger0=1, p3_journal=0, p3_watch="",
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536,
@@ -62,7 +63,7 @@ MODES = {
         iperf_seconds=5, fio_mib=2048,
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
-        p3_linger0=1, p3_watch="",
+        p3_linger0=1, p3_journal=1, p3_watch="",
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536,
@@ -480,7 +481,7 @@ class Bench:
 class Pipeline:
     """One sink and one watcher, each with its own state, for one run."""
 
-    def __init__(self, b: Bench, d: Path, src: Path, *, tls=False, watch_extra=(),
+    def __init__(self, b: Bench, d: Path, src: Path, *, tls=False, watch_extra=(), sink_extra=(),
                  sink_host="127.0.0.1", netns=None, sink_port=None, nofile=None, dest_root=None):
         self.b, self.d, self.src = b, d, src
         self.nofile = nofile
@@ -496,7 +497,7 @@ class Pipeline:
         scheme = "http"
         self.sink_args = [b.bin, "sink", "--listen", f"{sink_host}:{self.port}",
                           "--root", self.dest_root, "--state", self.sink_state,
-                          "--commit-log", self.commit_path]
+                          "--commit-log", self.commit_path, *sink_extra]
         if tls:
             c = b.certs()
             self.sink_args += ["--tls-cert", c / "server.pem", "--tls-key", c / "server.key",
@@ -865,11 +866,11 @@ def p3_sim_args(b: Bench):
             "--chunk", "1GiB", "--duration", f"{b.p['p3_seconds']}s"]
 
 
-def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight") -> dict:
+def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_extra=()) -> dict:
     d = b.fresh("p3", f"{label}-{i}".replace(" ", "_"))
     src = b.fresh_src("p3", f"{label}-{i}".replace(" ", "_"))
     os.sync()
-    pl = Pipeline(b, d, src, watch_extra=watch_extra)
+    pl = Pipeline(b, d, src, watch_extra=watch_extra, sink_extra=sink_extra)
     try:
         pl.start_watcher()
         time.sleep(1.0)
@@ -1107,6 +1108,9 @@ def scenario_p3(b: Bench):
     # Diagnostic, not a target: how much of the latency is the watcher's 1 ms batching linger.
     linger0 = [p3_tailflight(b, i + 1, ("--linger", "0ms"), "tailflight --linger 0ms")
                for i in range(int(b.p["p3_linger0"]))]
+    # Diagnostic: the sink's opt-in journal (one manifest flush per round instead of one per file).
+    journal = [p3_tailflight(b, i + 1, extra, JOURNAL_LABEL, ("--journal-max-range", "64KiB"))
+               for i in range(int(b.p["p3_journal"]))]
     peers: dict[str, list[dict]] = {}
     wanted = {p.strip() for p in str(b.p["p3_peers"]).split(",")}
     for key, label, kind, delay in (("rsync", "rsync loop", "rsync", None),
@@ -1123,12 +1127,12 @@ def scenario_p3(b: Bench):
                 b.results["errors"][f"P3 {label}"] = str(e)
     p50 = median([r["p50_ms"] for r in tf_runs])
     p99 = median([r["p99_ms"] for r in tf_runs])
-    res = {"tailflight": tf_runs, "linger0": linger0, "peers": peers, "p50_ms": p50, "p99_ms": p99,
+    res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "peers": peers, "p50_ms": p50, "p99_ms": p99,
            "p90_ms": median([r["p90_ms"] for r in tf_runs]),
            "p999_ms": median([r["p999_ms"] for r in tf_runs]),
            "max_ms": median([r["max_ms"] for r in tf_runs])}
     b.results["scenarios"]["P3"] = res
-    trouble_note(b, "P3", tf_runs + linger0)
+    trouble_note(b, "P3", tf_runs + linger0 + journal)
     say(f"[P3] tailflight p50 {fmt(p50, '.2f')} ms (target ≤{TARGETS['P3_p50_ms']}), "
         f"p99 {fmt(p99, '.2f')} ms (target ≤{TARGETS['P3_p99_ms']})")
     b.row(id="P3", scenario=f"append→durable latency p50, {n} files × {rate:.0f}/s × 4 KiB, {secs}s",
@@ -1141,6 +1145,11 @@ def scenario_p3(b: Bench):
         l99 = median([r["p99_ms"] for r in linger0])
         b.row(id="P3", scenario="… diagnostic: watcher `--linger 0ms`, p50 (p99)",
               figure=f"{fmt_ms(l50)} ({fmt_ms(l99)})", peer="—", ratio=None, target="(info)", met="—")
+    if journal:
+        j50 = median([r["p50_ms"] for r in journal])
+        j99 = median([r["p99_ms"] for r in journal])
+        b.row(id="P3", scenario="… diagnostic: sink `--journal-max-range 64KiB`, p50 (p99)",
+              figure=f"{fmt_ms(j50)} ({fmt_ms(j99)})", peer="—", ratio=None, target="(info)", met="—")
     for label, runs in peers.items():
         pp50 = median([r["p50_ms"] for r in runs])
         pp99 = median([r["p99_ms"] for r in runs])
@@ -2011,7 +2020,7 @@ def details(b: Bench) -> list[str]:
         p3 = sc["P3"]
         out += ["**P3** latency (ms):", "", "| who | run | writes | p50 | p90 | p99 | p99.9 | max | missing |",
                 "|---|---|---|---|---|---|---|---|---|"]
-        for i, r in enumerate(p3["tailflight"] + p3.get("linger0", [])):
+        for i, r in enumerate(p3["tailflight"] + p3.get("linger0", []) + p3.get("journal", [])):
             out.append(f"| {r.get('label', 'tailflight')} | {i + 1} | {r['n']} | {fmt(r['p50_ms'], '.2f')} | {fmt(r['p90_ms'], '.2f')} | "
                        f"{fmt(r['p99_ms'], '.2f')} | {fmt(r['p999_ms'], '.2f')} | {fmt(r['max_ms'], '.1f')} | {r['missing']} |")
         for label, runs in p3["peers"].items():
@@ -2092,6 +2101,9 @@ def make_plots(b: Bench, out: Path, stem: str) -> list[str]:
             for r in sc["P3"].get("linger0", []):
                 pts = r.get("cdf") or []
                 ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], ":", label="tailflight --linger 0ms")
+            for r in sc["P3"].get("journal", []):
+                pts = r.get("cdf") or []
+                ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "-.", label=JOURNAL_LABEL)
             for label, runs in sc["P3"]["peers"].items():
                 for r in runs:
                     pts = r.get("cdf") or []
