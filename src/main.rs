@@ -154,7 +154,14 @@ pub struct SinkArgs {
     /// file in place before its ack.
     #[arg(long, default_value = "0", value_parser = parse_size)]
     journal_max_range: u64,
-    /// Append "source key generation offset length unix_nanos" per recorded range (for latency benchmarks).
+    /// How commit rounds make files durable: auto (one syncfs for rounds
+    /// touching several files on a local filesystem, else per file), files
+    /// (fdatasync each file, fsync each changed directory), filesystem
+    /// (always syncfs; it also waits for other writers' dirty data there).
+    #[arg(long, value_enum, default_value = "auto")]
+    sync: sink::SyncStrategy,
+    /// Append "source key generation offset length durable_unix_nanos received_unix_nanos"
+    /// per recorded range (for latency benchmarks).
     #[arg(long)]
     commit_log: Option<PathBuf>,
 }
@@ -386,6 +393,7 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         window_bytes: args.window_bytes,
         max_open_files: args.max_open_files,
         journal_max_range: args.journal_max_range,
+        sync: args.sync,
         commit_log: args.commit_log.clone(),
     }
 }

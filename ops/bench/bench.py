@@ -23,6 +23,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import shutil
 import signal
 import socket
@@ -52,7 +53,7 @@ MODES = {
         iperf_seconds=2, fio_mib=256,
         p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
-        p3_linger0=1, p3_journal=0, p3_watch="",
+        p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="",
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536,
@@ -63,7 +64,7 @@ MODES = {
         iperf_seconds=5, fio_mib=2048,
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
-        p3_linger0=1, p3_journal=1, p3_watch="",
+        p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="",
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536,
@@ -310,7 +311,7 @@ def children_of(pid: int) -> list[int]:
 
 
 class CommitLog:
-    """Tails a sink's --commit-log: source, key, generation, offset, len, unix_nanos."""
+    """Tails a sink's --commit-log: source, key, generation, offset, len, unix_nanos[, received_nanos]."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -336,9 +337,9 @@ class CommitLog:
         self.rest = lines.pop()
         for line in lines:
             parts = line.decode(errors="replace").split("\t")
-            if len(parts) != 6:
+            if len(parts) not in (6, 7):  # 7th: when the batch reached the sink
                 continue
-            _, key, _, offset, length, nanos = parts
+            _, key, _, offset, length, nanos = parts[:6]
             offset, length, nanos = int(offset), int(length), int(nanos)
             self.records.append((key, offset, length, nanos))
             self.bytes += length
@@ -379,6 +380,9 @@ class Bench:
     def __init__(self, args):
         self.args = args
         self.quick = args.quick
+        # Extra flags for every sink and watcher of the run (A/B of an option).
+        self.sink_args = shlex.split(getattr(args, "sink_args", "") or "")
+        self.watch_args = shlex.split(getattr(args, "watch_args", "") or "")
         self.mode = "quick" if args.quick else "full"
         self.p = dict(MODES[self.mode])
         if args.runs:
@@ -497,7 +501,7 @@ class Pipeline:
         scheme = "http"
         self.sink_args = [b.bin, "sink", "--listen", f"{sink_host}:{self.port}",
                           "--root", self.dest_root, "--state", self.sink_state,
-                          "--commit-log", self.commit_path, *sink_extra]
+                          "--commit-log", self.commit_path, *sink_extra, *b.sink_args]
         if tls:
             c = b.certs()
             self.sink_args += ["--tls-cert", c / "server.pem", "--tls-key", c / "server.key",
@@ -523,7 +527,7 @@ class Pipeline:
         self.watcher = Proc("watcher", nofile=self.nofile, argv=[
             self.b.bin, "watch", "--dir", self.src, "--source", SOURCE,
             "--to", to or self.endpoint, "--state", self.d / "watch-state",
-            *self.tls_client, *self.watch_extra], logdir=self.d, env=self.b.env)
+            *self.tls_client, *self.watch_extra, *self.b.watch_args], logdir=self.d, env=self.b.env)
         return self.watcher
 
     def status(self):
@@ -1104,7 +1108,8 @@ def scenario_p3(b: Bench):
     say(f"[P3] append→durable latency: {n} files × {rate:.0f} appends/s of 4 KiB for {secs}s; "
         f"tailflight {b.p['runs']} run(s), each peer {b.p['peer_runs']} run(s)")
     extra = tuple(str(b.p["p3_watch"]).split())  # e.g. --set "p3_watch=--linger 250us"
-    tf_runs = [p3_tailflight(b, i + 1, extra) for i in range(b.p["runs"])]
+    sink_extra = tuple(str(b.p["p3_sink"]).split())  # e.g. --set "p3_sink=--sync files"
+    tf_runs = [p3_tailflight(b, i + 1, extra, sink_extra=sink_extra) for i in range(b.p["runs"])]
     # Diagnostic, not a target: how much of the latency is the watcher's 1 ms batching linger.
     linger0 = [p3_tailflight(b, i + 1, ("--linger", "0ms"), "tailflight --linger 0ms")
                for i in range(int(b.p["p3_linger0"]))]
@@ -2163,7 +2168,7 @@ def meta(b: Bench) -> dict:
     return {"mode": b.mode, "commit": commit + ("+dirty" if dirty else ""), "nproc": os.cpu_count(),
             "mem_gib": mem_kib / 2**20, "kernel": platform.release(), "loadavg": load,
             "binary": b.bin, "binary_mtime": datetime.datetime.fromtimestamp(os.stat(b.bin).st_mtime).isoformat(
-                timespec="seconds"), "params": b.p, "targets": TARGETS,
+                timespec="seconds"), "params": b.p, "targets": TARGETS, "sink_args": b.sink_args, "watch_args": b.watch_args,
             "started": datetime.datetime.now().isoformat(timespec="seconds"), "log": b.args.log,
             "work": str(b.work), "shm": str(b.shm),
             "tools": {t: tool_version(t) for t in ("iperf3", "fio", "rsync", "lsyncd")}}
@@ -2208,6 +2213,8 @@ def main():
     ap.add_argument("--runs", type=int, default=0, help="override the number of runs per comparison")
     ap.add_argument("--peer-runs", type=int, default=0, help="override the runs per P3 peer")
     ap.add_argument("--log", default="warn", help="TAILFLIGHT_LOG of sink, watcher, simulator")
+    ap.add_argument("--sink-args", default="", help="extra flags for every sink, e.g. \"--sync files\"")
+    ap.add_argument("--watch-args", default="", help="extra flags for every watcher")
     ap.add_argument("--rerender", metavar="JSON", help="only rewrite the report and plots of a saved run")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a size parameter of the mode, e.g. --set p3_seconds=20 (see MODES)")

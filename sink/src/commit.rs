@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use manifest_db::{FileId, JournalEntry, SinkCommit, SinkCounters, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::confine::sync_dir;
+use crate::flush::{Flusher, SyncTarget, flush_now};
 use crate::placement::{FileCounts, Slot, lock};
 
 /// Ranges of a file another batch already placed or is placing.
@@ -59,6 +59,8 @@ pub(crate) struct CommitRequest {
     pub journal_bytes: u64,
     /// ...so their files are flushed later, in the background.
     pub journaled_files: Vec<Arc<File>>,
+    /// When the batch reached the sink (for the commit log).
+    pub received: Option<std::time::SystemTime>,
     /// (device, inode) of the directories already in `dirs_to_sync`.
     dirs_seen: std::collections::HashSet<(u64, u64)>,
 }
@@ -99,14 +101,12 @@ impl Committer {
         gate: CommitGate,
         journal_backlog: Arc<AtomicU64>,
         counts: Arc<FileCounts>,
+        flusher: Flusher,
     ) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
         let poisoned = Arc::new(Mutex::new(None));
         let commit_log = commit_log.map(std::io::BufWriter::new);
-        let backlog = Backlog {
-            shared_bytes: journal_backlog,
-            ..Backlog::default()
-        };
+        let backlog = Backlog::new(journal_backlog, flusher);
         tokio::spawn(run(
             manifest,
             receiver,
@@ -148,7 +148,6 @@ const FLUSH_AFTER: Duration = Duration::from_millis(100);
 const FLUSH_AT_BYTES: u64 = 16 << 20;
 
 /// Journal entries whose files still need a flush.
-#[derive(Default)]
 struct Backlog {
     entries: Vec<(FileId, u64)>,
     /// Keyed by address: each file once, however many ranges it got.
@@ -160,9 +159,23 @@ struct Backlog {
     flushing: Option<tokio::task::JoinHandle<()>>,
     /// Signalled when a flush ends, so a due flush waits for it without polling.
     flush_done: Arc<tokio::sync::Notify>,
+    flusher: Flusher,
 }
 
 impl Backlog {
+    fn new(shared_bytes: Arc<AtomicU64>, flusher: Flusher) -> Self {
+        Self {
+            entries: Vec::new(),
+            files: HashMap::new(),
+            bytes: 0,
+            since: None,
+            shared_bytes,
+            flushing: None,
+            flush_done: Arc::default(),
+            flusher,
+        }
+    }
+
     fn add(&mut self, entries: Vec<(FileId, u64)>, bytes: u64, files: Vec<Arc<File>>) {
         if entries.is_empty() {
             return;
@@ -205,10 +218,11 @@ impl Backlog {
         let manifest = manifest.clone();
         let poisoned = poisoned.clone();
         let flush_done = self.flush_done.clone();
+        let flusher = self.flusher.clone();
         self.flushing = Some(tokio::spawn(async move {
             // Few flushes at a time: this one is in no hurry, and the
             // commit rounds' manifest flushes must not queue behind it.
-            let result = match sync_all_with(targets, BACKGROUND_SYNC_PARALLELISM).await {
+            let result = match flusher.flush(targets, BACKGROUND_SYNC_PARALLELISM).await {
                 Ok(()) => tokio::task::spawn_blocking(move || {
                     manifest
                         .forget_journal(&entries)
@@ -241,6 +255,7 @@ async fn run(
     mut backlog: Backlog,
     counts: Arc<FileCounts>,
 ) {
+    let flusher = backlog.flusher.clone();
     let mut waiting: Vec<Queued> = Vec::new();
     loop {
         let deadline = backlog.deadline();
@@ -279,7 +294,7 @@ async fn run(
         let started = Instant::now();
         let targets = sync_targets(&round);
         let flushed = targets.len();
-        let synced = sync_all(targets).await;
+        let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
         let synced_after = started.elapsed();
         let manifest_for_round = manifest.clone();
         let gate = gate.clone();
@@ -323,7 +338,7 @@ async fn run(
         backlog.add(recorded.journaled, recorded.journal_bytes, files);
         backlog.flush_if_due(&manifest, &poisoned);
         if let Some(log) = &mut commit_log
-            && let Err(error) = write_commit_log(log, &recorded.placements)
+            && let Err(error) = write_commit_log(log, &recorded.placements, &recorded.received_at)
         {
             tracing::warn!(%error, "cannot write the commit log; it stops here");
             commit_log = None;
@@ -400,24 +415,30 @@ fn verdict(request: &CommitRequest) -> Verdict {
 
 type Placement = (manifest_db::FileId, u64, u64);
 
-/// One line per range: source, key, generation, offset, length, and the
-/// wall-clock nanoseconds at which it was durable and recorded.
+/// One line per range: source, key, generation, offset, length, the
+/// wall-clock nanoseconds at which it was durable and recorded, and those at
+/// which its batch reached the sink (so a latency splits into the way there
+/// and the commit).
 fn write_commit_log(
     log: &mut std::io::BufWriter<File>,
     placements: &[Placement],
+    received_at: &[u128],
 ) -> std::io::Result<()> {
     use std::io::Write;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    for (id, offset, len) in placements {
+    let nanos = unix_nanos(std::time::SystemTime::now());
+    for ((id, offset, len), received) in placements.iter().zip(received_at) {
         writeln!(
             log,
-            "{}\t{}\t{}\t{offset}\t{len}\t{nanos}",
+            "{}\t{}\t{}\t{offset}\t{len}\t{nanos}\t{received}",
             id.source, id.key, id.generation
         )?;
     }
     log.flush()
+}
+
+fn unix_nanos(time: std::time::SystemTime) -> u128 {
+    time.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// Every distinct file and directory the round touched.
@@ -442,6 +463,8 @@ fn sync_targets(round: &[Queued]) -> Vec<SyncTarget> {
 /// What a round recorded.
 struct Recorded {
     placements: Vec<Placement>,
+    /// Per placement, when its batch reached the sink (unix nanos).
+    received_at: Vec<u128>,
     /// Journal entries written, and their bytes.
     journaled: Vec<(FileId, u64)>,
     journal_bytes: u64,
@@ -460,10 +483,12 @@ fn record_round(
     // The bytes are durable: fold the round's ranges into the records and
     // write them all at once.
     let mut commit = SinkCommit::default();
+    let mut received_at = Vec::new();
     let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
     for queued in round.iter_mut() {
         commit.journal.append(&mut queued.request.journal);
         let request = &queued.request;
+        let received = request.received.map_or(0, unix_nanos);
         for (slot, ranges) in &request.placed {
             let mut state = lock(&slot.state);
             for &(start, end) in ranges {
@@ -471,6 +496,7 @@ fn record_round(
                 commit
                     .placements
                     .push((slot.id.clone(), start, end - start));
+                received_at.push(received);
             }
             let pending: Vec<(u64, u64)> = ranges.clone();
             for (start, end) in pending {
@@ -504,6 +530,7 @@ fn record_round(
         .collect();
     Ok(Recorded {
         placements: commit.placements,
+        received_at,
         journaled,
         journal_bytes,
     })
@@ -522,68 +549,28 @@ pub(crate) fn remove_range(set: &mut manifest_db::IntervalSet, start: u64, end: 
     *set = manifest_db::IntervalSet::from_ranges(kept);
 }
 
-enum SyncTarget {
-    File(Arc<File>),
-    Dir(Arc<OwnedFd>),
-}
-
-impl SyncTarget {
-    fn sync(&self) -> Result<(), String> {
-        match self {
-            SyncTarget::File(file) => file.sync_data().map_err(|e| format!("fdatasync: {e}")),
-            SyncTarget::Dir(dir) => {
-                sync_dir(dir.as_ref()).map_err(|e| format!("fsync of a directory: {e}"))
-            }
-        }
-    }
-}
-
-/// Flushes a request's files and directories right away, one after another
-/// (for the journal replay at startup).
+/// The files and directories a request touched, for a flush at startup
+/// (the journal replay), before any round runs.
 pub(crate) fn sync_now(request: &CommitRequest) -> Result<(), String> {
     let mut files: HashMap<*const File, &Arc<File>> = HashMap::new();
     for file in &request.files_to_sync {
         files.insert(Arc::as_ptr(file), file);
     }
-    for file in files.values() {
-        SyncTarget::File(Arc::clone(file)).sync()?;
-    }
-    for dir in &request.dirs_to_sync {
-        SyncTarget::Dir(dir.clone()).sync()?;
-    }
-    Ok(())
+    let targets: Vec<SyncTarget> = files
+        .into_values()
+        .map(|f| SyncTarget::File(f.clone()))
+        .chain(
+            request
+                .dirs_to_sync
+                .iter()
+                .map(|d| SyncTarget::Dir(d.clone())),
+        )
+        .collect();
+    flush_now(&targets)
 }
 
 /// Most flushes the background journal flush issues at once.
 const BACKGROUND_SYNC_PARALLELISM: usize = 2;
 
-/// Most flushes issued at once.
+/// Most flushes a round issues at once.
 const SYNC_PARALLELISM: usize = 64;
-
-/// fdatasyncs files (and fsyncs directories) all at once, on tokio's
-/// blocking threads: concurrent flushes share the filesystem's journal
-/// commits (ext4 and XFS batch them), so a round touching a hundred files
-/// costs about one commit instead of a hundred in a row.
-async fn sync_all(targets: Vec<SyncTarget>) -> Result<(), String> {
-    sync_all_with(targets, SYNC_PARALLELISM).await
-}
-
-async fn sync_all_with(targets: Vec<SyncTarget>, parallelism: usize) -> Result<(), String> {
-    if targets.is_empty() {
-        return Ok(());
-    }
-    let per_task = targets.len().div_ceil(parallelism);
-    let mut tasks = Vec::new();
-    let mut targets = targets.into_iter().peekable();
-    while targets.peek().is_some() {
-        let part: Vec<SyncTarget> = targets.by_ref().take(per_task).collect();
-        tasks.push(tokio::task::spawn_blocking(move || {
-            part.iter().try_for_each(SyncTarget::sync)
-        }));
-    }
-    for task in tasks {
-        task.await
-            .map_err(|e| format!("a sync task failed: {e}"))??;
-    }
-    Ok(())
-}

@@ -100,6 +100,11 @@ impl Root {
         &self.path
     }
 
+    /// The root directory itself.
+    pub fn dir(&self) -> &OwnedFd {
+        &self.dir
+    }
+
     fn io_error(&self, path: &str, op: &'static str, errno: Errno) -> ConfineError {
         ConfineError::Io {
             path: path.to_owned(),

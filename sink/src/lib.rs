@@ -9,6 +9,7 @@
 
 mod commit;
 pub mod confine;
+mod flush;
 mod placement;
 pub mod verify;
 
@@ -28,6 +29,8 @@ use tonic::Status;
 use crate::commit::Committer;
 use crate::confine::Root;
 use crate::placement::{PlaceError, Placer};
+
+pub use crate::flush::SyncStrategy;
 
 /// Where files of a source land under the root.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -67,6 +70,8 @@ pub struct SinkConfig {
     pub max_open_files: usize,
     /// Ranges up to this many bytes go to the manifest's journal (0: none).
     pub journal_max_range: u64,
+    /// How commit rounds make their files durable.
+    pub sync: SyncStrategy,
     /// Append one line per recorded range with its commit time (benchmarks).
     pub commit_log: Option<PathBuf>,
 }
@@ -84,6 +89,7 @@ impl Default for SinkConfig {
             window_bytes: 64 << 20,
             max_open_files: 1024,
             journal_max_range: 0,
+            sync: SyncStrategy::Auto,
             commit_log: None,
         }
     }
@@ -115,6 +121,8 @@ impl Sink {
     pub fn open(config: &SinkConfig) -> anyhow::Result<Self> {
         let root = Root::open(&config.root)
             .with_context(|| format!("cannot open the sink root {}", config.root.display()))?;
+        let flusher = flush::Flusher::new(&root, config.sync)
+            .with_context(|| format!("cannot inspect the sink root {}", config.root.display()))?;
         let manifest = SinkManifest::open(&config.state_dir)?;
         let commit_log = match &config.commit_log {
             Some(path) => Some(
@@ -151,8 +159,14 @@ impl Sink {
             placement::FileCounts::from_manifest(&manifest)
                 .context("counting the manifest's file records")?,
         );
-        let committer =
-            Committer::start(manifest, commit_log, gate, journal_backlog, counts.clone());
+        let committer = Committer::start(
+            manifest,
+            commit_log,
+            gate,
+            journal_backlog,
+            counts.clone(),
+            flusher,
+        );
         Ok(Self {
             placer: Arc::new(placer),
             committer,
@@ -241,10 +255,15 @@ impl Ingest for Sink {
         // Placing and committing run as a task of their own: if the stream
         // goes away mid-batch, the batch still reaches its commit instead of
         // leaving written-but-unrecorded ranges that others would wait on.
+        let received = std::time::SystemTime::now();
         let task = tokio::spawn(async move {
             let placed = tokio::task::spawn_blocking(move || {
                 let source_state = placer.source(&source)?;
-                placer.place(&source_state, seq, &batch)
+                let mut placed = placer.place(&source_state, seq, &batch);
+                if let Ok((request, _)) = &mut placed {
+                    request.received = Some(received);
+                }
+                placed
             })
             .await
             .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;

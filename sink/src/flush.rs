@@ -1,0 +1,208 @@
+//! Making placed bytes durable: fdatasync each file (and fsync each changed
+//! directory), or, for rounds that touch many files, one `syncfs(2)` of the
+//! filesystem under the root.
+//!
+//! Every fdatasync of a file that grew ends in its own device flush, and a
+//! virtual or parallel disk serialises those: a round of a hundred small
+//! appends costs about a hundred flushes in a row. `syncfs` writes back every
+//! dirty page of the filesystem and commits its journal once, so the same
+//! round costs one. The price is that it also waits for dirty data other
+//! writers left on that filesystem, which is why [`SyncStrategy::Auto`] only
+//! uses it on local filesystems and for rounds with several files.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::confine::{Root, sync_dir};
+
+/// How a commit round makes its files durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncStrategy {
+    /// `syncfs` for rounds touching several files when the root is on a
+    /// local filesystem (ext4, XFS, btrfs, tmpfs); per file otherwise.
+    #[default]
+    Auto,
+    /// fdatasync every file and fsync every changed directory, in parallel.
+    Files,
+    /// One `syncfs` of the root's filesystem per round (files on other
+    /// filesystems under the root are still flushed one by one).
+    Filesystem,
+}
+
+/// Rounds with at least this many files and directories use `syncfs` under
+/// [`SyncStrategy::Auto`]: below it, a few parallel fdatasyncs cost about the
+/// same and never wait for other writers' data.
+const AUTO_SYNCFS_FROM: usize = 4;
+
+/// Filesystems whose `syncfs` is a local journal commit. Network and
+/// parallel filesystems (NFS, Lustre, GPFS, ...) may implement it as a
+/// client-wide flush or not at all, so `Auto` stays with per-file flushes there.
+const LOCAL_FILESYSTEMS: [(i64, &str); 4] = [
+    (0xEF53, "ext2/3/4"),
+    (0x5846_5342, "xfs"),
+    (0x9123_683E, "btrfs"),
+    (0x0102_1994, "tmpfs"),
+];
+
+/// A file or directory a round must make durable.
+pub(crate) enum SyncTarget {
+    File(Arc<File>),
+    Dir(Arc<OwnedFd>),
+}
+
+impl SyncTarget {
+    fn sync(&self) -> Result<(), String> {
+        match self {
+            SyncTarget::File(file) => file.sync_data().map_err(|e| format!("fdatasync: {e}")),
+            SyncTarget::Dir(dir) => {
+                sync_dir(dir.as_ref()).map_err(|e| format!("fsync of a directory: {e}"))
+            }
+        }
+    }
+
+    fn device(&self) -> Option<u64> {
+        let stat = match self {
+            SyncTarget::File(file) => rustix::fs::fstat(file.as_fd()),
+            SyncTarget::Dir(dir) => rustix::fs::fstat(dir.as_fd()),
+        };
+        stat.ok().map(|st| st.st_dev)
+    }
+}
+
+/// Flushes rounds' targets the way the sink's [`SyncStrategy`] says.
+#[derive(Clone)]
+pub(crate) struct Flusher {
+    /// Held open from the start so `syncfs` reports every writeback error
+    /// on the filesystem since then.
+    root: Arc<OwnedFd>,
+    root_device: u64,
+    /// Rounds with at least this many targets use `syncfs`; `None`: never.
+    syncfs_from: Option<usize>,
+}
+
+impl Flusher {
+    pub fn new(root: &Root, strategy: SyncStrategy) -> std::io::Result<Self> {
+        let fd = root.dir().try_clone()?;
+        let root_device = rustix::fs::fstat(&fd)?.st_dev;
+        let filesystem = rustix::fs::fstatfs(&fd)?.f_type as i64;
+        let local = LOCAL_FILESYSTEMS
+            .iter()
+            .find(|(magic, _)| *magic == filesystem);
+        let syncfs_from = match strategy {
+            SyncStrategy::Files => None,
+            SyncStrategy::Filesystem => Some(1),
+            SyncStrategy::Auto => local.map(|_| AUTO_SYNCFS_FROM),
+        };
+        tracing::info!(
+            ?strategy,
+            filesystem = local.map_or_else(|| format!("{filesystem:#x}"), |(_, n)| n.to_string()),
+            syncfs = syncfs_from.is_some(),
+            "durability of placed files"
+        );
+        Ok(Self {
+            root: Arc::new(fd),
+            root_device,
+            syncfs_from,
+        })
+    }
+
+    /// Makes every target durable, with at most `parallelism` per-file
+    /// flushes at once.
+    pub async fn flush(&self, targets: Vec<SyncTarget>, parallelism: usize) -> Result<(), String> {
+        if targets.is_empty() {
+            return Ok(());
+        }
+        if self.syncfs_from.is_some_and(|from| targets.len() >= from) {
+            let root_device = self.root_device;
+            // A mount point inside the root is another filesystem: its
+            // files need their own flush.
+            let elsewhere: Vec<SyncTarget> = targets
+                .into_iter()
+                .filter(|target| target.device() != Some(root_device))
+                .collect();
+            let root = self.root.clone();
+            let whole = tokio::task::spawn_blocking(move || {
+                rustix::fs::syncfs(&root).map_err(|e| format!("syncfs of the sink root: {e}"))
+            });
+            let rest = flush_each(elsewhere, parallelism).await;
+            whole
+                .await
+                .map_err(|e| format!("the syncfs task failed: {e}"))??;
+            return rest;
+        }
+        flush_each(targets, parallelism).await
+    }
+}
+
+/// fdatasyncs files (and fsyncs directories) all at once, on tokio's
+/// blocking threads: concurrent flushes share the filesystem's journal
+/// commits (ext4 and XFS batch them).
+async fn flush_each(targets: Vec<SyncTarget>, parallelism: usize) -> Result<(), String> {
+    if targets.is_empty() {
+        return Ok(());
+    }
+    let per_task = targets.len().div_ceil(parallelism.max(1));
+    let mut tasks = Vec::new();
+    let mut targets = targets.into_iter().peekable();
+    while targets.peek().is_some() {
+        let part: Vec<SyncTarget> = targets.by_ref().take(per_task).collect();
+        tasks.push(tokio::task::spawn_blocking(move || {
+            part.iter().try_for_each(SyncTarget::sync)
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| format!("a sync task failed: {e}"))??;
+    }
+    Ok(())
+}
+
+/// Flushes targets one after another on the calling thread (for the
+/// journal replay at startup, before any round runs).
+pub(crate) fn flush_now(targets: &[SyncTarget]) -> Result<(), String> {
+    targets.iter().try_for_each(SyncTarget::sync)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("tailflight-flush-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn every_strategy_flushes_files_and_directories() {
+        let dir = scratch("strategies");
+        let root = Root::open(&dir).unwrap();
+        for strategy in [
+            SyncStrategy::Auto,
+            SyncStrategy::Files,
+            SyncStrategy::Filesystem,
+        ] {
+            let flusher = Flusher::new(&root, strategy).unwrap();
+            if strategy == SyncStrategy::Files {
+                assert_eq!(flusher.syncfs_from, None);
+            }
+            if strategy == SyncStrategy::Filesystem {
+                assert_eq!(flusher.syncfs_from, Some(1));
+            }
+            let mut targets = Vec::new();
+            for i in 0..8 {
+                let file = File::create(dir.join(format!("{strategy:?}-{i}"))).unwrap();
+                targets.push(SyncTarget::File(Arc::new(file)));
+            }
+            targets.push(SyncTarget::Dir(Arc::new(root.dir().try_clone().unwrap())));
+            flusher.flush(targets, 4).await.unwrap();
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
