@@ -318,6 +318,7 @@ async fn run(
             flushed,
             journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
             sync_us = synced_after.as_micros() as u64,
+            manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
             total_us = started.elapsed().as_micros() as u64,
             "commit round"
         );
@@ -465,6 +466,8 @@ struct Recorded {
     placements: Vec<Placement>,
     /// Per placement, when its batch reached the sink (unix nanos).
     received_at: Vec<u128>,
+    /// How long the synced manifest write took.
+    manifest_us: u64,
     /// Journal entries written, and their bytes.
     journaled: Vec<(FileId, u64)>,
     journal_bytes: u64,
@@ -516,9 +519,11 @@ fn record_round(
         written.push((*slot, record.sealed.is_some()));
         commit.records.push((slot.id.clone(), record));
     }
+    let writing = Instant::now();
     manifest
         .commit(&commit)
         .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))?;
+    let manifest_us = writing.elapsed().as_micros() as u64;
     for (slot, sealed) in written {
         counts.committed(&mut lock(&slot.state), sealed);
     }
@@ -531,6 +536,7 @@ fn record_round(
     Ok(Recorded {
         placements: commit.placements,
         received_at,
+        manifest_us,
         journaled,
         journal_bytes,
     })
