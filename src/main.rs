@@ -155,7 +155,7 @@ pub struct SinkArgs {
     #[arg(long, default_value = "0", value_parser = parse_size)]
     journal_max_range: u64,
     /// How commit rounds make files durable: auto (one syncfs for rounds
-    /// touching several files on a local filesystem, else per file), files
+    /// touching several files on a local filesystem, Linux 5.8+, else per file), files
     /// (fdatasync each file, fsync each changed directory), filesystem
     /// (always syncfs; it also waits for other writers' dirty data there).
     #[arg(long, value_enum, default_value = "auto")]

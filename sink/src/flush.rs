@@ -23,7 +23,8 @@ use crate::confine::{Root, sync_dir};
 #[serde(rename_all = "kebab-case")]
 pub enum SyncStrategy {
     /// `syncfs` for rounds touching several files when the root is on a
-    /// local filesystem (ext4, XFS, btrfs, tmpfs); per file otherwise.
+    /// local filesystem (ext4, XFS, btrfs, tmpfs) and the kernel reports
+    /// writeback errors through it (5.8+); per file otherwise.
     #[default]
     Auto,
     /// fdatasync every file and fsync every changed directory, in parallel.
@@ -73,6 +74,24 @@ impl SyncTarget {
     }
 }
 
+/// `syncfs` reports writeback errors (an I/O error while the kernel wrote a
+/// page out) only since Linux 5.8; before, it returned success regardless,
+/// and a lost page would be acknowledged as durable.
+const SYNCFS_REPORTS_ERRORS_SINCE: (u32, u32) = (5, 8);
+
+/// The running kernel's (major, minor), if it can be read.
+fn kernel_version() -> Option<(u32, u32)> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    parse_kernel_release(&release)
+}
+
+fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 /// Flushes rounds' targets the way the sink's [`SyncStrategy`] says.
 #[derive(Clone)]
 pub(crate) struct Flusher {
@@ -92,13 +111,25 @@ impl Flusher {
         let local = LOCAL_FILESYSTEMS
             .iter()
             .find(|(magic, _)| *magic == filesystem);
+        let kernel = kernel_version();
+        let reports_errors = kernel.is_some_and(|k| k >= SYNCFS_REPORTS_ERRORS_SINCE);
         let syncfs_from = match strategy {
             SyncStrategy::Files => None,
-            SyncStrategy::Filesystem => Some(1),
-            SyncStrategy::Auto => local.map(|_| AUTO_SYNCFS_FROM),
+            SyncStrategy::Filesystem => {
+                if !reports_errors {
+                    tracing::warn!(
+                        ?kernel,
+                        "--sync filesystem on a kernel older than 5.8: syncfs does not report \
+                         writeback errors there, so a failed write-out could go unnoticed"
+                    );
+                }
+                Some(1)
+            }
+            SyncStrategy::Auto => local.filter(|_| reports_errors).map(|_| AUTO_SYNCFS_FROM),
         };
         tracing::info!(
             ?strategy,
+            ?kernel,
             filesystem = local.map_or_else(|| format!("{filesystem:#x}"), |(_, n)| n.to_string()),
             syncfs = syncfs_from.is_some(),
             "durability of placed files"
@@ -177,6 +208,18 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn kernel_releases_parse() {
+        assert_eq!(parse_kernel_release("6.18.44-fc-v595\n"), Some((6, 18)));
+        assert_eq!(
+            parse_kernel_release("4.18.0-553.el8_10.x86_64"),
+            Some((4, 18))
+        );
+        assert_eq!(parse_kernel_release("5.8-rc1"), Some((5, 8)));
+        assert_eq!(parse_kernel_release("garbage"), None);
+        assert!(parse_kernel_release("5.7.19").unwrap() < SYNCFS_REPORTS_ERRORS_SINCE);
     }
 
     #[tokio::test]
