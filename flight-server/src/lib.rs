@@ -7,6 +7,7 @@
 //! - [`tls`]: rustls configuration from PEM files.
 
 pub mod client;
+mod connection;
 mod decode;
 pub mod protocol;
 pub mod service;

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::connection::ServerConnection;
 use crate::decode;
 use crate::protocol::{self, Hello};
 use crate::tls::ServerTls;
@@ -112,7 +113,9 @@ pub async fn serve<I: Ingest>(
     if let Some(tls) = &config.tls {
         builder = builder.tls_config(tls.load()?)?;
     }
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let tls = config.tls.is_some();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
+        .map(move |accepted| accepted.map(|stream| ServerConnection::new(stream, tls)));
     // DoPut streams live as long as their watchers, so a graceful shutdown
     // would wait forever: stop accepting, give streams a moment to finish
     // what is in flight, then drop them. Nothing acknowledged is lost, and
