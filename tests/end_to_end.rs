@@ -1,8 +1,8 @@
 //! End to end, as separate processes: the simulator writes growing files in
 //! four streams with chunk rotation while a watcher streams them to a sink.
 //! The destination must end byte-identical, with every `.inprogress` chunk
-//! renamed to its final name, over plaintext, over mutual TLS and in polling
-//! mode.
+//! renamed to its final name, over plaintext, over mutual TLS, in polling
+//! mode and with each way the sink has of flushing its files.
 
 mod common;
 
@@ -71,6 +71,21 @@ fn polling() {
             ..Default::default()
         },
     );
+}
+
+/// The default (`--sync auto`) mixes syncfs rounds and per-file rounds;
+/// each strategy must also work on its own.
+#[test]
+fn every_sync_strategy() {
+    for strategy in ["files", "filesystem"] {
+        stream_and_check(
+            &format!("e2e-sync-{strategy}"),
+            PipelineOptions {
+                extra_sink_args: vec!["--sync".into(), strategy.into()],
+                ..Default::default()
+            },
+        );
+    }
 }
 
 /// `--to A --to B`: files are sharded across two sinks, each file whole on
