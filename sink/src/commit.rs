@@ -1,11 +1,12 @@
 //! Group commit: makes placed ranges durable, then records them, then lets
 //! their acks go.
 //!
-//! One task drains every request queued since its last round, fdatasyncs the
-//! files they touched and fsyncs the directories whose entries changed, then
-//! writes all their records in one synced RocksDB WriteBatch. Only after that
-//! does any of them get its answer. A request that leaned on ranges another
-//! batch was writing (a duplicate in flight) waits until those are recorded.
+//! One task drains every request queued since its last round, makes the
+//! files they touched and the directories whose entries changed durable (one
+//! `syncfs` or a flush each, see [`crate::flush`]), then writes all their
+//! records in one synced RocksDB WriteBatch. Only after that does any of them
+//! get its answer. A request that leaned on ranges another batch was writing
+//! (a duplicate in flight) waits until those are recorded.
 //!
 //! Ranges a batch put in the journal are durable with that manifest write;
 //! their files join a backlog that a background flush fdatasyncs (every
