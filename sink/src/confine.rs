@@ -261,14 +261,7 @@ pub fn sync_dir(dir: &impl AsFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("tailflight-confine-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use crate::test_support::scratch;
 
     #[test]
     fn escaping_paths_are_refused() {
@@ -289,7 +282,7 @@ mod tests {
 
     #[test]
     fn symlinks_inside_the_root_are_not_followed() {
-        let base = scratch("symlink");
+        let base = scratch("confine-symlink");
         let outside = base.join("outside");
         std::fs::create_dir_all(&outside).unwrap();
         let root_path = base.join("root");

@@ -201,14 +201,7 @@ pub(crate) fn flush_now(targets: &[SyncTarget]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scratch(name: &str) -> std::path::PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("tailflight-flush-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use crate::test_support::scratch;
 
     #[test]
     fn kernel_releases_parse() {
@@ -224,7 +217,7 @@ mod tests {
 
     #[tokio::test]
     async fn every_strategy_flushes_files_and_directories() {
-        let dir = scratch("strategies");
+        let dir = scratch("flush-strategies");
         let root = Root::open(&dir).unwrap();
         for strategy in [
             SyncStrategy::Auto,

@@ -13,6 +13,19 @@ mod flush;
 mod placement;
 pub mod verify;
 
+/// Helpers shared by the unit tests of this crate's modules.
+#[cfg(test)]
+mod test_support {
+    /// An empty folder of its own under the temp directory, per test and process.
+    pub fn scratch(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("tailflight-sink-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
