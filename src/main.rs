@@ -211,6 +211,10 @@ pub struct WatchArgs {
     /// A closed file idle this long is sealed (renaming away from the in-progress suffix seals at once).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     seal_idle: Duration,
+    /// Whole-file digest a seal carries and the sink verifies: crc64nvme (fast, catches
+    /// damage and misplaced bytes) or blake3 (cryptographic, ~4x the CPU).
+    #[arg(long, default_value = "crc64nvme")]
+    seal_digest: flight_server::SealDigest,
     /// Suffix of files still being written.
     #[arg(long, default_value = ".inprogress")]
     inprogress_suffix: String,
@@ -417,6 +421,7 @@ fn watch_config(args: &WatchArgs) -> watcher::WatchConfig {
         max_row_bytes: args.max_row_bytes as usize,
         seal: true,
         seal_idle: args.seal_idle,
+        seal_digest: args.seal_digest,
         inprogress_suffix: args.inprogress_suffix.clone(),
         max_open_files: args.max_open_files,
     }

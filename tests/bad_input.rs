@@ -17,7 +17,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::utils::batches_to_flight_data;
 use arrow_flight::{FlightData, FlightDescriptor};
 use arrow_schema::{Field, Schema};
-use flight_server::{Ack, BatchBuilder, Hello, range_schema};
+use flight_server::{Ack, BatchBuilder, Hello, SealDigest, range_schema};
 use tonic::Code;
 use tonic::transport::Endpoint;
 
@@ -671,6 +671,82 @@ fn a_valid_batch_is_placed_once_and_its_resend_is_a_duplicate() {
         "{status}"
     );
     sink.assert_unharmed("the positive control");
+}
+
+/// A seal is checked against the bytes on disk with the algorithm it names:
+/// a wrong digest is rejected, an unknown algorithm refused, and a seal
+/// re-sent with the other algorithm over the same bytes is a duplicate.
+#[test]
+fn seals_are_checked_against_the_bytes_on_disk() {
+    let mut sink = SinkUnderTest::start("bad-input-seal");
+    let data = pattern(200_000, 7);
+    let len = data.len() as u64;
+    let placed = sink.put(vec![
+        hello_message(SOURCE),
+        batch_message(&data_batch("seal/a.bin", 0, &data), 0),
+    ]);
+    assert!(placed.error.is_none(), "data: {:?}", placed.error);
+    let digest_of = |kind: SealDigest, bytes: &[u8]| {
+        let mut hasher = kind.hasher();
+        hasher.update(bytes);
+        hasher.finish()
+    };
+    let seal_with = |digest: &str| {
+        let mut builder = BatchBuilder::with_capacity(1, 0);
+        builder.push_seal("seal/a.bin", 1, len, digest);
+        batch_message(&builder.finish(), 1)
+    };
+    let rejection = |outcome: Outcome, what: &str| {
+        assert!(outcome.error.is_none(), "{what}: {:?}", outcome.error);
+        let rejected = &outcome.acks.first().expect("an ack").rejected;
+        assert_eq!(rejected.len(), 1, "{what}: {:?}", outcome.acks);
+        rejected[0].error.clone()
+    };
+
+    let mut other = data.clone();
+    other[123_456] ^= 1;
+    for kind in [SealDigest::Crc64Nvme, SealDigest::Blake3] {
+        let wrong = digest_of(kind, &other);
+        let error = rejection(
+            sink.put(vec![hello_message(SOURCE), seal_with(&wrong)]),
+            "a wrong digest",
+        );
+        assert!(error.contains("the source says"), "{kind}: {error}");
+    }
+    assert_invalid(
+        sink.put(vec![hello_message(SOURCE), seal_with("sha1:0123")]),
+        "an unknown digest algorithm",
+        &["unknown digest algorithm 'sha1'"],
+    );
+
+    for (what, kind) in [
+        ("the seal", SealDigest::Crc64Nvme),
+        ("the seal again", SealDigest::Crc64Nvme),
+        ("the seal with the other algorithm", SealDigest::Blake3),
+    ] {
+        let outcome = sink.put(vec![
+            hello_message(SOURCE),
+            seal_with(&digest_of(kind, &data)),
+        ]);
+        assert!(outcome.error.is_none(), "{what}: {:?}", outcome.error);
+        assert!(
+            outcome.acks.iter().all(|a| a.rejected.is_empty()),
+            "{what}: {:?}",
+            outcome.acks
+        );
+    }
+    let error = rejection(
+        sink.put(vec![
+            hello_message(SOURCE),
+            seal_with(&digest_of(SealDigest::Blake3, &other)),
+        ]),
+        "a wrong digest after the seal",
+    );
+    assert!(error.contains("already sealed"), "{error}");
+    let status = common::sink_status(&sink.endpoint, &[]).expect("sink status");
+    assert_eq!(common::status_u64(&status, "sealed_files"), 1, "{status}");
+    assert_eq!(std::fs::read(sink.dest("seal/a.bin")).unwrap(), data);
+    sink.assert_unharmed("seals");
 }
 
 /// A stream refused at its second batch must not strand the first: whether

@@ -1,8 +1,8 @@
 //! End to end, as separate processes: the simulator writes growing files in
 //! four streams with chunk rotation while a watcher streams them to a sink.
 //! The destination must end byte-identical, with every `.inprogress` chunk
-//! renamed to its final name, over plaintext, over mutual TLS, in polling
-//! mode and with each way the sink has of flushing its files.
+//! renamed to its final name, over plaintext, over mutual TLS (with BLAKE3
+//! seals), in polling mode and with each way the sink has of flushing its files.
 
 mod common;
 
@@ -57,6 +57,8 @@ fn mutual_tls() {
         "e2e-mtls",
         PipelineOptions {
             mtls: true,
+            // The other seal digest, verified by the sink like the default.
+            extra_watch_args: vec!["--seal-digest".into(), "blake3".into()],
             ..Default::default()
         },
     );

@@ -1,11 +1,13 @@
 //! The tailflight wire.
 //!
 //! - [`wire`]: the Arrow schema of byte-range batches and typed row access;
+//! - [`checksum`]: CRC-32C of each row and the whole-file digest of a seal;
 //! - [`protocol`]: what travels beside the batches (stream hello, acks, actions);
 //! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
 //! - [`client`]: the multi-connection DoPut client with a bounded in-flight window;
 //! - [`tls`]: rustls configuration from PEM files.
 
+pub mod checksum;
 pub mod client;
 mod connection;
 mod decode;
@@ -14,6 +16,7 @@ pub mod service;
 pub mod tls;
 pub mod wire;
 
+pub use checksum::{FileHasher, SealDigest};
 pub use client::{ClientConfig, Delivery, FlightPool, Outgoing};
 pub use protocol::{Ack, FileWatermark, Hello, RejectedRow};
 pub use service::{Ingest, ServerConfig, serve};

@@ -29,7 +29,7 @@ pub enum RowKind {
     /// The file now lives at `path` (relative to the source root).
     Rename = 2,
     /// The file is complete: `offset` is its final size, `digest` its whole-file
-    /// digest (`blake3:<hex>`).
+    /// digest (`crc64nvme:<hex>` or `blake3:<hex>`, see [`crate::checksum`]).
     Seal = 3,
 }
 
@@ -130,7 +130,7 @@ impl RangeBatch {
             };
             let data = view.data.value(row);
             if kind == RowKind::Data {
-                let computed = crc32c::crc32c(data);
+                let computed = crate::checksum::crc32c(data);
                 let claimed = crcs.value(row);
                 if computed != claimed {
                     return Err(WireError::Row {
@@ -325,7 +325,7 @@ impl BatchBuilder {
             None,
             None,
         );
-        self.crc.append_value(crc32c::crc32c(data));
+        self.crc.append_value(crate::checksum::crc32c(data));
     }
 
     /// Appends a data row whose bytes `fill` writes straight into the batch
@@ -354,7 +354,7 @@ impl BatchBuilder {
         self.rows += 1;
         self.data_bytes += written;
         let bytes = self.data.last();
-        self.crc.append_value(crc32c::crc32c(bytes));
+        self.crc.append_value(crate::checksum::crc32c(bytes));
         Ok(bytes)
     }
 

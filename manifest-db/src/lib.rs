@@ -51,7 +51,7 @@ pub struct FileId {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sealed {
     pub size: u64,
-    /// `blake3:<hex>` of the whole file.
+    /// Whole-file digest as the seal row named it (`crc64nvme:<hex>`, `blake3:<hex>`).
     pub digest: String,
 }
 

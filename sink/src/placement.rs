@@ -20,7 +20,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind};
+use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind, SealDigest};
 use manifest_db::{FileId, FileRecord, IntervalSet, Sealed, SinkCommit, SinkManifest};
 
 use crate::commit::{CommitGate, CommitRequest, Dependency};
@@ -741,15 +741,29 @@ impl Placer {
         Ok(())
     }
 
+    /// Digest of the first `size` bytes of `dest` as they are on disk.
+    fn digest_on_disk(&self, dest: &str, size: u64, kind: SealDigest) -> Result<String, RowError> {
+        let reader = self.root.open_for_read(dest).map_err(confine_error)?;
+        digest_prefix(reader, size, kind)
+            .map_err(|e| RowError::Storage(format!("hashing {dest}: {e}")))
+    }
+
     fn seal(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
         let digest = row
             .digest
             .ok_or_else(|| RowError::Peer("a Seal row needs a digest".into()))?;
+        let kind = SealDigest::of_digest(digest).map_err(|e| RowError::Peer(e.to_string()))?;
         let size = row.offset;
         let slot = self.slot_or_create(source, row, work)?;
         let mut state = lock(&slot.state);
         if let Some(sealed) = &state.record.sealed {
-            return if sealed.size == size && sealed.digest == digest {
+            let same = sealed.size == size
+                && (sealed.digest == digest
+                    // A watcher that switched algorithms re-sends a seal: the
+                    // bytes on disk decide.
+                    || (SealDigest::of_digest(&sealed.digest).ok() != Some(kind)
+                        && self.digest_on_disk(&state.record.dest_path, size, kind)? == digest));
+            return if same {
                 drop(state);
                 work.request.touched.push(slot);
                 Ok(())
@@ -787,9 +801,7 @@ impl Placer {
                 .map_err(|e| RowError::Storage(format!("truncating {dest} to {size}: {e}")))?;
             work.request.files_to_sync.push(file);
         }
-        let reader = self.root.open_for_read(&dest).map_err(confine_error)?;
-        let actual = digest_prefix(reader, size)
-            .map_err(|e| RowError::Storage(format!("hashing {dest}: {e}")))?;
+        let actual = self.digest_on_disk(&dest, size, kind)?;
         if actual != digest {
             return Err(RowError::Reject(format!(
                 "digest of {dest} is {actual}, the source says {digest}"
@@ -807,9 +819,9 @@ impl Placer {
     }
 }
 
-/// `blake3:<hex>` of the first `size` bytes: the same form the watcher sends.
-pub(crate) fn digest_prefix(mut file: File, size: u64) -> std::io::Result<String> {
-    let mut hasher = blake3::Hasher::new();
+/// Digest text of the first `size` bytes: the same form the watcher sends.
+fn digest_prefix(mut file: File, size: u64, kind: SealDigest) -> std::io::Result<String> {
+    let mut hasher = kind.hasher();
     let mut buffer = vec![0u8; 1 << 20];
     let mut left = size;
     while left > 0 {
@@ -824,7 +836,7 @@ pub(crate) fn digest_prefix(mut file: File, size: u64) -> std::io::Result<String
         hasher.update(&buffer[..got]);
         left -= got as u64;
     }
-    Ok(format!("blake3:{}", hasher.finalize().to_hex()))
+    Ok(hasher.finish())
 }
 
 /// How one row failed.
@@ -865,7 +877,7 @@ pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> u32 {
     };
     let mut buffer = vec![0u8; len as usize];
     match file.read_exact_at(&mut buffer, 0) {
-        Ok(()) => crc32c::crc32c(&buffer),
+        Ok(()) => flight_server::checksum::crc32c(&buffer),
         Err(_) => 0,
     }
 }

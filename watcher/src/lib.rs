@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::Context;
 use flight_server::protocol::{ACTION_WATERMARKS, FileWatermark};
 use flight_server::tls::ClientTls;
-use flight_server::{ClientConfig, FlightPool};
+use flight_server::{ClientConfig, FlightPool, SealDigest};
 use manifest_db::WatchState;
 
 pub use progress::{FileProgress, Progress};
@@ -55,6 +55,8 @@ pub struct WatchConfig {
     pub seal: bool,
     /// A closed file idle this long is complete.
     pub seal_idle: Duration,
+    /// Whole-file digest of seal rows.
+    pub seal_digest: SealDigest,
     /// Files with this suffix are in progress; renaming them away seals them.
     pub inprogress_suffix: String,
     /// Source files kept open at once; idle, fully read ones are closed first.
@@ -81,6 +83,7 @@ impl Default for WatchConfig {
             max_row_bytes: 1 << 20,
             seal: true,
             seal_idle: Duration::from_secs(60),
+            seal_digest: SealDigest::default(),
             inprogress_suffix: ".inprogress".into(),
             max_open_files: 4096,
         }

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flight_server::{BatchBuilder, Delivery, FileWatermark, Outgoing, RejectedRow, RowKind};
+use flight_server::{
+    BatchBuilder, Delivery, FileHasher, FileWatermark, Outgoing, RejectedRow, RowKind, SealDigest,
+};
 use manifest_db::{IntervalSet, WatchState, WatchedFile};
 use tokio::sync::mpsc;
 
@@ -57,7 +59,7 @@ struct Tracked {
     /// read at offset 0 (a file waiting to be read holds none: with many new
     /// files queued that is ~2 KiB each); None past that point means the
     /// seal hashes the file from disk.
-    hasher: Option<Box<blake3::Hasher>>,
+    hasher: Option<FileHasher>,
     hashed_to: u64,
     sink: usize,
     last_change: Instant,
@@ -880,7 +882,8 @@ impl Tailer {
                 return Ok(false);
             }
             if offset == 0 && t.hashed_to == 0 {
-                t.hasher.get_or_insert_with(Box::default);
+                t.hasher
+                    .get_or_insert_with(|| self.config.seal_digest.hasher());
             }
             if let Some(hasher) = &mut t.hasher
                 && t.hashed_to == offset
@@ -890,8 +893,10 @@ impl Tailer {
             }
             if offset < FINGERPRINT_LEN && offset == t.fingerprint_len as u64 {
                 let head_end = (offset + got as u64).min(FINGERPRINT_LEN);
-                t.fingerprint =
-                    crc32c::crc32c_append(t.fingerprint, &data[..(head_end - offset) as usize]);
+                t.fingerprint = flight_server::checksum::crc32c_append(
+                    t.fingerprint,
+                    &data[..(head_end - offset) as usize],
+                );
                 t.fingerprint_len = head_end as u32;
             }
             let sink = t.sink;
@@ -982,7 +987,7 @@ impl Tailer {
                 continue;
             }
             if t.controls.is_empty() && self.config.seal && seal_due(t, now, &self.config) {
-                match seal_control(t, &self.root) {
+                match seal_control(t, &self.root, self.config.seal_digest) {
                     Ok(Some(control)) => t.controls.push_back(control),
                     Ok(None) => {}
                     Err(error) => {
@@ -1196,7 +1201,11 @@ fn seal_due(t: &Tracked, now: Instant, config: &WatchConfig) -> bool {
 }
 
 /// The seal of a complete file: its final size and digest, or None if it grew meanwhile.
-fn seal_control(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<Option<Control>> {
+fn seal_control(
+    t: &mut Tracked,
+    root: &std::path::Path,
+    kind: SealDigest,
+) -> std::io::Result<Option<Control>> {
     let size = t.read_offset;
     let meta = match &t.file {
         Some(file) => Some(file.metadata()?),
@@ -1211,20 +1220,20 @@ fn seal_control(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<Opti
         return Ok(None);
     }
     let digest = match t.hasher.take() {
-        Some(hasher) if t.hashed_to == size => format!("blake3:{}", hasher.finalize().to_hex()),
+        Some(hasher) if t.hashed_to == size => hasher.finish(),
         _ => {
             let file = match &t.file {
                 Some(file) => file.try_clone()?,
                 None => File::open(root.join(&t.path))?,
             };
-            hash_prefix(&file, size)?
+            hash_prefix(&file, size, kind)?
         }
     };
     Ok(Some(Control::Seal { size, digest }))
 }
 
-fn hash_prefix(file: &File, size: u64) -> std::io::Result<String> {
-    let mut hasher = blake3::Hasher::new();
+fn hash_prefix(file: &File, size: u64, kind: SealDigest) -> std::io::Result<String> {
+    let mut hasher = kind.hasher();
     let mut buffer = vec![0u8; 1 << 20];
     let mut offset = 0;
     while offset < size {
@@ -1239,7 +1248,7 @@ fn hash_prefix(file: &File, size: u64) -> std::io::Result<String> {
         hasher.update(&buffer[..got]);
         offset += got as u64;
     }
-    Ok(format!("blake3:{}", hasher.finalize().to_hex()))
+    Ok(hasher.finish())
 }
 
 /// crc32c of the first `len` bytes, or None if the file is shorter or unreadable.
@@ -1247,5 +1256,5 @@ fn head_crc(path: &std::path::Path, len: u64) -> Option<u32> {
     let file = File::open(path).ok()?;
     let mut buffer = vec![0u8; len as usize];
     file.read_exact_at(&mut buffer, 0).ok()?;
-    Some(crc32c::crc32c(&buffer))
+    Some(flight_server::checksum::crc32c(&buffer))
 }

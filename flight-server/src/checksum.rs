@@ -1,0 +1,164 @@
+//! The checksums the wire carries: CRC-32C over each data row, and the
+//! digest a seal row names for a whole file.
+//!
+//! Both are computed with crc-fast, which picks the CPU's carry-less multiply
+//! at run time (VPCLMULQDQ on AVX-512 machines): measured here at ~30 GB/s for
+//! either CRC, against ~16 GB/s for an SSE4.2 CRC-32C loop and ~7 GB/s for
+//! single-threaded BLAKE3. Every byte is checksummed once per row on each end
+//! and once more for the seal on each end, so this speed is throughput.
+//!
+//! The seal digest defaults to CRC-64/NVME (the full-object checksum S3 uses):
+//! it guards against accidental damage and placement errors, not against a
+//! forger. [`SealDigest::Blake3`] records a cryptographic digest instead, at
+//! a quarter of the speed. A sink verifies whichever algorithm the seal names.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crc_fast::CrcAlgorithm;
+
+/// CRC-32C (Castagnoli) of `data`.
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc_fast::crc32_iscsi(data)
+}
+
+/// CRC-32C of the concatenation of the bytes behind `crc` and `data`.
+pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
+    crc_fast::checksum_combine(
+        CrcAlgorithm::Crc32Iscsi,
+        u64::from(crc),
+        u64::from(crc32c(data)),
+        data.len() as u64,
+    ) as u32
+}
+
+/// Which whole-file digest seal rows carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SealDigest {
+    /// `crc64nvme:<16 hex digits>`.
+    #[default]
+    Crc64Nvme,
+    /// `blake3:<64 hex digits>`.
+    Blake3,
+}
+
+impl SealDigest {
+    const ALL: [SealDigest; 2] = [SealDigest::Crc64Nvme, SealDigest::Blake3];
+
+    fn name(self) -> &'static str {
+        match self {
+            SealDigest::Crc64Nvme => "crc64nvme",
+            SealDigest::Blake3 => "blake3",
+        }
+    }
+
+    /// The algorithm a digest text (`name:hex`) was made with.
+    pub fn of_digest(digest: &str) -> Result<Self, UnknownDigest> {
+        let (name, _) = digest
+            .split_once(':')
+            .ok_or_else(|| UnknownDigest(digest.chars().take(40).collect()))?;
+        name.parse()
+    }
+
+    /// A fresh hasher for this algorithm.
+    pub fn hasher(self) -> FileHasher {
+        match self {
+            SealDigest::Crc64Nvme => FileHasher(HasherState::Crc64(Box::new(
+                crc_fast::Digest::new(CrcAlgorithm::Crc64Nvme),
+            ))),
+            SealDigest::Blake3 => FileHasher(HasherState::Blake3(Box::default())),
+        }
+    }
+}
+
+impl fmt::Display for SealDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for SealDigest {
+    type Err = UnknownDigest;
+
+    fn from_str(name: &str) -> Result<Self, UnknownDigest> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| UnknownDigest(name.chars().take(40).collect()))
+    }
+}
+
+/// A digest algorithm this build does not know.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown digest algorithm '{0}' (known: crc64nvme, blake3)")]
+pub struct UnknownDigest(String);
+
+/// Digest of a file's bytes fed in order from offset 0. The state is boxed:
+/// the watcher keeps one per file it is reading (BLAKE3's state is ~2 KiB,
+/// CRC-64's ~300 bytes with its folding constants).
+pub struct FileHasher(HasherState);
+
+enum HasherState {
+    Crc64(Box<crc_fast::Digest>),
+    Blake3(Box<blake3::Hasher>),
+}
+
+impl FileHasher {
+    pub fn update(&mut self, data: &[u8]) {
+        match &mut self.0 {
+            HasherState::Crc64(digest) => digest.update(data),
+            HasherState::Blake3(hasher) => {
+                hasher.update(data);
+            }
+        }
+    }
+
+    /// The digest text a seal row carries.
+    pub fn finish(&self) -> String {
+        match &self.0 {
+            HasherState::Crc64(digest) => format!("crc64nvme:{:016x}", digest.finalize()),
+            HasherState::Blake3(hasher) => format!("blake3:{}", hasher.finalize().to_hex()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_matches_the_check_value_and_appends() {
+        // The catalogue's check value for CRC-32/ISCSI.
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c_append(crc32c(b"1234"), b"56789"), 0xe306_9283);
+        assert_eq!(crc32c_append(0, b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c_append(crc32c(b"123456789"), b""), 0xe306_9283);
+    }
+
+    #[test]
+    fn digests_name_their_algorithm_and_do_not_depend_on_chunking() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        for kind in SealDigest::ALL {
+            let mut whole = kind.hasher();
+            whole.update(&data);
+            let mut pieces = kind.hasher();
+            for piece in data.chunks(4093) {
+                pieces.update(piece);
+            }
+            let digest = whole.finish();
+            assert_eq!(digest, pieces.finish());
+            assert_eq!(SealDigest::of_digest(&digest).unwrap(), kind);
+        }
+        let mut check = SealDigest::Crc64Nvme.hasher();
+        check.update(b"123456789");
+        assert_eq!(check.finish(), "crc64nvme:ae8b14860a799888");
+    }
+
+    #[test]
+    fn unknown_algorithms_are_named_in_the_error() {
+        let err = SealDigest::of_digest("sha1:abcd").unwrap_err().to_string();
+        assert!(err.contains("'sha1'"), "{err}");
+        assert!(SealDigest::of_digest("no-colon").is_err());
+        assert_eq!("blake3".parse::<SealDigest>().unwrap(), SealDigest::Blake3);
+    }
+}
