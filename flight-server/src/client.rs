@@ -14,14 +14,14 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arrow_array::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, FlightDescriptor, SchemaAsIpc};
-use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow_ipc::writer::IpcWriteOptions;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::encode::EncodedBatch;
 use crate::protocol::{self, Ack, Hello};
 use crate::tls::ClientTls;
 use crate::wire::range_schema;
@@ -58,7 +58,7 @@ impl Default for ClientConfig {
 /// A batch to deliver; `token` is the caller's name for it.
 pub struct Outgoing {
     pub token: u64,
-    pub batch: RecordBatch,
+    pub batch: EncodedBatch,
 }
 
 /// What became of a batch.
@@ -126,8 +126,8 @@ impl Drop for FlightPool {
 /// charged a floor, so thousands of tiny ones (many slow files, each
 /// flushed by the linger timer) cannot pile up: their per-batch overhead
 /// is real memory too.
-fn batch_bytes(batch: &RecordBatch) -> u64 {
-    (batch.get_array_memory_size() as u64).max(MIN_BATCH_CHARGE)
+fn batch_bytes(batch: &EncodedBatch) -> u64 {
+    batch.memory_size().max(MIN_BATCH_CHARGE)
 }
 
 const MIN_BATCH_CHARGE: u64 = 64 << 10;
@@ -377,39 +377,24 @@ fn classify(status: tonic::Status) -> StreamFailure {
     }
 }
 
-struct Encoder {
-    generator: IpcDataGenerator,
-    tracker: DictionaryTracker,
-    options: IpcWriteOptions,
-    context: IpcWriteContext,
+/// The first message of a stream: the range schema, with the hello as its descriptor.
+fn schema_message(hello: &Hello) -> FlightData {
+    let cmd = serde_json::to_vec(hello).unwrap_or_default();
+    FlightData::from(SchemaAsIpc::new(
+        &range_schema(),
+        &IpcWriteOptions::default(),
+    ))
+    .with_descriptor(FlightDescriptor::new_cmd(cmd))
 }
 
-impl Encoder {
-    fn new() -> Self {
-        let mut context = IpcWriteContext::default();
-        // Start each body with the previous one's capacity: a multi-megabyte
-        // body grown by doubling is copied several times over.
-        context.set_reserve_scratch(true);
-        Self {
-            generator: IpcDataGenerator::default(),
-            tracker: DictionaryTracker::new(false),
-            options: IpcWriteOptions::default(),
-            context,
-        }
-    }
-
-    fn schema_message(&self, hello: &Hello) -> FlightData {
-        let cmd = serde_json::to_vec(hello).unwrap_or_default();
-        FlightData::from(SchemaAsIpc::new(&range_schema(), &self.options))
-            .with_descriptor(FlightDescriptor::new_cmd(cmd))
-    }
-
-    fn batch_message(&mut self, batch: &RecordBatch, seq: u64) -> Result<FlightData, String> {
-        let (_dictionaries, encoded) = self
-            .generator
-            .encode(batch, &mut self.tracker, &self.options, &mut self.context)
-            .map_err(|e| format!("cannot encode batch {seq}: {e}"))?;
-        Ok(FlightData::from(encoded).with_app_metadata(protocol::encode_seq(seq).to_vec()))
+/// A batch as a DoPut message numbered `seq`; header and body are shared,
+/// not copied.
+fn batch_message(batch: &EncodedBatch, seq: u64) -> FlightData {
+    FlightData {
+        data_header: batch.header.clone(),
+        data_body: batch.body.clone(),
+        app_metadata: protocol::encode_seq(seq).to_vec().into(),
+        flight_descriptor: None,
     }
 }
 
@@ -424,9 +409,8 @@ async fn stream_once(
     })?;
     let mut client = shared.flight_client(channel);
     let (tx, rx) = mpsc::channel::<FlightData>(2);
-    let mut encoder = Encoder::new();
     let hello = Hello::new(&shared.config.source);
-    tx.send(encoder.schema_message(&hello))
+    tx.send(schema_message(&hello))
         .await
         .map_err(|_| StreamFailure::Transport("request stream closed".into()))?;
     let mut responses = client
@@ -458,13 +442,7 @@ async fn stream_once(
             item = shared.next(), if in_flight_bytes < shared.config.window_bytes => {
                 let seq = next_seq;
                 next_seq += 1;
-                let message = match encoder.batch_message(&item.out.batch, seq) {
-                    Ok(message) => message,
-                    Err(detail) => {
-                        let _ = shared.deliveries.send(Delivery::Refused { token: item.out.token, error: detail });
-                        continue;
-                    }
-                };
+                let message = batch_message(&item.out.batch, seq);
                 in_flight_bytes += item.bytes;
                 in_flight.insert(seq, item);
                 if tx.send(message).await.is_err() {

@@ -1,6 +1,7 @@
 //! The tailflight wire.
 //!
 //! - [`wire`]: the Arrow schema of byte-range batches and typed row access;
+//! - [`encode`]: IPC encoding of a batch without copying its payload;
 //! - [`checksum`]: CRC-32C of each row and the whole-file digest of a seal;
 //! - [`protocol`]: what travels beside the batches (stream hello, acks, actions);
 //! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
@@ -11,6 +12,7 @@ pub mod checksum;
 pub mod client;
 mod connection;
 mod decode;
+pub mod encode;
 pub mod protocol;
 pub mod service;
 pub mod tls;
@@ -18,6 +20,7 @@ pub mod wire;
 
 pub use checksum::{FileHasher, SealDigest};
 pub use client::{ClientConfig, Delivery, FlightPool, Outgoing};
+pub use encode::EncodedBatch;
 pub use protocol::{Ack, FileWatermark, Hello, RejectedRow};
 pub use service::{Ingest, ServerConfig, serve};
 pub use wire::{BatchBuilder, RangeBatch, Row, RowKind, range_schema};

@@ -17,6 +17,7 @@ use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::WireError;
+use crate::encode::{BodyWriter, EncodedBatch};
 
 /// What a row means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,11 +267,17 @@ impl DataColumn {
         &self.values[start..]
     }
 
-    /// The finished column; the next one starts with as much room as this one used.
-    fn finish(&mut self) -> BinaryArray {
+    /// The finished column's offsets and values; the next one starts with
+    /// as much room as this one used.
+    fn take(&mut self) -> (Vec<i32>, Vec<u8>) {
         let rows = self.offsets.len() - 1;
         let next = Self::with_capacity(rows, self.values.len());
         let Self { offsets, values } = std::mem::replace(self, next);
+        (offsets, values)
+    }
+
+    fn finish(&mut self) -> BinaryArray {
+        let (offsets, values) = self.take();
         let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
         BinaryArray::new(offsets, Buffer::from_vec(values), None)
     }
@@ -436,6 +443,24 @@ impl BatchBuilder {
         // Every column above is built to the schema's types and lengths.
         RecordBatch::try_new(range_schema(), columns)
             .expect("builder columns match the wire schema")
+    }
+
+    /// Finishes the batch already IPC-encoded, its payload not copied (see
+    /// [`crate::encode`]), and leaves the builder empty for reuse.
+    pub fn finish_encoded(&mut self) -> EncodedBatch {
+        let rows = std::mem::take(&mut self.rows);
+        self.data_bytes = 0;
+        let (data_offsets, payload) = self.data.take();
+        let mut body = BodyWriter::new(payload);
+        body.column(&self.kind.finish());
+        body.column(&self.file_key.finish());
+        body.column(&self.generation.finish());
+        body.column(&self.offset.finish());
+        body.payload_column(&data_offsets);
+        body.column(&self.crc.finish());
+        body.column(&self.path.finish());
+        body.column(&self.digest.finish());
+        body.finish(rows)
     }
 }
 

@@ -945,7 +945,7 @@ impl Tailer {
             batch.started = None;
             return;
         }
-        let record_batch = batch.builder.finish();
+        let encoded = batch.builder.finish_encoded();
         let rows = std::mem::take(&mut batch.rows);
         batch.started = None;
         let token = self.next_token;
@@ -954,7 +954,7 @@ impl Tailer {
         if self.outboxes[sink]
             .blocking_send(Outgoing {
                 token,
-                batch: record_batch,
+                batch: encoded,
             })
             .is_err()
         {
