@@ -231,6 +231,32 @@ mod tests {
         }
     }
 
+    /// A body grown to fit the small columns behind a full payload would be
+    /// copied whole (and its capacity doubled): the builder keeps room.
+    #[test]
+    fn full_batches_keep_room_for_the_small_columns() {
+        let mut b = BatchBuilder::with_capacity(4, 4 << 20);
+        for round in 0..3 {
+            for row in 0..4u64 {
+                let key = format!("run/stream-{row:02}/chunk-{round:03}.xtc2");
+                b.push_data_in_place::<()>(&key, 1, row << 20, 1 << 20, |room| {
+                    Ok(fill_with(room, &[round as u8; 1 << 20]))
+                })
+                .unwrap();
+            }
+            b.push_seal("run/x", 1, 10, "crc64nvme:0011223344556677");
+            let batch = b.finish_encoded();
+            let slack = batch.memory_size() - batch.body.len() as u64;
+            assert!(
+                slack < 64 << 10,
+                "round {round}: {} bytes held for a body of {}",
+                batch.memory_size(),
+                batch.body.len()
+            );
+            assert_eq!(batch.decode().unwrap().num_rows(), 5);
+        }
+    }
+
     #[test]
     fn an_empty_batch_encodes() {
         let batch = BatchBuilder::with_capacity(0, 0).finish_encoded();

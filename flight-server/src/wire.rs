@@ -210,9 +210,11 @@ fn downcast<T: Array + Clone + 'static>(array: ArrayRef) -> Result<T, WireError>
 }
 
 /// The `data` column under construction: one contiguous values buffer that
-/// becomes the Arrow buffer without a copy. It is sized from the previous
-/// batch, so a stream of full batches never regrows it and a trickle of
-/// small ones does not hold megabytes each.
+/// becomes the Arrow buffer, or the start of the IPC body, without a copy.
+/// It is sized from the previous batch, so a stream of full batches never
+/// regrows it and a trickle of small ones does not hold megabytes each, and
+/// every reservation keeps room behind the payload for the small columns an
+/// encoded body appends (growing a full body to fit them would copy it).
 struct DataColumn {
     offsets: Vec<i32>,
     values: Vec<u8>,
@@ -232,7 +234,8 @@ impl DataColumn {
         i32::try_from(self.values.len()).expect("a batch's data stays under 2 GiB")
     }
 
-    fn append(&mut self, bytes: &[u8]) {
+    fn append(&mut self, bytes: &[u8], trailer: usize) {
+        self.values.reserve(bytes.len() + trailer);
         self.values.extend_from_slice(bytes);
         self.offsets.push(self.end_offset());
     }
@@ -241,9 +244,10 @@ impl DataColumn {
     fn fill_next<E>(
         &mut self,
         max_len: usize,
+        trailer: usize,
         fill: impl for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], E>,
     ) -> Result<usize, E> {
-        self.values.reserve(max_len);
+        self.values.reserve(max_len + trailer);
         let room = &mut self.values.spare_capacity_mut()[..max_len];
         let room_start = room.as_ptr().cast::<u8>();
         let filled = fill(room)?;
@@ -268,16 +272,16 @@ impl DataColumn {
     }
 
     /// The finished column's offsets and values; the next one starts with
-    /// as much room as this one used.
-    fn take(&mut self) -> (Vec<i32>, Vec<u8>) {
+    /// as much room as this one used, plus `trailer`.
+    fn take(&mut self, trailer: usize) -> (Vec<i32>, Vec<u8>) {
         let rows = self.offsets.len() - 1;
-        let next = Self::with_capacity(rows, self.values.len());
+        let next = Self::with_capacity(rows, self.values.len() + trailer);
         let Self { offsets, values } = std::mem::replace(self, next);
         (offsets, values)
     }
 
-    fn finish(&mut self) -> BinaryArray {
-        let (offsets, values) = self.take();
+    fn finish(&mut self, trailer: usize) -> BinaryArray {
+        let (offsets, values) = self.take(trailer);
         let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
         BinaryArray::new(offsets, Buffer::from_vec(values), None)
     }
@@ -296,6 +300,16 @@ pub struct BatchBuilder {
     digest: StringBuilder,
     rows: usize,
     data_bytes: usize,
+    /// Bytes of file keys, paths and digests so far.
+    string_bytes: usize,
+}
+
+/// Upper bound of the bytes an IPC body holds besides the payload, for
+/// `rows` rows with `strings` bytes of strings: per row 37 bytes of fixed
+/// width values and offsets plus two validity bits, one more offset per
+/// offsets buffer, and up to 7 bytes of padding after each of the 21 buffers.
+fn trailer_bound(rows: usize, strings: usize) -> usize {
+    38 * rows + strings + 256
 }
 
 impl BatchBuilder {
@@ -305,13 +319,20 @@ impl BatchBuilder {
             file_key: StringBuilder::with_capacity(rows, rows * 48),
             generation: UInt64Builder::with_capacity(rows),
             offset: UInt64Builder::with_capacity(rows),
-            data: DataColumn::with_capacity(rows, data_bytes),
+            data: DataColumn::with_capacity(rows, data_bytes + trailer_bound(rows, rows * 48)),
             crc: UInt32Builder::with_capacity(rows),
             path: StringBuilder::with_capacity(rows, 0),
             digest: StringBuilder::with_capacity(rows, 0),
             rows: 0,
             data_bytes: 0,
+            string_bytes: 0,
         }
+    }
+
+    /// Room an encoded body needs behind the payload once a row with
+    /// `strings` bytes of key, path and digest is added.
+    fn trailer_with(&self, strings: usize) -> usize {
+        trailer_bound(self.rows + 1, self.string_bytes + strings)
     }
 
     pub fn rows(&self) -> usize {
@@ -348,10 +369,12 @@ impl BatchBuilder {
         max_len: usize,
         fill: impl for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], E>,
     ) -> Result<&[u8], E> {
-        let written = self.data.fill_next(max_len, fill)?;
+        let trailer = self.trailer_with(file_key.len());
+        let written = self.data.fill_next(max_len, trailer, fill)?;
         if written == 0 {
             return Ok(&[]);
         }
+        self.string_bytes += file_key.len();
         self.kind.append_value(RowKind::Data as u8);
         self.file_key.append_value(file_key);
         self.generation.append_value(generation);
@@ -415,11 +438,14 @@ impl BatchBuilder {
         path: Option<&str>,
         digest: Option<&str>,
     ) {
+        let strings = file_key.len() + path.map_or(0, str::len) + digest.map_or(0, str::len);
+        let trailer = self.trailer_with(strings);
+        self.string_bytes += strings;
         self.kind.append_value(kind as u8);
         self.file_key.append_value(file_key);
         self.generation.append_value(generation);
         self.offset.append_value(offset);
-        self.data.append(data);
+        self.data.append(data, trailer);
         self.path.append_option(path);
         self.digest.append_option(digest);
         self.rows += 1;
@@ -428,14 +454,16 @@ impl BatchBuilder {
 
     /// Finishes the batch and leaves the builder empty for reuse.
     pub fn finish(&mut self) -> RecordBatch {
+        let trailer = trailer_bound(self.rows, self.string_bytes);
         self.rows = 0;
         self.data_bytes = 0;
+        self.string_bytes = 0;
         let columns: Vec<ArrayRef> = vec![
             Arc::new(self.kind.finish()),
             Arc::new(self.file_key.finish()),
             Arc::new(self.generation.finish()),
             Arc::new(self.offset.finish()),
-            Arc::new(self.data.finish()),
+            Arc::new(self.data.finish(trailer)),
             Arc::new(self.crc.finish()),
             Arc::new(self.path.finish()),
             Arc::new(self.digest.finish()),
@@ -448,9 +476,10 @@ impl BatchBuilder {
     /// Finishes the batch already IPC-encoded, its payload not copied (see
     /// [`crate::encode`]), and leaves the builder empty for reuse.
     pub fn finish_encoded(&mut self) -> EncodedBatch {
+        let trailer = trailer_bound(self.rows, std::mem::take(&mut self.string_bytes));
         let rows = std::mem::take(&mut self.rows);
         self.data_bytes = 0;
-        let (data_offsets, payload) = self.data.take();
+        let (data_offsets, payload) = self.data.take(trailer);
         let mut body = BodyWriter::new(payload);
         body.column(&self.kind.finish());
         body.column(&self.file_key.finish());
