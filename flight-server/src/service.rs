@@ -75,6 +75,12 @@ pub struct ServerConfig {
     pub max_streams: usize,
 }
 
+/// Largest HTTP/2 frame peers may send. At HTTP/2's default of 16 KiB a
+/// gigabyte arrives in 65,000 DATA frames, each handled on its own by h2 and
+/// tonic; a larger frame only needs that much more of the connection's read
+/// buffer.
+const HTTP2_MAX_FRAME_BYTES: u32 = 256 << 10;
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
@@ -108,6 +114,7 @@ pub async fn serve<I: Ingest>(
         .tcp_nodelay(true)
         .initial_stream_window_size(config.stream_window_bytes)
         .initial_connection_window_size(config.connection_window_bytes)
+        .max_frame_size(Some(HTTP2_MAX_FRAME_BYTES))
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)));
     if let Some(tls) = &config.tls {
