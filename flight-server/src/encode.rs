@@ -18,13 +18,23 @@ const BODY_ALIGNMENT: usize = 8;
 /// One record batch of the range schema, encoded for the wire: the IPC
 /// message header (a flatbuffer) and the body it describes. Cloning shares
 /// both, so a batch kept for re-sending costs no second copy.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct EncodedBatch {
     pub(crate) header: Bytes,
     pub(crate) body: Bytes,
     rows: usize,
     data_bytes: u64,
     memory: u64,
+}
+
+impl std::fmt::Debug for EncodedBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncodedBatch")
+            .field("rows", &self.rows)
+            .field("data_bytes", &self.data_bytes)
+            .field("body_bytes", &self.body.len())
+            .finish()
+    }
 }
 
 impl EncodedBatch {
@@ -204,7 +214,9 @@ mod tests {
             build(&mut plain);
             build(&mut encoded);
             let expected = plain.finish();
+            let bound = encoded.encoded_bytes();
             let batch = encoded.finish_encoded();
+            assert!(batch.body.len() <= bound, "{} > {bound}", batch.body.len());
             assert_eq!(batch.rows(), 6);
             assert_eq!(batch.data_bytes(), 9 + 15 + 1001);
             assert!(batch.memory_size() >= batch.body.len() as u64);

@@ -307,7 +307,8 @@ pub struct BatchBuilder {
 /// Upper bound of the bytes an IPC body holds besides the payload, for
 /// `rows` rows with `strings` bytes of strings: per row 37 bytes of fixed
 /// width values and offsets plus two validity bits, one more offset per
-/// offsets buffer, and up to 7 bytes of padding after each of the 21 buffers.
+/// offsets buffer, and up to 7 bytes of padding after each of the 20 buffers
+/// and the payload.
 fn trailer_bound(rows: usize, strings: usize) -> usize {
     38 * rows + strings + 256
 }
@@ -341,6 +342,11 @@ impl BatchBuilder {
 
     pub fn data_bytes(&self) -> usize {
         self.data_bytes
+    }
+
+    /// Upper bound of the encoded body's size: payload plus the other columns.
+    pub fn encoded_bytes(&self) -> usize {
+        self.data_bytes + trailer_bound(self.rows, self.string_bytes)
     }
 
     pub fn push_data(&mut self, file_key: &str, generation: u64, offset: u64, data: &[u8]) {

@@ -748,21 +748,49 @@ impl Placer {
             .map_err(|e| RowError::Storage(format!("hashing {dest}: {e}")))
     }
 
+    /// A watcher that switched algorithms re-sends the seal of a sealed file:
+    /// the bytes on disk decide. Failing to read them refuses only this row
+    /// (a storage error would have the whole batch retried forever).
+    fn reseal_matches(
+        &self,
+        slot: &Arc<Slot>,
+        state: &mut SlotState,
+        work: &mut BatchWork,
+        size: u64,
+        kind: SealDigest,
+        digest: &str,
+    ) -> Result<bool, RowError> {
+        if state.record.superseded {
+            return Err(RowError::Superseded(
+                "a newer generation replaced this one; seal ignored".into(),
+            ));
+        }
+        self.settle_rename(slot, state, work)?;
+        let dest = &state.record.dest_path;
+        self.digest_on_disk(dest, size, kind)
+            .map(|actual| actual == digest)
+            .map_err(|e| {
+                RowError::Reject(format!(
+                    "already sealed at size {size}; cannot check its {kind} digest: {}",
+                    e.into_message()
+                ))
+            })
+    }
+
     fn seal(&self, source: &Source, row: &Row<'_>, work: &mut BatchWork) -> Result<(), RowError> {
         let digest = row
             .digest
             .ok_or_else(|| RowError::Peer("a Seal row needs a digest".into()))?;
-        let kind = SealDigest::of_digest(digest).map_err(|e| RowError::Peer(e.to_string()))?;
+        // Only this seal is refused: other rows of the batch are unaffected.
+        let kind = SealDigest::of_digest(digest).map_err(|e| RowError::Reject(e.to_string()))?;
         let size = row.offset;
         let slot = self.slot_or_create(source, row, work)?;
         let mut state = lock(&slot.state);
-        if let Some(sealed) = &state.record.sealed {
+        if let Some(sealed) = state.record.sealed.clone() {
             let same = sealed.size == size
                 && (sealed.digest == digest
-                    // A watcher that switched algorithms re-sends a seal: the
-                    // bytes on disk decide.
                     || (SealDigest::of_digest(&sealed.digest).ok() != Some(kind)
-                        && self.digest_on_disk(&state.record.dest_path, size, kind)? == digest));
+                        && self.reseal_matches(&slot, &mut state, work, size, kind, digest)?));
             return if same {
                 drop(state);
                 work.request.touched.push(slot);

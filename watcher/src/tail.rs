@@ -911,7 +911,7 @@ impl Tailer {
             t.read_offset += got as u64;
             sent += got as u64;
             self.progress.add_read(got as u64);
-            if self.batches[sink].builder.data_bytes() >= self.config.batch_bytes {
+            if self.batches[sink].builder.encoded_bytes() >= self.config.batch_bytes {
                 self.flush(sink);
             }
         }
@@ -1026,7 +1026,13 @@ impl Tailer {
                 path,
             });
             t.control_in_flight = true;
-            to_flush.insert(t.sink);
+            let sink = t.sink;
+            to_flush.insert(sink);
+            // Thousands of files sealing at once must not make one message
+            // too large for the sink.
+            if self.batches[sink].builder.encoded_bytes() >= self.config.batch_bytes {
+                self.flush(sink);
+            }
         }
         for sink in to_flush {
             self.flush(sink);
