@@ -13,6 +13,9 @@
 //! a quarter of the speed. A sink verifies whichever algorithm the seal names.
 
 use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::str::FromStr;
 
 use crc_fast::CrcAlgorithm;
@@ -58,6 +61,27 @@ impl SealDigest {
             .split_once(':')
             .ok_or_else(|| UnknownDigest(digest.chars().take(40).collect()))?;
         name.parse()
+    }
+
+    /// Digest text of the first `size` bytes of `file`, read with pread (the
+    /// file's cursor is left alone).
+    pub fn of_file_prefix(self, file: &File, size: u64) -> io::Result<String> {
+        let mut hasher = self.hasher();
+        let mut buffer = vec![0u8; (1 << 20).min(size as usize)];
+        let mut offset = 0;
+        while offset < size {
+            let want = buffer.len().min((size - offset) as usize);
+            let got = file.read_at(&mut buffer[..want], offset)?;
+            if got == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the file ends at {offset}, short of {size}"),
+                ));
+            }
+            hasher.update(&buffer[..got]);
+            offset += got as u64;
+        }
+        Ok(hasher.finish())
     }
 
     /// A fresh hasher for this algorithm.
@@ -157,6 +181,26 @@ mod tests {
         let mut check = SealDigest::Crc64Nvme.hasher();
         check.update(b"123456789");
         assert_eq!(check.finish(), "crc64nvme:ae8b14860a799888");
+    }
+
+    #[test]
+    fn file_prefixes_hash_like_their_bytes() {
+        let path = std::env::temp_dir().join(format!("tailflight-prefix-{}", std::process::id()));
+        let data: Vec<u8> = (0..(3u32 << 20) + 5).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        for kind in SealDigest::ALL {
+            for size in [0, 1, 1 << 20, data.len() as u64 - 1, data.len() as u64] {
+                let mut expected = kind.hasher();
+                expected.update(&data[..size as usize]);
+                assert_eq!(kind.of_file_prefix(&file, size).unwrap(), expected.finish());
+            }
+            let short = kind
+                .of_file_prefix(&file, data.len() as u64 + 1)
+                .unwrap_err();
+            assert_eq!(short.kind(), io::ErrorKind::UnexpectedEof, "{short}");
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -15,7 +15,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -744,7 +743,7 @@ impl Placer {
     /// Digest of the first `size` bytes of `dest` as they are on disk.
     fn digest_on_disk(&self, dest: &str, size: u64, kind: SealDigest) -> Result<String, RowError> {
         let reader = self.root.open_for_read(dest).map_err(confine_error)?;
-        digest_prefix(reader, size, kind)
+        kind.of_file_prefix(&reader, size)
             .map_err(|e| RowError::Storage(format!("hashing {dest}: {e}")))
     }
 
@@ -845,26 +844,6 @@ impl Placer {
         work.request.touched.push(slot);
         Ok(())
     }
-}
-
-/// Digest text of the first `size` bytes: the same form the watcher sends.
-fn digest_prefix(mut file: File, size: u64, kind: SealDigest) -> std::io::Result<String> {
-    let mut hasher = kind.hasher();
-    let mut buffer = vec![0u8; 1 << 20];
-    let mut left = size;
-    while left > 0 {
-        let want = buffer.len().min(left as usize);
-        let got = file.read(&mut buffer[..want])?;
-        if got == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("file ends {left} bytes short"),
-            ));
-        }
-        hasher.update(&buffer[..got]);
-        left -= got as u64;
-    }
-    Ok(hasher.finish())
 }
 
 /// How one row failed.

@@ -1232,29 +1232,10 @@ fn seal_control(
                 Some(file) => file.try_clone()?,
                 None => File::open(root.join(&t.path))?,
             };
-            hash_prefix(&file, size, kind)?
+            kind.of_file_prefix(&file, size)?
         }
     };
     Ok(Some(Control::Seal { size, digest }))
-}
-
-fn hash_prefix(file: &File, size: u64, kind: SealDigest) -> std::io::Result<String> {
-    let mut hasher = kind.hasher();
-    let mut buffer = vec![0u8; 1 << 20];
-    let mut offset = 0;
-    while offset < size {
-        let want = buffer.len().min((size - offset) as usize);
-        let got = file.read_at(&mut buffer[..want], offset)?;
-        if got == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "file shrank while hashing",
-            ));
-        }
-        hasher.update(&buffer[..got]);
-        offset += got as u64;
-    }
-    Ok(hasher.finish())
 }
 
 /// crc32c of the first `len` bytes, or None if the file is shorter or unreadable.
