@@ -25,6 +25,14 @@ pub fn crc32c(data: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(data)
 }
 
+/// CRC-32C of the first `len` bytes of `file` (a file's head fingerprint);
+/// an error if the file is shorter.
+pub fn crc32c_of_file_prefix(file: &File, len: u64) -> io::Result<u32> {
+    let mut buffer = vec![0u8; len as usize];
+    file.read_exact_at(&mut buffer, 0)?;
+    Ok(crc32c(&buffer))
+}
+
 /// CRC-32C of the concatenation of the bytes behind `crc` and `data`.
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     // The register before the final inversion is the checksum inverted back;
@@ -200,6 +208,11 @@ mod tests {
                 .unwrap_err();
             assert_eq!(short.kind(), io::ErrorKind::UnexpectedEof, "{short}");
         }
+        assert_eq!(
+            crc32c_of_file_prefix(&file, 4096).unwrap(),
+            crc32c(&data[..4096])
+        );
+        assert!(crc32c_of_file_prefix(&file, data.len() as u64 + 1).is_err());
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -882,11 +882,7 @@ pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> u32 {
     let Ok(file) = root.open_for_read(dest) else {
         return 0;
     };
-    let mut buffer = vec![0u8; len as usize];
-    match file.read_exact_at(&mut buffer, 0) {
-        Ok(()) => flight_server::checksum::crc32c(&buffer),
-        Err(_) => 0,
-    }
+    flight_server::checksum::crc32c_of_file_prefix(&file, len).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1241,7 +1241,5 @@ fn seal_control(
 /// crc32c of the first `len` bytes, or None if the file is shorter or unreadable.
 fn head_crc(path: &std::path::Path, len: u64) -> Option<u32> {
     let file = File::open(path).ok()?;
-    let mut buffer = vec![0u8; len as usize];
-    file.read_exact_at(&mut buffer, 0).ok()?;
-    Some(flight_server::checksum::crc32c(&buffer))
+    flight_server::checksum::crc32c_of_file_prefix(&file, len).ok()
 }
