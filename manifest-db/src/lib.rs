@@ -86,13 +86,31 @@ pub struct SinkCommit {
     pub placements: Vec<(FileId, u64, u64)>,
     /// Deltas to add to the persisted counters.
     pub counters: SinkCounters,
-    /// Bytes placed in this commit whose files are not flushed yet: they are
-    /// durable here, in the same synced write, until [`SinkManifest::forget_journal`].
+    /// Ranges placed in this commit whose files are not flushed yet, and where
+    /// their bytes are: recorded in the same synced write, until
+    /// [`SinkManifest::forget_journal`] of `journal_round`.
     pub journal: Vec<JournalEntry>,
+    /// The round these journal entries are kept under (unique among those
+    /// not forgotten).
+    pub journal_round: u64,
 }
 
-/// A range kept in the manifest's journal: (file, offset, bytes).
-pub type JournalEntry = (FileId, u64, Vec<u8>);
+/// A journaled range: (file, offset, where its bytes are).
+pub type JournalEntry = (FileId, u64, JournalBytes);
+
+/// Where the bytes of a journaled range are kept until its file is flushed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JournalBytes {
+    /// In the sink's journal file: `len` bytes at `position`, whose CRC-32C
+    /// tells a range that made it there from one that did not.
+    InFile {
+        position: u64,
+        len: u32,
+        crc32c: u32,
+    },
+    /// In the manifest itself, as sinks before the journal file kept them.
+    Inline(Vec<u8>),
+}
 
 /// Watcher-side state of one tracked source file, keyed by `key` (its path relative to the
 /// watched root when first seen, e.g. "run1/a-s01-c000.xtc2.inprogress").

@@ -1,14 +1,18 @@
 //! Owns the sink-side manifest: per file generation, where it lives and which byte ranges are
 //! durably placed ("files"), an append-only audit log of every placement ("placements"), and
 //! running byte counters plus the audit sequence number ("counters"), and the journal of small
-//! ranges acknowledged before their destination files were flushed ("journal").
+//! ranges acknowledged before their destination files were flushed ("journal_rounds": where in
+//! the sink's journal file their bytes are, one entry per commit; "journal": the bytes
+//! themselves, one entry per range, as older sinks kept them).
 //!
 //! Key layout in "files" and "placements": `source, 0x00, key, 0x00, generation (u64 BE)`.
 //! Source and key never contain NUL, so the NUL terminators make the byte order equal to
 //! (source, key, generation) order and no file's key is a prefix of another file's key.
 //! "placements" appends `offset (u64 BE), seq (u64 BE)` so two placements at the same offset
 //! never overwrite each other and the audit can show duplicates. "journal" appends
-//! `offset (u64 BE)` and holds the range's bytes.
+//! `offset (u64 BE)`. "journal_rounds" is keyed by the commit's round (u64 BE); its value is,
+//! per range, `file key length (u32 BE), file key, offset (u64 BE), position (u64 BE),
+//! len (u32 BE), crc32c (u32 BE)`.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -16,12 +20,13 @@ use std::sync::{Arc, Mutex};
 use rocksdb::WriteBatch;
 
 use crate::store::{Entry, Store, decode_u64};
-use crate::{FileId, FileRecord, JournalEntry, Result, SinkCommit, SinkCounters};
+use crate::{FileId, FileRecord, JournalBytes, JournalEntry, Result, SinkCommit, SinkCounters};
 
 const CF_FILES: &str = "files";
 const CF_PLACEMENTS: &str = "placements";
 const CF_COUNTERS: &str = "counters";
 const CF_JOURNAL: &str = "journal";
+const CF_JOURNAL_ROUNDS: &str = "journal_rounds";
 
 const KEY_PLACED: &[u8] = b"placed_bytes";
 const KEY_DUPLICATE: &[u8] = b"duplicate_bytes";
@@ -70,6 +75,37 @@ fn journal_key(id: &FileId, offset: u64) -> Vec<u8> {
     k
 }
 
+/// A journal entry with what it sorts by: (file key, offset).
+type KeyedJournalEntry = ((Vec<u8>, u64), JournalEntry);
+
+fn decode_journal_round(mut value: &[u8]) -> Option<Vec<KeyedJournalEntry>> {
+    fn take<'a>(value: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = value.split_at_checked(n)?;
+        *value = rest;
+        Some(head)
+    }
+    fn word(bytes: &[u8]) -> Option<u32> {
+        Some(u32::from_be_bytes(bytes.try_into().ok()?))
+    }
+    let mut entries = Vec::new();
+    while !value.is_empty() {
+        let key_len = word(take(&mut value, 4)?)? as usize;
+        let key = take(&mut value, key_len)?;
+        let id = decode_file_key(key)?;
+        let offset = decode_u64(take(&mut value, 8)?)?;
+        let position = decode_u64(take(&mut value, 8)?)?;
+        let len = word(take(&mut value, 4)?)?;
+        let crc32c = word(take(&mut value, 4)?)?;
+        let bytes = JournalBytes::InFile {
+            position,
+            len,
+            crc32c,
+        };
+        entries.push(((key.to_vec(), offset), (id, offset, bytes)));
+    }
+    Some(entries)
+}
+
 fn decode_file_key(raw: &[u8]) -> Option<FileId> {
     let (head, generation) = raw.split_at_checked(raw.len().checked_sub(8)?)?;
     let head = head.strip_suffix(&[0])?;
@@ -88,7 +124,16 @@ fn decode_file_key(raw: &[u8]) -> Option<FileId> {
 
 impl SinkManifest {
     pub fn open(dir: &Path) -> Result<Self> {
-        let store = Store::open(dir, &[CF_FILES, CF_PLACEMENTS, CF_COUNTERS, CF_JOURNAL])?;
+        let store = Store::open(
+            dir,
+            &[
+                CF_FILES,
+                CF_PLACEMENTS,
+                CF_COUNTERS,
+                CF_JOURNAL,
+                CF_JOURNAL_ROUNDS,
+            ],
+        )?;
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
@@ -114,11 +159,34 @@ impl SinkManifest {
         let files = store.cf(CF_FILES)?;
         let placements = store.cf(CF_PLACEMENTS)?;
         let counters = store.cf(CF_COUNTERS)?;
-        let journal = store.cf(CF_JOURNAL)?;
         let mut batch = WriteBatch::default();
 
+        // One key for the round's ranges: few memtable inserts per commit,
+        // one delete when they are flushed.
+        let mut round = Vec::new();
         for (id, offset, bytes) in &commit.journal {
-            batch.put_cf(journal, journal_key(id, *offset), bytes);
+            match bytes {
+                JournalBytes::InFile {
+                    position,
+                    len,
+                    crc32c,
+                } => {
+                    let key = file_key(id);
+                    round.extend_from_slice(&(key.len() as u32).to_be_bytes());
+                    round.extend_from_slice(&key);
+                    round.extend_from_slice(&offset.to_be_bytes());
+                    round.extend_from_slice(&position.to_be_bytes());
+                    round.extend_from_slice(&len.to_be_bytes());
+                    round.extend_from_slice(&crc32c.to_be_bytes());
+                }
+                JournalBytes::Inline(bytes) => {
+                    batch.put_cf(store.cf(CF_JOURNAL)?, journal_key(id, *offset), bytes)
+                }
+            }
+        }
+        if !round.is_empty() {
+            let key = commit.journal_round.to_be_bytes();
+            batch.put_cf(store.cf(CF_JOURNAL_ROUNDS)?, key, round);
         }
 
         for (id, record) in &commit.records {
@@ -155,35 +223,70 @@ impl SinkManifest {
         store.write(batch, true, "commit")
     }
 
-    /// Drops journal entries whose bytes are now durable in their files. Not synced: an entry
-    /// that comes back after a crash is written again at its offset, which changes nothing.
-    pub fn forget_journal(&self, entries: &[(FileId, u64)]) -> Result<()> {
-        let journal = self.store().cf(CF_JOURNAL)?;
-        let mut batch = WriteBatch::default();
-        for (id, offset) in entries {
-            batch.delete_cf(journal, journal_key(id, *offset));
+    /// Drops the journal entries of these rounds: their files are flushed. Synced, because the
+    /// journal file's space they pointed to is written again next: an entry that came back
+    /// after a crash would point to other bytes.
+    pub fn forget_journal(&self, rounds: &[u64]) -> Result<()> {
+        if rounds.is_empty() {
+            return Ok(());
         }
-        self.store().write(batch, false, "forget journal entries")
+        let cf = self.store().cf(CF_JOURNAL_ROUNDS)?;
+        let mut batch = WriteBatch::default();
+        for round in rounds {
+            batch.delete_cf(cf, round.to_be_bytes());
+        }
+        self.store().write(batch, true, "forget journal entries")
+    }
+
+    /// Drops every journal entry (after they were all written back).
+    pub fn clear_journal(&self) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        for name in [CF_JOURNAL_ROUNDS, CF_JOURNAL] {
+            let cf = self.store().cf(name)?;
+            for (key, _) in self.store().scan_prefix(name, &[], "scan journal")? {
+                batch.delete_cf(cf, key);
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.store().write(batch, true, "clear the journal")
     }
 
     /// Every journal entry, ascending by file then offset.
     pub fn journal(&self) -> Result<Vec<JournalEntry>> {
-        let entries = self.store().scan_prefix(CF_JOURNAL, &[], "scan journal")?;
-        entries
-            .into_iter()
-            .map(|(k, v)| {
-                let split = k.len().checked_sub(8);
-                let decoded = split.and_then(|at| {
-                    let (file, offset) = k.split_at(at);
-                    Some((decode_file_key(file)?, decode_u64(offset)?))
-                });
-                let (id, offset) = decoded.ok_or_else(|| {
-                    self.store()
-                        .corrupt(CF_JOURNAL, &k, "key is not file key + offset")
-                })?;
-                Ok((id, offset, v.into_vec()))
-            })
-            .collect()
+        let mut keyed = Vec::new();
+        for (key, value) in self.store().scan_prefix(CF_JOURNAL, &[], "scan journal")? {
+            let split = key.len().checked_sub(8);
+            let decoded = split.and_then(|at| {
+                let (file, offset) = key.split_at(at);
+                Some((decode_file_key(file)?, decode_u64(offset)?))
+            });
+            let (id, offset) = decoded.ok_or_else(|| {
+                self.store()
+                    .corrupt(CF_JOURNAL, &key, "key is not file key + offset")
+            })?;
+            let file = key[..key.len() - 8].to_vec();
+            keyed.push((
+                (file, offset),
+                (id, offset, JournalBytes::Inline(value.into_vec())),
+            ));
+        }
+        for (key, value) in self
+            .store()
+            .scan_prefix(CF_JOURNAL_ROUNDS, &[], "scan journal")?
+        {
+            let entries = decode_journal_round(&value).ok_or_else(|| {
+                self.store().corrupt(
+                    CF_JOURNAL_ROUNDS,
+                    &key,
+                    "value is not a list of journal entries",
+                )
+            })?;
+            keyed.extend(entries);
+        }
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(keyed.into_iter().map(|(_, entry)| entry).collect())
     }
 
     pub fn get(&self, id: &FileId) -> Result<Option<FileRecord>> {
@@ -374,6 +477,7 @@ mod tests {
             let m = SinkManifest::open(dir.path()).unwrap();
             m.commit(&SinkCommit {
                 journal: Vec::new(),
+                journal_round: 0,
                 records: vec![
                     (a2.clone(), record("run1/a.xtc2", &[(0, 10)])),
                     (a1.clone(), sealed.clone()),
@@ -433,6 +537,7 @@ mod tests {
             assert_eq!(m.counters().unwrap(), SinkCounters::default());
             m.commit(&SinkCommit {
                 journal: Vec::new(),
+                journal_round: 0,
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
                 counters: SinkCounters {
@@ -449,6 +554,7 @@ mod tests {
         clone
             .commit(&SinkCommit {
                 journal: Vec::new(),
+                journal_round: 0,
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
                 counters: SinkCounters {
@@ -481,6 +587,7 @@ mod tests {
                     for i in 0..10 {
                         m.commit(&SinkCommit {
                             journal: Vec::new(),
+                            journal_round: 0,
                             records: vec![],
                             placements: vec![(id("s", "k", t), i, 1)],
                             counters: SinkCounters {
@@ -564,10 +671,17 @@ mod tests {
         m.commit(&SinkCommit {
             records: vec![(a.clone(), record("s/run/a", &[(0, 8)]))],
             journal: vec![
-                (b.clone(), 0, b"second".to_vec()),
-                (a.clone(), 4, b"tail".to_vec()),
-                (a.clone(), 0, b"head".to_vec()),
+                (b.clone(), 0, in_file(16, 6)),
+                (a.clone(), 4, JournalBytes::Inline(b"tail".to_vec())),
+                (a.clone(), 0, in_file(0, 4)),
             ],
+            journal_round: 7,
+            ..SinkCommit::default()
+        })
+        .unwrap();
+        m.commit(&SinkCommit {
+            journal: vec![(a.clone(), 8, in_file(22, 2))],
+            journal_round: 22,
             ..SinkCommit::default()
         })
         .unwrap();
@@ -576,13 +690,30 @@ mod tests {
         assert_eq!(
             m.journal().unwrap(),
             vec![
-                (a.clone(), 0, b"head".to_vec()),
-                (a.clone(), 4, b"tail".to_vec()),
-                (b.clone(), 0, b"second".to_vec()),
+                (a.clone(), 0, in_file(0, 4)),
+                (a.clone(), 4, JournalBytes::Inline(b"tail".to_vec())),
+                (a.clone(), 8, in_file(22, 2)),
+                (b.clone(), 0, in_file(16, 6)),
             ]
         );
-        m.forget_journal(&[(a.clone(), 0), (b, 0)]).unwrap();
-        assert_eq!(m.journal().unwrap(), vec![(a, 4, b"tail".to_vec())]);
+        m.forget_journal(&[7]).unwrap();
+        assert_eq!(
+            m.journal().unwrap(),
+            vec![
+                (a.clone(), 4, JournalBytes::Inline(b"tail".to_vec())),
+                (a.clone(), 8, in_file(22, 2)),
+            ]
+        );
+        m.clear_journal().unwrap();
+        assert!(m.journal().unwrap().is_empty());
+    }
+
+    fn in_file(position: u64, len: u32) -> JournalBytes {
+        JournalBytes::InFile {
+            position,
+            len,
+            crc32c: 0xdead_beef ^ len,
+        }
     }
 
     #[test]

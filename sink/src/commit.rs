@@ -8,10 +8,13 @@
 //! get its answer. A request that leaned on ranges another batch was writing
 //! (a duplicate in flight) waits until those are recorded.
 //!
-//! Ranges a batch put in the journal are durable with that manifest write;
-//! their files join a backlog that a background flush fdatasyncs (every
-//! [`FLUSH_AFTER`] or [`FLUSH_AT_BYTES`]) before dropping their journal
-//! entries.
+//! A round that has no file or directory to flush but small ranges to
+//! journal writes their bytes into the journal file instead (one write, one
+//! fdatasync, see [`crate::journal`]) and their entries into the manifest
+//! with its records; their files join a backlog that a background flush
+//! makes durable (every [`FLUSH_AFTER`] or [`FLUSH_AT_BYTES`]) before
+//! dropping the entries and giving their journal space back. A round that
+//! flushes anyway, or finds the journal full, flushes those files with it.
 //!
 //! A failed fsync or manifest write poisons the sink: after such a failure
 //! the page cache can no longer be trusted to hold what was written, so the
@@ -29,6 +32,7 @@ use manifest_db::{FileId, JournalEntry, SinkCommit, SinkCounters, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::flush::{Flusher, SyncTarget, flush_now};
+use crate::journal::{JournalFile, JournalSpace};
 use crate::placement::{FileCounts, Slot, lock};
 
 /// Ranges of a file another batch already placed or is placing.
@@ -55,8 +59,8 @@ pub(crate) struct CommitRequest {
     pub dirs_to_sync: Vec<Arc<OwnedFd>>,
     pub dependencies: Vec<Dependency>,
     pub counters: SinkCounters,
-    /// Ranges recorded with their bytes in the manifest's journal...
-    pub journal: Vec<JournalEntry>,
+    /// Ranges to journal, (file, offset, bytes), if the round can...
+    pub journal: Vec<(FileId, u64, Vec<u8>)>,
     pub journal_bytes: u64,
     /// ...so their files are flushed later, in the background.
     pub journaled_files: Vec<Arc<File>>,
@@ -100,6 +104,7 @@ impl Committer {
         manifest: SinkManifest,
         commit_log: Option<File>,
         gate: CommitGate,
+        journal: Option<JournalFile>,
         journal_backlog: Arc<AtomicU64>,
         counts: Arc<FileCounts>,
         flusher: Flusher,
@@ -107,7 +112,7 @@ impl Committer {
         let (queue, receiver) = mpsc::unbounded_channel();
         let poisoned = Arc::new(Mutex::new(None));
         let commit_log = commit_log.map(std::io::BufWriter::new);
-        let backlog = Backlog::new(journal_backlog, flusher);
+        let backlog = Backlog::new(journal_backlog, flusher, journal);
         tokio::spawn(run(
             manifest,
             receiver,
@@ -141,16 +146,16 @@ impl Committer {
 const MAX_ROUND: usize = 1024;
 
 /// Journaled files are flushed at the latest this long after their first
-/// range: soon enough that the journal's entries are mostly deleted before
-/// RocksDB writes its memtable out (measured: at 500 ms a third of them
-/// reached disk and compactions doubled the p99 latency)...
+/// range...
 const FLUSH_AFTER: Duration = Duration::from_millis(100);
 /// ...or once this many journaled bytes wait.
 const FLUSH_AT_BYTES: u64 = 16 << 20;
 
-/// Journal entries whose files still need a flush.
+/// The journal file, and the journal rounds whose files still need a flush.
 struct Backlog {
-    entries: Vec<(FileId, u64)>,
+    /// Lent to each round that writes to it.
+    file: Option<JournalFile>,
+    rounds: Vec<u64>,
     /// Keyed by address: each file once, however many ranges it got.
     files: HashMap<usize, Arc<File>>,
     bytes: u64,
@@ -161,12 +166,18 @@ struct Backlog {
     /// Signalled when a flush ends, so a due flush waits for it without polling.
     flush_done: Arc<tokio::sync::Notify>,
     flusher: Flusher,
+    /// Journal space to give back after a flush, and where the last round
+    /// added to the backlog ended in the journal.
+    space: Option<JournalSpace>,
+    journal_end: u64,
 }
 
 impl Backlog {
-    fn new(shared_bytes: Arc<AtomicU64>, flusher: Flusher) -> Self {
+    fn new(shared_bytes: Arc<AtomicU64>, flusher: Flusher, file: Option<JournalFile>) -> Self {
         Self {
-            entries: Vec::new(),
+            space: file.as_ref().map(JournalFile::space),
+            file,
+            rounds: Vec::new(),
             files: HashMap::new(),
             bytes: 0,
             since: None,
@@ -174,15 +185,15 @@ impl Backlog {
             flushing: None,
             flush_done: Arc::default(),
             flusher,
+            journal_end: 0,
         }
     }
 
-    fn add(&mut self, entries: Vec<(FileId, u64)>, bytes: u64, files: Vec<Arc<File>>) {
-        if entries.is_empty() {
-            return;
-        }
+    fn add(&mut self, round: Option<u64>, bytes: u64, files: Vec<Arc<File>>, journal_end: u64) {
+        let Some(round) = round else { return };
+        self.rounds.push(round);
+        self.journal_end = journal_end;
         self.since.get_or_insert_with(Instant::now);
-        self.entries.extend(entries);
         self.bytes += bytes;
         self.shared_bytes.fetch_add(bytes, Ordering::Relaxed);
         for file in files {
@@ -204,10 +215,10 @@ impl Backlog {
             .flushing
             .as_ref()
             .is_some_and(|task| !task.is_finished());
-        if !due || running || self.entries.is_empty() {
+        if !due || running || self.rounds.is_empty() {
             return;
         }
-        let entries = std::mem::take(&mut self.entries);
+        let rounds = std::mem::take(&mut self.rounds);
         let targets: Vec<SyncTarget> = self
             .files
             .drain()
@@ -220,13 +231,14 @@ impl Backlog {
         let poisoned = poisoned.clone();
         let flush_done = self.flush_done.clone();
         let flusher = self.flusher.clone();
+        let release = self.space.clone().map(|space| (space, self.journal_end));
         self.flushing = Some(tokio::spawn(async move {
             // Few flushes at a time: this one is in no hurry, and the
             // commit rounds' manifest flushes must not queue behind it.
             let result = match flusher.flush(targets, BACKGROUND_SYNC_PARALLELISM).await {
                 Ok(()) => tokio::task::spawn_blocking(move || {
                     manifest
-                        .forget_journal(&entries)
+                        .forget_journal(&rounds)
                         .map_err(|e| format!("dropping flushed journal entries: {e}"))
                 })
                 .await
@@ -236,6 +248,9 @@ impl Backlog {
             match result {
                 Ok(()) => {
                     shared_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                    if let Some((space, end)) = release {
+                        space.release_to(end);
+                    }
                 }
                 Err(reason) => {
                     tracing::error!(error = %reason, "flushing journaled files failed; the sink refuses further batches until restarted");
@@ -293,6 +308,7 @@ async fn run(
             continue;
         }
         let started = Instant::now();
+        let journaling = journal_or_flush(&mut round, backlog.file.as_ref());
         let targets = sync_targets(&round);
         let flushed = targets.len();
         let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
@@ -300,14 +316,36 @@ async fn run(
         let manifest_for_round = manifest.clone();
         let gate = gate.clone();
         let counts = counts.clone();
+        let mut round_journal = if journaling {
+            backlog.file.take()
+        } else {
+            None
+        };
         let outcome = tokio::task::spawn_blocking(move || {
             let mut round = round;
-            let result =
-                synced.and_then(|()| record_round(&manifest_for_round, &mut round, &gate, &counts));
-            (round, result)
+            let writing = Instant::now();
+            let result = synced
+                .and_then(|()| write_journal(round_journal.as_mut(), &mut round))
+                .and_then(|(entries, end)| {
+                    let journal_round = (!entries.is_empty()).then_some(end);
+                    let journal_us = writing.elapsed().as_micros() as u64;
+                    let journal = (entries, journal_round.unwrap_or(0));
+                    record_round(&manifest_for_round, &mut round, journal, &gate, &counts).map(
+                        |recorded| {
+                            (
+                                Recorded {
+                                    journal_us,
+                                    ..recorded
+                                },
+                                end,
+                            )
+                        },
+                    )
+                });
+            (round, round_journal, result)
         })
         .await;
-        let (mut round, result) = match outcome {
+        let (mut round, round_journal, result) = match outcome {
             Ok(done) => done,
             Err(join_error) => {
                 *lock(&poisoned) = Some(format!("the commit round panicked: {join_error}"));
@@ -319,12 +357,16 @@ async fn run(
             flushed,
             journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
             sync_us = synced_after.as_micros() as u64,
-            manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
+            journal_us = result.as_ref().map_or(0, |r| r.0.journal_us),
+            manifest_us = result.as_ref().map_or(0, |r| r.0.manifest_us),
             total_us = started.elapsed().as_micros() as u64,
             "commit round"
         );
-        let recorded = match result {
-            Ok(recorded) => recorded,
+        if round_journal.is_some() {
+            backlog.file = round_journal;
+        }
+        let (recorded, journal_end) = match result {
+            Ok(done) => done,
             Err(reason) => {
                 tracing::error!(error = %reason, "commit failed; the sink refuses further batches until restarted");
                 *lock(&poisoned) = Some(reason.clone());
@@ -337,7 +379,12 @@ async fn run(
             .iter_mut()
             .flat_map(|queued| std::mem::take(&mut queued.request.journaled_files))
             .collect();
-        backlog.add(recorded.journaled, recorded.journal_bytes, files);
+        backlog.add(
+            recorded.journal_round,
+            recorded.journal_bytes,
+            files,
+            journal_end,
+        );
         backlog.flush_if_due(&manifest, &poisoned);
         if let Some(log) = &mut commit_log
             && let Err(error) = write_commit_log(log, &recorded.placements, &recorded.received_at)
@@ -467,17 +514,73 @@ struct Recorded {
     placements: Vec<Placement>,
     /// Per placement, when its batch reached the sink (unix nanos).
     received_at: Vec<u128>,
-    /// How long the synced manifest write took.
+    /// How long the journal file write and the synced manifest write took.
+    journal_us: u64,
     manifest_us: u64,
-    /// Journal entries written, and their bytes.
-    journaled: Vec<(FileId, u64)>,
+    /// The journal round written, if any, and its bytes.
+    journal_round: Option<u64>,
     journal_bytes: u64,
 }
 
-/// Records a round whose bytes are durable (flushed, or in its journal entries).
+/// Decides whether the round's small ranges go to the journal file: only if
+/// the round flushes nothing else (a flush it pays anyway covers them too)
+/// and the journal has room. Otherwise their files are flushed with the rest.
+fn journal_or_flush(round: &mut [Queued], journal: Option<&JournalFile>) -> bool {
+    let bytes: u64 = round.iter().map(|q| q.request.journal_bytes).sum();
+    if bytes == 0 {
+        return false;
+    }
+    let flushes_anyway = round
+        .iter()
+        .any(|q| !q.request.files_to_sync.is_empty() || !q.request.dirs_to_sync.is_empty());
+    if !flushes_anyway && journal.is_some_and(|j| j.has_room(bytes)) {
+        return true;
+    }
+    for queued in round {
+        let request = &mut queued.request;
+        request.journal.clear();
+        request.journal_bytes = 0;
+        let files = std::mem::take(&mut request.journaled_files);
+        request.files_to_sync.extend(files);
+    }
+    false
+}
+
+/// Writes the round's journaled bytes into the journal file, durably.
+/// Returns their manifest entries and where they end in the journal.
+fn write_journal(
+    journal: Option<&mut JournalFile>,
+    round: &mut [Queued],
+) -> Result<(Vec<JournalEntry>, u64), String> {
+    let Some(journal) = journal else {
+        return Ok((Vec::new(), 0));
+    };
+    let pending: Vec<(FileId, u64, Vec<u8>)> = round
+        .iter_mut()
+        .flat_map(|q| std::mem::take(&mut q.request.journal))
+        .collect();
+    let pieces: Vec<&[u8]> = pending.iter().map(|(_, _, b)| b.as_slice()).collect();
+    let (refs, end) = journal.write(&pieces).map_err(|e| {
+        format!(
+            "writing {} ranges to the journal file {}: {e}",
+            pending.len(),
+            journal.path().display()
+        )
+    })?;
+    let entries = pending
+        .into_iter()
+        .zip(refs)
+        .map(|((id, offset, _), bytes)| (id, offset, bytes))
+        .collect();
+    Ok((entries, end))
+}
+
+/// Records a round whose bytes are durable (flushed, or in `journal`, whose
+/// entries are kept under the given round key).
 fn record_round(
     manifest: &SinkManifest,
     round: &mut [Queued],
+    (journal, journal_round): (Vec<JournalEntry>, u64),
     gate: &CommitGate,
     counts: &FileCounts,
 ) -> Result<Recorded, String> {
@@ -486,11 +589,14 @@ fn record_round(
     let _gate = lock(gate);
     // The bytes are durable: fold the round's ranges into the records and
     // write them all at once.
-    let mut commit = SinkCommit::default();
+    let mut commit = SinkCommit {
+        journal,
+        journal_round,
+        ..SinkCommit::default()
+    };
     let mut received_at = Vec::new();
     let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
-    for queued in round.iter_mut() {
-        commit.journal.append(&mut queued.request.journal);
+    for queued in round.iter() {
         let request = &queued.request;
         let received = request.received.map_or(0, unix_nanos);
         for (slot, ranges) in &request.placed {
@@ -528,17 +634,21 @@ fn record_round(
     for (slot, sealed) in written {
         counts.committed(&mut lock(&slot.state), sealed);
     }
-    let journal_bytes = commit.journal.iter().map(|(_, _, b)| b.len() as u64).sum();
-    let journaled = commit
+    let journal_bytes = commit
         .journal
-        .into_iter()
-        .map(|(id, offset, _)| (id, offset))
-        .collect();
+        .iter()
+        .map(|(_, _, bytes)| match bytes {
+            manifest_db::JournalBytes::InFile { len, .. } => u64::from(*len),
+            manifest_db::JournalBytes::Inline(bytes) => bytes.len() as u64,
+        })
+        .sum();
+    let journal_round = (!commit.journal.is_empty()).then_some(commit.journal_round);
     Ok(Recorded {
         placements: commit.placements,
         received_at,
+        journal_us: 0,
         manifest_us,
-        journaled,
+        journal_round,
         journal_bytes,
     })
 }

@@ -5,11 +5,13 @@
 //! - [`confine`]: keeps destination paths under the root;
 //! - `placement`: writes ranges and applies control rows, exactly once;
 //! - `commit`: group commit (fdatasync, then one synced manifest write);
+//! - `journal`: the journal file, where small ranges become durable first;
 //! - [`verify`]: compares a source tree with a destination tree.
 
 mod commit;
 pub mod confine;
 mod flush;
+mod journal;
 mod placement;
 pub mod verify;
 
@@ -81,7 +83,7 @@ pub struct SinkConfig {
     pub max_message_bytes: usize,
     pub window_bytes: u32,
     pub max_open_files: usize,
-    /// Ranges up to this many bytes go to the manifest's journal (0: none).
+    /// Ranges up to this many bytes may go to the journal file (0: none).
     pub journal_max_range: u64,
     /// How commit rounds make their files durable.
     pub sync: SyncStrategy,
@@ -161,7 +163,8 @@ impl Sink {
                 backlog: journal_backlog.clone(),
             },
         );
-        let replayed = placer.replay_journal()?;
+        let journal_path = config.state_dir.join(journal::JOURNAL_FILE_NAME);
+        let replayed = placer.replay_journal(&journal_path)?;
         if replayed > 0 {
             tracing::info!(
                 bytes = replayed,
@@ -172,10 +175,22 @@ impl Sink {
             placement::FileCounts::from_manifest(&manifest)
                 .context("counting the manifest's file records")?,
         );
+        // Opened after the replay, which leaves no entry pointing into it:
+        // its rounds start over at the beginning.
+        let journal = match config.journal_max_range {
+            0 => None,
+            _ => Some(
+                journal::JournalFile::open(&journal_path, journal::JOURNAL_FILE_BYTES)
+                    .with_context(|| {
+                        format!("cannot open the journal file {}", journal_path.display())
+                    })?,
+            ),
+        };
         let committer = Committer::start(
             manifest,
             commit_log,
             gate,
+            journal,
             journal_backlog,
             counts.clone(),
             flusher,

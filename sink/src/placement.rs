@@ -16,11 +16,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind, SealDigest};
-use manifest_db::{FileId, FileRecord, IntervalSet, Sealed, SinkCommit, SinkManifest};
+use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind, SealDigest, checksum};
+use manifest_db::{
+    FileId, FileRecord, IntervalSet, JournalBytes, Sealed, SinkCommit, SinkManifest,
+};
 
 use crate::commit::{CommitGate, CommitRequest, Dependency};
 use crate::confine::{ConfineError, Root};
@@ -100,11 +103,17 @@ impl FileCounts {
     }
 }
 
+fn read_exact(file: &File, offset: u64, len: u32) -> std::io::Result<Vec<u8>> {
+    let mut bytes = vec![0u8; len as usize];
+    file.read_exact_at(&mut bytes, offset)?;
+    Ok(bytes)
+}
+
 /// Most bytes one batch puts in the journal.
 const JOURNAL_BATCH_MAX: u64 = 1 << 20;
 /// Journaled bytes whose files are not flushed yet, past which ranges are
 /// flushed in place again (the background flush has fallen behind).
-const JOURNAL_BACKLOG_MAX: u64 = 256 << 20;
+const JOURNAL_BACKLOG_MAX: u64 = crate::journal::JOURNAL_FILE_BYTES;
 
 /// Slots kept in memory before sealed, idle ones are dropped.
 const SLOT_CACHE: usize = 4096;
@@ -209,7 +218,8 @@ impl Placer {
     /// them and empties the journal. They were acknowledged, but a crash of
     /// the machine may have lost them from the files with the page cache.
     /// Runs at startup, before any batch; returns the bytes written back.
-    pub fn replay_journal(&self) -> Result<u64, PlaceError> {
+    /// `journal_path` is the journal file the entries point into.
+    pub fn replay_journal(&self, journal_path: &Path) -> Result<u64, PlaceError> {
         let storage = |e: String| PlaceError::Storage(format!("replaying the journal: {e}"));
         let entries = self
             .manifest
@@ -219,10 +229,9 @@ impl Placer {
             request: CommitRequest::default(),
             ack: Ack::default(),
         };
-        let mut forget = Vec::with_capacity(entries.len());
+        let mut journal_file = None;
         let mut replayed = 0u64;
-        for (id, offset, bytes) in entries {
-            forget.push((id.clone(), offset));
+        for (id, offset, stored) in entries {
             let source = self.source(&id.source)?;
             let slot = {
                 let mut files = lock(&source.files);
@@ -239,11 +248,55 @@ impl Placer {
             let file = self
                 .file_of(&slot, &mut state, &mut work)
                 .map_err(|e| storage(e.into_message()))?;
+            let dest = &state.record.dest_path;
+            let bytes = match stored {
+                JournalBytes::Inline(bytes) => bytes,
+                JournalBytes::InFile {
+                    position,
+                    len,
+                    crc32c,
+                } => {
+                    if journal_file.is_none() {
+                        let opened = File::open(journal_path).map_err(|e| {
+                            storage(format!(
+                                "the manifest's journal points into {}, which cannot be opened: {e}",
+                                journal_path.display()
+                            ))
+                        })?;
+                        journal_file = Some(opened);
+                    }
+                    let journal = journal_file.as_ref().expect("opened above");
+                    let kept = read_exact(journal, position, len)
+                        .ok()
+                        .filter(|bytes| checksum::crc32c(bytes) == crc32c);
+                    match kept {
+                        Some(bytes) => bytes,
+                        None => {
+                            // Only a damaged journal file gets here; the
+                            // range is fine if its file already holds it.
+                            let in_place = self
+                                .root
+                                .open_for_read(dest)
+                                .ok()
+                                .and_then(|file| read_exact(&file, offset, len).ok())
+                                .is_some_and(|bytes| checksum::crc32c(&bytes) == crc32c);
+                            if in_place {
+                                continue;
+                            }
+                            return Err(storage(format!(
+                                "{len} acknowledged bytes at offset {offset} of {dest} are neither in the \
+                                 journal file {} (position {position}) nor in the file: the journal \
+                                 file was damaged or replaced",
+                                journal_path.display()
+                            )));
+                        }
+                    }
+                }
+            };
             file.write_all_at(&bytes, offset).map_err(|e| {
                 storage(format!(
-                    "writing {} bytes at offset {offset} of {}: {e}",
+                    "writing {} bytes at offset {offset} of {dest}: {e}",
                     bytes.len(),
-                    state.record.dest_path
                 ))
             })?;
             work.request.files_to_sync.push(file);
@@ -266,7 +319,7 @@ impl Placer {
                 .map_err(|e| storage(e.to_string()))?;
         }
         self.manifest
-            .forget_journal(&forget)
+            .clear_journal()
             .map_err(|e| storage(e.to_string()))?;
         Ok(replayed)
     }
@@ -923,6 +976,58 @@ mod tests {
         fn dest(&self, path: &str) -> std::path::PathBuf {
             self.dir.join("root").join(path)
         }
+
+        fn journal_file(&self) -> std::path::PathBuf {
+            self.dir.join("journal.ring")
+        }
+    }
+
+    /// Where `bytes` are in a journal file written as the concatenation of
+    /// "head", "tail", "gone".
+    fn in_journal(bytes: &[u8]) -> JournalBytes {
+        let position = match bytes {
+            b"head" => 0,
+            b"tail" => 4,
+            _ => 8,
+        };
+        JournalBytes::InFile {
+            position,
+            len: bytes.len() as u32,
+            crc32c: checksum::crc32c(bytes),
+        }
+    }
+
+    /// A journal file damaged after a crash: a range its file already holds
+    /// is fine, one it does not is refused, naming the file and offset.
+    #[test]
+    fn replay_checks_journal_bytes_against_their_crc() {
+        let fixture = Fixture::new("replay-damaged");
+        let placer = fixture.placer();
+        std::fs::create_dir_all(fixture.dest("src")).unwrap();
+        std::fs::write(fixture.dest("src/kept.dat"), b"headtail").unwrap();
+        let commit = |name: &str, end| {
+            placer
+                .manifest
+                .commit(&SinkCommit {
+                    records: vec![(id(name, 1), record(&format!("src/{name}"), end))],
+                    journal: vec![(id(name, 1), 4, in_journal(b"tail"))],
+                    ..SinkCommit::default()
+                })
+                .unwrap()
+        };
+        commit("kept.dat", 8);
+        std::fs::write(fixture.journal_file(), b"headXXXXgone").unwrap();
+        assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 0);
+        assert!(placer.manifest.journal().unwrap().is_empty());
+
+        commit("lost.dat", 8);
+        let err = placer
+            .replay_journal(&fixture.journal_file())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("offset 4 of src/lost.dat"), "{err}");
+        assert!(err.contains("journal.ring"), "{err}");
+        assert_eq!(placer.manifest.journal().unwrap().len(), 1);
     }
 
     impl Drop for Fixture {
@@ -968,16 +1073,22 @@ mod tests {
                     (id("run/old-name.dat", 1), moved),
                 ],
                 journal: vec![
-                    (id("lost.dat", 1), 0, b"head".to_vec()),
-                    (id("lost.dat", 1), 4, b"tail".to_vec()),
-                    (id("old.dat", 1), 0, b"gone".to_vec()),
-                    (id("run/old-name.dat", 1), 0, b"moved!".to_vec()),
+                    (id("lost.dat", 1), 0, in_journal(b"head")),
+                    (id("lost.dat", 1), 4, in_journal(b"tail")),
+                    (id("old.dat", 1), 0, in_journal(b"gone")),
+                    // As sinks before the journal file kept them.
+                    (
+                        id("run/old-name.dat", 1),
+                        0,
+                        JournalBytes::Inline(b"moved!".to_vec()),
+                    ),
                 ],
                 ..SinkCommit::default()
             })
             .unwrap();
+        std::fs::write(fixture.journal_file(), b"headtailgone").unwrap();
 
-        assert_eq!(placer.replay_journal().unwrap(), 14);
+        assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 14);
         assert_eq!(
             std::fs::read(fixture.dest("src/lost.dat")).unwrap(),
             b"headtail"
@@ -998,7 +1109,7 @@ mod tests {
         // Replaying again (a crash during the first replay) changes nothing.
         drop(placer);
         let again = fixture.placer();
-        assert_eq!(again.replay_journal().unwrap(), 0);
+        assert_eq!(again.replay_journal(&fixture.journal_file()).unwrap(), 0);
         assert_eq!(
             std::fs::read(fixture.dest("src/lost.dat")).unwrap(),
             b"headtail"
