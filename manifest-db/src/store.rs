@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, Options,
-    WriteBatch, WriteOptions,
+    ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode,
+    MemtableFactory, Options, WriteBatch, WriteOptions,
 };
 
 use crate::{Error, Result};
@@ -18,6 +18,13 @@ const WRITE_BUFFER_SIZE: usize = 8 << 20;
 /// written and deleted again within one memtable, so they rarely reach disk
 /// beyond the write-ahead log.
 pub(crate) const BULK_CFS: &[&str] = &["journal"];
+
+/// Column families only ever appended to, or written and deleted, and read
+/// only by scans at startup or offline. Their memtables are plain vectors:
+/// an insert is an append instead of a skip-list search (measured: 11-17 %
+/// of the sink's CPU in P3 went to skip-list inserts), and the sort happens
+/// once, when the memtable is written out.
+pub(crate) const LOG_CFS: &[&str] = &["placements", "journal_rounds"];
 const BULK_WRITE_BUFFER_SIZE: usize = 64 << 20;
 /// Write-ahead log kept before the families holding its oldest file are flushed.
 const WAL_LIMIT: u64 = 128 << 20;
@@ -55,10 +62,16 @@ impl Store {
         // Log files are reused instead of created and deleted; overwriting
         // one in place also spares each synced write a file-size update.
         opts.set_recycle_log_file_num(4);
+        // Vector memtables take no concurrent inserts; every manifest has a
+        // single writer at a time anyway.
+        opts.set_allow_concurrent_memtable_write(false);
         let descriptors = cfs.iter().map(|name| {
             let mut cf_options = options();
             if BULK_CFS.contains(name) {
                 cf_options.set_write_buffer_size(BULK_WRITE_BUFFER_SIZE);
+            }
+            if LOG_CFS.contains(name) {
+                cf_options.set_memtable_factory(MemtableFactory::Vector);
             }
             ColumnFamilyDescriptor::new(*name, cf_options)
         });
