@@ -86,6 +86,8 @@ impl CommitRequest {
 
 pub(crate) struct Queued {
     pub request: CommitRequest,
+    /// When it was queued (for the commit round's trace).
+    pub queued: Instant,
     pub reply: oneshot::Sender<Result<(), String>>,
 }
 
@@ -130,13 +132,28 @@ impl Committer {
         lock(&self.poisoned).clone()
     }
 
-    /// Resolves once the request is durable (or the sink failed).
-    pub async fn commit(&self, request: CommitRequest) -> Result<(), String> {
+    /// Queues the request for the next round; the answer resolves once it
+    /// is durable (or the sink failed). Callable from a blocking thread, so
+    /// a placed batch joins the queue without waiting for an async worker.
+    pub fn submit(&self, request: CommitRequest) -> Result<CommitAnswer, String> {
         let (reply, answer) = oneshot::channel();
         self.queue
-            .send(Queued { request, reply })
+            .send(Queued {
+                request,
+                reply,
+                queued: Instant::now(),
+            })
             .map_err(|_| "the committer has stopped".to_string())?;
-        answer
+        Ok(CommitAnswer(answer))
+    }
+}
+
+/// The outcome of a submitted commit request.
+pub(crate) struct CommitAnswer(oneshot::Receiver<Result<(), String>>);
+
+impl CommitAnswer {
+    pub async fn durable(self) -> Result<(), String> {
+        self.0
             .await
             .map_err(|_| "the committer has stopped".to_string())?
     }
@@ -308,6 +325,19 @@ async fn run(
             continue;
         }
         let started = Instant::now();
+        // How long the oldest batch of the round waited since it arrived
+        // (placement, then the queue behind the previous round).
+        let waited_us = round
+            .iter()
+            .filter_map(|q| q.request.received)
+            .min()
+            .and_then(|received| received.elapsed().ok())
+            .map_or(0, |waited| waited.as_micros() as u64);
+        let queued_us = round
+            .iter()
+            .map(|q| q.queued.elapsed().as_micros() as u64)
+            .max()
+            .unwrap_or(0);
         let journaling = journal_or_flush(&mut round, backlog.file.as_ref());
         let targets = sync_targets(&round);
         let flushed = targets.len();
@@ -354,6 +384,8 @@ async fn run(
         };
         tracing::debug!(
             requests = round.len(),
+            waited_us,
+            queued_us,
             flushed,
             journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
             sync_us = synced_after.as_micros() as u64,

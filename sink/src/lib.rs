@@ -103,7 +103,7 @@ impl Default for SinkConfig {
             max_message_bytes: 64 << 20,
             window_bytes: 64 << 20,
             max_open_files: 1024,
-            journal_max_range: 0,
+            journal_max_range: 64 << 10,
             sync: SyncStrategy::Auto,
             commit_log: None,
         }
@@ -287,24 +287,22 @@ impl Ingest for Sink {
         let task = tokio::spawn(async move {
             let placed = tokio::task::spawn_blocking(move || {
                 let source_state = placer.source(&source)?;
-                let mut placed = placer.place(&source_state, seq, &batch);
-                if let Ok((request, _)) = &mut placed {
-                    request.received = Some(received);
-                }
-                placed
+                let (mut request, ack) = placer.place(&source_state, seq, &batch)?;
+                request.received = Some(received);
+                committer
+                    .submit(request)
+                    .map(|answer| (answer, ack))
+                    .map_err(PlaceError::Storage)
             })
             .await
             .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;
-            let (request, ack) = placed.map_err(|e| match e {
+            let (answer, ack) = placed.map_err(|e| match e {
                 PlaceError::Peer(detail) => Status::invalid_argument(detail),
                 PlaceError::Storage(detail) => {
                     Status::unavailable(format!("sink storage: {detail}"))
                 }
             })?;
-            committer
-                .commit(request)
-                .await
-                .map_err(Status::unavailable)?;
+            answer.durable().await.map_err(Status::unavailable)?;
             Ok(ack)
         });
         task.await
