@@ -147,12 +147,13 @@ pub struct SinkArgs {
     /// Destination files kept open at once.
     #[arg(long, default_value_t = 1024)]
     max_open_files: usize,
-    /// Ranges up to this size are made durable in the manifest's journal and
-    /// their files flushed in the background: lower median latency for many
-    /// small appends, but under sustained load RocksDB's compactions of the
-    /// journal lengthen the tail (see ops/bench). 0 (default) flushes every
-    /// file in place before its ack.
-    #[arg(long, default_value = "0", value_parser = parse_size)]
+    /// Ranges up to this size may be made durable in the journal file (in
+    /// the state directory) when their commit round flushes nothing else;
+    /// their files are flushed in the background within 100 ms. One write
+    /// and fdatasync of that file per round instead of a writeback of each
+    /// grown file: lower latency for many small appends. 0 flushes every file
+    /// in place before its ack.
+    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
     journal_max_range: u64,
     /// How commit rounds make files durable: auto (one syncfs for rounds
     /// touching several files on a local filesystem, Linux 5.8+, else per file), files
