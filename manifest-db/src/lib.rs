@@ -64,6 +64,10 @@ pub struct FileRecord {
     pub sealed: Option<Sealed>,
     /// A newer generation replaced this one at its path.
     pub superseded: bool,
+    /// Superseded, and its file kept aside at `dest_path` (`--superseded
+    /// keep`) rather than removed: it still holds acknowledged bytes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept: bool,
     /// Set while a rename to `dest_path` from this path may not have reached
     /// the disk yet: recorded before the rename, cleared after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -428,6 +428,7 @@ mod tests {
             placed: IntervalSet::from_ranges(ranges.iter().copied()),
             sealed: None,
             superseded: false,
+            kept: false,
             renamed_from: None,
         }
     }

@@ -179,9 +179,9 @@ struct Backlog {
     since: Option<Instant>,
     /// `bytes` of this backlog and of flushes under way, for placement to see.
     shared_bytes: Arc<AtomicU64>,
+    /// The flush under way, until the committer has seen it end: flushes
+    /// run one at a time, so journal space is given back in order.
     flushing: Option<tokio::task::JoinHandle<()>>,
-    /// Signalled when a flush ends, so a due flush waits for it without polling.
-    flush_done: Arc<tokio::sync::Notify>,
     flusher: Flusher,
     /// Journal space to give back after a flush, and where the last round
     /// added to the backlog ended in the journal.
@@ -200,7 +200,6 @@ impl Backlog {
             since: None,
             shared_bytes,
             flushing: None,
-            flush_done: Arc::default(),
             flusher,
             journal_end: 0,
         }
@@ -224,14 +223,17 @@ impl Backlog {
 
     /// Starts a flush of everything waiting, if one is due and none is running.
     fn flush_if_due(&mut self, manifest: &SinkManifest, poisoned: &Arc<Mutex<Option<String>>>) {
+        if lock(poisoned).is_some() {
+            // Entries stay for the replay after the restart.
+            return;
+        }
         let due = self.bytes >= FLUSH_AT_BYTES
             || self
                 .since
                 .is_some_and(|since| since.elapsed() >= FLUSH_AFTER);
-        let running = self
-            .flushing
-            .as_ref()
-            .is_some_and(|task| !task.is_finished());
+        // Until the committer has seen the last flush end, even if its task
+        // is done: flushes must not overlap.
+        let running = self.flushing.is_some();
         if !due || running || self.rounds.is_empty() {
             return;
         }
@@ -246,17 +248,22 @@ impl Backlog {
         let shared_bytes = self.shared_bytes.clone();
         let manifest = manifest.clone();
         let poisoned = poisoned.clone();
-        let flush_done = self.flush_done.clone();
         let flusher = self.flusher.clone();
         let release = self.space.clone().map(|space| (space, self.journal_end));
         self.flushing = Some(tokio::spawn(async move {
             // Few flushes at a time: this one is in no hurry, and the
             // commit rounds' manifest flushes must not queue behind it.
             let result = match flusher.flush(targets, BACKGROUND_SYNC_PARALLELISM).await {
+                // Another flush failing meanwhile may have taken the error
+                // of one of these files: their entries must stay.
+                Ok(()) if flusher.has_failed() || lock(&poisoned).is_some() => {
+                    Err("another flush failed; journal entries are kept for the replay".to_string())
+                }
                 Ok(()) => tokio::task::spawn_blocking(move || {
-                    manifest
-                        .forget_journal(&rounds)
-                        .map_err(|e| format!("dropping flushed journal entries: {e}"))
+                    let count = rounds.len();
+                    manifest.forget_journal(&rounds).map_err(|e| {
+                        format!("dropping the entries of {count} flushed journal rounds: {e}")
+                    })
                 })
                 .await
                 .unwrap_or_else(|e| Err(format!("the journal flush panicked: {e}"))),
@@ -274,7 +281,6 @@ impl Backlog {
                     *lock(&poisoned) = Some(reason);
                 }
             }
-            flush_done.notify_one();
         }));
     }
 }
@@ -293,17 +299,14 @@ async fn run(
     loop {
         let deadline = backlog.deadline();
         let flushing = backlog.flushing.is_some();
-        let flush_done = backlog.flush_done.clone();
         let first = tokio::select! {
             next = receiver.recv() => match next {
                 Some(first) => first,
                 None => break,
             },
             // A flush is running: the next one waits for its end.
-            () = flush_done.notified(), if flushing => {
-                if backlog.flushing.as_ref().is_some_and(|task| task.is_finished()) {
-                    backlog.flushing = None;
-                }
+            _ = flush_ended(&mut backlog.flushing), if flushing => {
+                backlog.flushing = None;
                 backlog.flush_if_due(&manifest, &poisoned);
                 continue;
             }
@@ -426,6 +429,16 @@ async fn run(
         }
         waiting.extend(round);
         waiting = answer_ready(waiting);
+    }
+}
+
+async fn flush_ended(flushing: &mut Option<tokio::task::JoinHandle<()>>) {
+    match flushing {
+        Some(task) => {
+            // A panic in it was logged by the runtime; the entries stay.
+            let _ = task.await;
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -559,13 +572,10 @@ struct Recorded {
 /// and the journal has room. Otherwise their files are flushed with the rest.
 fn journal_or_flush(round: &mut [Queued], journal: Option<&JournalFile>) -> bool {
     let bytes: u64 = round.iter().map(|q| q.request.journal_bytes).sum();
-    if bytes == 0 {
-        return false;
-    }
     let flushes_anyway = round
         .iter()
         .any(|q| !q.request.files_to_sync.is_empty() || !q.request.dirs_to_sync.is_empty());
-    if !flushes_anyway && journal.is_some_and(|j| j.has_room(bytes)) {
+    if bytes > 0 && !flushes_anyway && journal.is_some_and(|j| j.has_room(bytes)) {
         return true;
     }
     for queued in round {

@@ -11,8 +11,9 @@
 //! uses it on local filesystems and for rounds with several files.
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -58,10 +59,11 @@ pub(crate) enum SyncTarget {
 impl SyncTarget {
     fn sync(&self) -> Result<(), String> {
         match self {
-            SyncTarget::File(file) => file.sync_data().map_err(|e| format!("fdatasync: {e}")),
-            SyncTarget::Dir(dir) => {
-                sync_dir(dir.as_ref()).map_err(|e| format!("fsync of a directory: {e}"))
-            }
+            SyncTarget::File(file) => file
+                .sync_data()
+                .map_err(|e| format!("fdatasync of {}: {e}", describe(file))),
+            SyncTarget::Dir(dir) => sync_dir(dir.as_ref())
+                .map_err(|e| format!("fsync of the directory {}: {e}", describe(dir))),
         }
     }
 
@@ -72,6 +74,12 @@ impl SyncTarget {
         };
         stat.ok().map(|st| st.st_dev)
     }
+}
+
+/// The path an open descriptor refers to, for error messages.
+fn describe(fd: &impl AsRawFd) -> String {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_or_else(|_| "an open file".to_string(), |p| p.display().to_string())
 }
 
 /// `syncfs` reports writeback errors (an I/O error while the kernel wrote a
@@ -101,6 +109,11 @@ pub(crate) struct Flusher {
     root_device: u64,
     /// Rounds with at least this many targets use `syncfs`; `None`: never.
     syncfs_from: Option<usize>,
+    /// Set the moment any flush fails. The kernel reports a writeback error
+    /// once per open file description, and every flush of a file (or of the
+    /// filesystem) shares one: a flush that succeeds after another one failed
+    /// may have succeeded only because the other took the error.
+    failed: Arc<AtomicBool>,
 }
 
 impl Flusher {
@@ -138,7 +151,13 @@ impl Flusher {
             root: Arc::new(fd),
             root_device,
             syncfs_from,
+            failed: Arc::default(),
         })
+    }
+
+    /// Whether any flush has failed since the sink started.
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
     }
 
     /// Makes every target durable, with at most `parallelism` per-file
@@ -156,23 +175,31 @@ impl Flusher {
                 .filter(|target| target.device() != Some(root_device))
                 .collect();
             let root = self.root.clone();
+            let failed = self.failed.clone();
             let whole = tokio::task::spawn_blocking(move || {
-                rustix::fs::syncfs(&root).map_err(|e| format!("syncfs of the sink root: {e}"))
+                rustix::fs::syncfs(&root).map_err(|e| {
+                    failed.store(true, Ordering::SeqCst);
+                    format!("syncfs of the sink root: {e}")
+                })
             });
-            let rest = flush_each(elsewhere, parallelism).await;
+            let rest = flush_each(elsewhere, parallelism, &self.failed).await;
             whole
                 .await
                 .map_err(|e| format!("the syncfs task failed: {e}"))??;
             return rest;
         }
-        flush_each(targets, parallelism).await
+        flush_each(targets, parallelism, &self.failed).await
     }
 }
 
 /// fdatasyncs files (and fsyncs directories) all at once, on tokio's
 /// blocking threads: concurrent flushes share the filesystem's journal
 /// commits (ext4 and XFS batch them).
-async fn flush_each(targets: Vec<SyncTarget>, parallelism: usize) -> Result<(), String> {
+async fn flush_each(
+    targets: Vec<SyncTarget>,
+    parallelism: usize,
+    failed: &Arc<AtomicBool>,
+) -> Result<(), String> {
     if targets.is_empty() {
         return Ok(());
     }
@@ -181,8 +208,11 @@ async fn flush_each(targets: Vec<SyncTarget>, parallelism: usize) -> Result<(), 
     let mut targets = targets.into_iter().peekable();
     while targets.peek().is_some() {
         let part: Vec<SyncTarget> = targets.by_ref().take(per_task).collect();
+        let failed = failed.clone();
         tasks.push(tokio::task::spawn_blocking(move || {
-            part.iter().try_for_each(SyncTarget::sync)
+            part.iter()
+                .try_for_each(SyncTarget::sync)
+                .inspect_err(|_| failed.store(true, Ordering::SeqCst))
         }));
     }
     for task in tasks {

@@ -103,7 +103,16 @@ impl FileCounts {
     }
 }
 
+/// Reads `len` bytes at `offset`, checking first that the file has them
+/// (`len` comes from the manifest and is not trusted to allocate).
 fn read_exact(file: &File, offset: u64, len: u32) -> std::io::Result<Vec<u8>> {
+    let size = file.metadata()?.len();
+    if offset.saturating_add(u64::from(len)) > size {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("{offset}+{len} is past the end of the file ({size} bytes)"),
+        ));
+    }
     let mut bytes = vec![0u8; len as usize];
     file.read_exact_at(&mut bytes, offset)?;
     Ok(bytes)
@@ -242,7 +251,9 @@ impl Placer {
             // means nothing of this file was acknowledged.
             let Some(slot) = slot else { continue };
             let mut state = lock(&slot.state);
-            if state.record.superseded {
+            // A removed generation's path may now belong to its successor;
+            // one kept aside still needs its bytes.
+            if state.record.superseded && !state.record.kept {
                 continue;
             }
             let file = self
@@ -266,12 +277,14 @@ impl Placer {
                         journal_file = Some(opened);
                     }
                     let journal = journal_file.as_ref().expect("opened above");
-                    let kept = read_exact(journal, position, len)
-                        .ok()
-                        .filter(|bytes| checksum::crc32c(bytes) == crc32c);
-                    match kept {
-                        Some(bytes) => bytes,
-                        None => {
+                    let in_journal = read_exact(journal, position, len);
+                    match in_journal {
+                        Ok(bytes) if checksum::crc32c(&bytes) == crc32c => bytes,
+                        outcome => {
+                            let found = match outcome {
+                                Ok(_) => "other bytes".to_string(),
+                                Err(e) => format!("no bytes ({e})"),
+                            };
                             // Only a damaged journal file gets here; the
                             // range is fine if its file already holds it.
                             let in_place = self
@@ -285,8 +298,8 @@ impl Placer {
                             }
                             return Err(storage(format!(
                                 "{len} acknowledged bytes at offset {offset} of {dest} are neither in the \
-                                 journal file {} (position {position}) nor in the file: the journal \
-                                 file was damaged or replaced",
+                                 journal file {} (position {position}: {found}) nor in the file: the \
+                                 journal file was damaged or replaced",
                                 journal_path.display()
                             )));
                         }
@@ -545,6 +558,7 @@ impl Placer {
                 let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
                 work.request.add_dirs(dirs);
                 state.record.dest_path = aside;
+                state.record.kept = true;
             }
         }
         drop(state);
@@ -1065,6 +1079,10 @@ mod tests {
         let placer = fixture.placer();
         let mut old = record("src/old.dat", 4);
         old.superseded = true;
+        // Superseded under `--superseded keep`: its file stays, aside.
+        let mut aside = record("src/run/aside.dat.gen1", 4);
+        aside.superseded = true;
+        aside.kept = true;
         let mut moved = record("src/run/new-name.dat", 6);
         moved.renamed_from = Some("src/run/old-name.dat".into());
         std::fs::create_dir_all(fixture.dest("src/run")).unwrap();
@@ -1076,6 +1094,7 @@ mod tests {
                     (id("lost.dat", 1), record("src/lost.dat", 8)),
                     (id("old.dat", 1), old),
                     (id("run/old-name.dat", 1), moved),
+                    (id("run/aside.dat", 1), aside),
                 ],
                 journal: vec![
                     (id("lost.dat", 1), 0, in_journal(b"head")),
@@ -1087,13 +1106,18 @@ mod tests {
                         0,
                         JournalBytes::Inline(b"moved!".to_vec()),
                     ),
+                    (
+                        id("run/aside.dat", 1),
+                        0,
+                        JournalBytes::Inline(b"kept".to_vec()),
+                    ),
                 ],
                 ..SinkCommit::default()
             })
             .unwrap();
         std::fs::write(fixture.journal_file(), b"headtailgone").unwrap();
 
-        assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 14);
+        assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 18);
         assert_eq!(
             std::fs::read(fixture.dest("src/lost.dat")).unwrap(),
             b"headtail"
@@ -1104,8 +1128,13 @@ mod tests {
             b"moved!"
         );
         assert!(!fixture.dest("src/run/old-name.dat").exists());
-        // A superseded generation is not brought back.
+        // A removed superseded generation is not brought back; one kept
+        // aside gets its bytes.
         assert!(!fixture.dest("src/old.dat").exists());
+        assert_eq!(
+            std::fs::read(fixture.dest("src/run/aside.dat.gen1")).unwrap(),
+            b"kept"
+        );
         let manifest = &placer.manifest;
         assert!(manifest.journal().unwrap().is_empty());
         let settled = manifest.get(&id("run/old-name.dat", 1)).unwrap().unwrap();
