@@ -163,10 +163,12 @@ impl CommitAnswer {
 const MAX_ROUND: usize = 1024;
 
 /// Journaled files are flushed at the latest this long after their first
-/// range...
+/// range (their rounds hold journal space until then; a replay after a
+/// machine crash writes back at most this much)...
 const FLUSH_AFTER: Duration = Duration::from_millis(100);
-/// ...or once this many journaled bytes wait.
-const FLUSH_AT_BYTES: u64 = 16 << 20;
+/// ...or once this many journaled bytes wait: a quarter of the journal file,
+/// so rounds keep finding room while a flush runs.
+const FLUSH_AT_BYTES: u64 = crate::journal::JOURNAL_FILE_BYTES / 4;
 
 /// The journal file, and the journal rounds whose files still need a flush.
 struct Backlog {
