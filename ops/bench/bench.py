@@ -488,8 +488,12 @@ class Pipeline:
     """One sink and one watcher, each with its own state, for one run."""
 
     def __init__(self, b: Bench, d: Path, src: Path, *, tls=False, watch_extra=(), sink_extra=(),
-                 sink_host="127.0.0.1", netns=None, sink_port=None, nofile=None, dest_root=None):
+                 sink_host="127.0.0.1", netns=None, sink_port=None, nofile=None, dest_root=None,
+                 trace_rounds=False):
         self.b, self.d, self.src = b, d, src
+        # The sink's commit-round trace (one debug line per round) shows where the latency goes.
+        self.sink_env = (dict(b.env, TAILFLIGHT_LOG=f"{b.env.get('TAILFLIGHT_LOG', 'warn')},sink::commit=debug")
+                         if trace_rounds else b.env)
         self.nofile = nofile
         self.port = sink_port or free_port()
         self.host = sink_host
@@ -518,7 +522,7 @@ class Pipeline:
         self.start_sink()
 
     def start_sink(self):
-        self.sink = Proc("sink", self.sink_args, self.d, env=self.b.env, netns=self.netns, nofile=self.nofile)
+        self.sink = Proc("sink", self.sink_args, self.d, env=self.sink_env, netns=self.netns, nofile=self.nofile)
         wait_port(self.host, self.port, 60, self.sink)
 
     def restart_sink(self):
@@ -902,7 +906,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     d = b.fresh("p3", f"{label}-{i}".replace(" ", "_"))
     src = b.fresh_src("p3", f"{label}-{i}".replace(" ", "_"))
     os.sync()
-    pl = Pipeline(b, d, src, watch_extra=watch_extra, sink_extra=sink_extra)
+    pl = Pipeline(b, d, src, watch_extra=watch_extra, sink_extra=sink_extra, trace_rounds=True)
     try:
         pl.start_watcher()
         time.sleep(1.0)
@@ -923,6 +927,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     summ["sim_burst"] = burst_widths(writes)
     summ["windows"] = latency_windows(writes, timed, 10.0 if b.p["p3_seconds"] >= 30 else 1.0)
     ok, _ = b.verify(src, pl.dest)
+    m["rounds"] = commit_rounds(pl.sink.log_path)
     m.update(summ)
     m.update({"verified": ok, "cdf": cdf_points(lat), "writes": sum(len(w) for w in writes.values()),
               "seconds": b.p["p3_seconds"], "label": label, "watch_extra": list(map(str, watch_extra))})
@@ -944,6 +949,27 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     rmtree(src)
     rmtree(pl.dest_root)
     return m
+
+
+ROUND_FIELDS = ("requests", "waited_us", "queued_us", "journal_us", "manifest_us", "sync_us", "total_us")
+
+
+def commit_rounds(log: Path) -> dict | None:
+    """Medians of the sink's commit-round trace (sink::commit=debug), and the share of rounds that journaled."""
+    rows = []
+    try:
+        with open(log, errors="replace") as f:
+            for line in f:
+                if "commit round" in line:
+                    rows.append(dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", line)))
+    except OSError:
+        return None
+    if not rows:
+        return None
+    out = {k: median([r.get(k, 0) for r in rows]) for k in ROUND_FIELDS}
+    out["rounds"] = len(rows)
+    out["journaled_share"] = sum(1 for r in rows if r.get("journaled", 0) > 0) / len(rows)
+    return out
 
 
 class SizePoller(threading.Thread):
@@ -1877,13 +1903,26 @@ def bounds_analysis(b: Bench) -> list[str]:
                         if ways and way50 is not None and way50 >= 1.0 else ". "))
         if fl:
             text += (f"One 4 KiB write + fdatasync takes p50 {fl['p50_ms']:.3f} ms, p99 {fl['p99_ms']:.3f} ms here "
-                     f"when the disk is otherwise idle, but flushing a file that grew commits its new size and blocks: "
-                     f"a round of ~55 grown files takes ~1.8 ms with one syncfs (sink::commit=debug traces; the "
-                     f"diagnostic run with `--journal-max-range 0` in the table), whereas the journal file is "
-                     f"pre-written, so its fdatasync is only a data write and a cache flush: a round's journal write "
-                     f"took p50 ~0.3 ms and its manifest write ~0.35 ms under this load, the whole round ~0.75 ms. "
-                     f"Before that, placing a batch of ~45 ranges takes ~0.3 ms (~6 µs CPU per range: lookup, pwrite, "
-                     f"copy for the journal). A batch arriving during a round waits for it, then for its own. ")
+                     f"when the disk is otherwise idle, but flushing a file that grew also commits its new size and "
+                     f"blocks, one metadata update per file, whereas the journal file is pre-written, so its "
+                     f"fdatasync is only a data write and a cache flush. ")
+        def round_text(rs: list[dict], who: str) -> str:
+            rs = [r for r in rs if r]
+            if not rs:
+                return ""
+            g = lambda k: median([r[k] for r in rs]) / 1000  # noqa: E731
+            return (f"{who}: {median([r['rounds'] for r in rs]):.0f} rounds, "
+                    f"{100 * median([r['journaled_share'] for r in rs]):.0f}% journaled; per round (medians) "
+                    f"file flushes {g('sync_us'):.2f} ms, journal write {g('journal_us'):.2f} ms, manifest write "
+                    f"{g('manifest_us'):.2f} ms, whole round {g('total_us'):.2f} ms; a batch's arrival to its "
+                    f"round's start (placement, then the queue) {g('waited_us'):.2f} ms")
+        measured = [round_text([r.get("rounds") for r in runs], "default")]
+        if p3.get("journal"):
+            measured.append(round_text([r.get("rounds") for r in p3["journal"]], "`--journal-max-range 0`"))
+        measured = [m for m in measured if m]
+        if measured:
+            text += ("The sink's commit-round trace (sink::commit=debug) of these runs: " + "; ".join(measured)
+                     + ". A batch arriving during a round waits for it, then for its own. ")
         if wus is not None and sus is not None:
             text += (f"CPU per 4 KiB write: watcher {wus:.0f} µs, sink {sus:.0f} µs, i.e. "
                      f"{(wus + sus) * rate / 1e6:.2f} cores at {rate:.0f} writes/s on a {ncpu}-core machine that also "
