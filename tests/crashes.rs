@@ -10,7 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    Pipeline, PipelineOptions, audit, files_of_run, scratch, simulate_in_background, status_u64,
+    Pipeline, PipelineOptions, assert_clean_audit, files_of_run, scratch, simulate_in_background,
+    status_u64,
 };
 
 /// A small xorshift generator: the seed is printed so a failure can be replayed.
@@ -116,16 +117,7 @@ fn crash_cycles(name: &str, options: PipelineOptions, default_cycles: usize) {
     );
     pipeline.watcher.stop();
     pipeline.sink.stop();
-    let report = audit(&pipeline.sink_state);
-    println!("audit: {report}");
-    assert_eq!(
-        report["overlapping_placements"], 0,
-        "a range was recorded twice: {report}"
-    );
-    assert_eq!(
-        report["record_mismatches"], 0,
-        "records disagree with the audit log: {report}"
-    );
+    let report = assert_clean_audit(&pipeline.sink_state);
     // The sink keeps its file counts in memory across restarts; the audit reads every record.
     for count in ["files", "sealed_files"] {
         assert_eq!(

@@ -217,6 +217,22 @@ pub fn audit(state: &Path) -> serde_json::Value {
     value
 }
 
+/// Audits a stopped sink's manifest and asserts exactly-once placement: no
+/// range recorded twice, every record matching its audit log.
+pub fn assert_clean_audit(state: &Path) -> serde_json::Value {
+    let report = audit(state);
+    println!("audit: {report}");
+    assert_eq!(
+        report["overlapping_placements"], 0,
+        "a range was recorded twice: {report}"
+    );
+    assert_eq!(
+        report["record_mismatches"], 0,
+        "records disagree with the audit log: {report}"
+    );
+    report
+}
+
 /// Every regular file under `dir` (relative paths), sorted.
 pub fn list_files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
