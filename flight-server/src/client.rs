@@ -18,11 +18,11 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, FlightDescriptor, SchemaAsIpc};
 use arrow_ipc::writer::IpcWriteOptions;
 use tokio::sync::{Notify, Semaphore, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use crate::encode::EncodedBatch;
 use crate::protocol::{self, Ack, Hello};
+use crate::put_stream::{self, MessageFrames, frames};
 use crate::tls::ClientTls;
 use crate::wire::range_schema;
 
@@ -266,12 +266,6 @@ fn make_endpoint(config: &ClientConfig) -> Result<Endpoint, ClientError> {
 }
 
 impl Shared {
-    fn flight_client(&self, channel: Channel) -> FlightServiceClient<Channel> {
-        FlightServiceClient::new(channel)
-            .max_decoding_message_size(self.config.max_message_bytes)
-            .max_encoding_message_size(self.config.max_message_bytes)
-    }
-
     fn push_back(&self, item: Queued) {
         lock(&self.queue).push_back(item);
         self.queued.notify_waiters();
@@ -407,17 +401,16 @@ async fn stream_once(
     let channel = shared.endpoint.connect().await.map_err(|e| {
         StreamFailure::Transport(format!("cannot connect to {endpoint}: {}", error_chain(&e)))
     })?;
-    let mut client = shared.flight_client(channel);
-    let (tx, rx) = mpsc::channel::<FlightData>(2);
+    let max_bytes = shared.config.max_message_bytes;
+    let (tx, rx) = mpsc::channel::<MessageFrames>(2);
     let hello = Hello::new(&shared.config.source);
-    tx.send(schema_message(&hello))
+    let hello = frames(schema_message(&hello), max_bytes).map_err(classify)?;
+    tx.send(hello)
         .await
         .map_err(|_| StreamFailure::Transport("request stream closed".into()))?;
-    let mut responses = client
-        .do_put(ReceiverStream::new(rx))
+    let mut responses = put_stream::do_put(channel, rx, max_bytes)
         .await
-        .map_err(classify)?
-        .into_inner();
+        .map_err(classify)?;
     shared.connected.fetch_add(1, Ordering::Relaxed);
     let _connected = scopeguard(|| {
         shared.connected.fetch_sub(1, Ordering::Relaxed);
@@ -445,6 +438,8 @@ async fn stream_once(
                 let message = batch_message(&item.out.batch, seq);
                 in_flight_bytes += item.bytes;
                 in_flight.insert(seq, item);
+                // Too large a batch is refused like one the sink refused.
+                let message = frames(message, max_bytes).map_err(classify)?;
                 if tx.send(message).await.is_err() {
                     // The request stream ended; the response side says why.
                     let status = responses.message().await.err();

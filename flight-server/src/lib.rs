@@ -14,6 +14,7 @@ mod connection;
 mod decode;
 pub mod encode;
 pub mod protocol;
+mod put_stream;
 pub mod service;
 pub mod tls;
 pub mod wire;
