@@ -71,6 +71,12 @@ pub(crate) struct CommitRequest {
 }
 
 impl CommitRequest {
+    /// Whether its round must flush files or directories anyway: then the
+    /// journal saves nothing for its small ranges.
+    pub fn flushes_anyway(&self) -> bool {
+        !self.files_to_sync.is_empty() || !self.dirs_to_sync.is_empty()
+    }
+
     /// Adds directories to fsync, once each: a batch creating thousands of
     /// files in one directory holds one descriptor for it, not thousands.
     pub fn add_dirs(&mut self, dirs: impl IntoIterator<Item = OwnedFd>) {
@@ -574,9 +580,7 @@ struct Recorded {
 /// and the journal has room. Otherwise their files are flushed with the rest.
 fn journal_or_flush(round: &mut [Queued], journal: Option<&JournalFile>) -> bool {
     let bytes: u64 = round.iter().map(|q| q.request.journal_bytes).sum();
-    let flushes_anyway = round
-        .iter()
-        .any(|q| !q.request.files_to_sync.is_empty() || !q.request.dirs_to_sync.is_empty());
+    let flushes_anyway = round.iter().any(|q| q.request.flushes_anyway());
     if bytes > 0 && !flushes_anyway && journal.is_some_and(|j| j.has_room(bytes)) {
         return true;
     }

@@ -708,10 +708,8 @@ impl Placer {
         work.ack.placed += written;
         // A batch that flushes files anyway (new files, large ranges) has
         // them flushed together; copying its small ranges would be for nothing.
-        let flushes_anyway =
-            !work.request.files_to_sync.is_empty() || !work.request.dirs_to_sync.is_empty();
         let journal = len <= self.journal.max_range
-            && !flushes_anyway
+            && !work.request.flushes_anyway()
             && work.request.journal_bytes + written <= JOURNAL_BATCH_MAX
             && self.journal.backlog.load(Ordering::Relaxed) < JOURNAL_BACKLOG_MAX;
         if journal {
