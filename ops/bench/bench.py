@@ -2024,7 +2024,8 @@ METHOD = """\
   50 ms; the commit-log time of the first commit after restart is also given). Then verify + `audit`.
 - **CPU and memory**: user+sys CPU seconds from `/proc/PID/stat` and peak RSS (`VmHWM`) of the watcher and
   the sink, read just before they are stopped, divided by the source bytes of the run. Binary: the dev
-  profile (dependencies at opt-level 3, the workspace crates at opt-level 1), as built by `cargo build`.
+  profile as built by `cargo build` (everything at opt-level 3; the workspace crates keep debug
+  assertions, overflow checks and line tables).
 """
 
 
