@@ -144,7 +144,9 @@ pub struct SinkArgs {
     /// HTTP/2 flow-control window per stream and connection (bytes).
     #[arg(long, default_value_t = 64 << 20)]
     window_bytes: u32,
-    /// Destination files kept open at once.
+    /// Destination files kept open at once. Files whose journaled ranges
+    /// wait for the background flush stay open until it; as many waiting
+    /// start it early, so at most about three times this many are open.
     #[arg(long, default_value_t = 1024)]
     max_open_files: usize,
     /// Ranges up to this size may be made durable in the journal file (in

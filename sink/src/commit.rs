@@ -107,20 +107,18 @@ pub(crate) struct Committer {
 impl Committer {
     /// `commit_log`, if given, gets one line per recorded range with the
     /// time it became durable (for latency measurements).
-    /// `journal_backlog` counts journaled bytes whose files are not flushed yet.
     pub fn start(
         manifest: SinkManifest,
         commit_log: Option<File>,
         gate: CommitGate,
-        journal: Option<JournalFile>,
-        journal_backlog: Arc<AtomicU64>,
+        journal: CommitJournal,
         counts: Arc<FileCounts>,
         flusher: Flusher,
     ) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
         let poisoned = Arc::new(Mutex::new(None));
         let commit_log = commit_log.map(std::io::BufWriter::new);
-        let backlog = Backlog::new(journal_backlog, flusher, journal);
+        let backlog = Backlog::new(journal, flusher);
         tokio::spawn(run(
             manifest,
             receiver,
@@ -165,6 +163,16 @@ impl CommitAnswer {
     }
 }
 
+/// The journal file, and what bounds the files waiting for its background flush.
+pub(crate) struct CommitJournal {
+    pub file: Option<JournalFile>,
+    /// Journaled bytes whose files are not flushed yet (placement reads it).
+    pub backlog_bytes: Arc<AtomicU64>,
+    /// A background flush starts once this many files wait for one: each
+    /// keeps its descriptor open until then, beyond the placement's cache.
+    pub flush_at_files: usize,
+}
+
 /// Most requests merged into one round, so one round's latency stays bounded.
 const MAX_ROUND: usize = 1024;
 
@@ -195,10 +203,12 @@ struct Backlog {
     /// added to the backlog ended in the journal.
     space: Option<JournalSpace>,
     journal_end: u64,
+    flush_at_files: usize,
 }
 
 impl Backlog {
-    fn new(shared_bytes: Arc<AtomicU64>, flusher: Flusher, file: Option<JournalFile>) -> Self {
+    fn new(journal: CommitJournal, flusher: Flusher) -> Self {
+        let file = journal.file;
         Self {
             space: file.as_ref().map(JournalFile::space),
             file,
@@ -206,7 +216,8 @@ impl Backlog {
             files: HashMap::new(),
             bytes: 0,
             since: None,
-            shared_bytes,
+            shared_bytes: journal.backlog_bytes,
+            flush_at_files: journal.flush_at_files.max(1),
             flushing: None,
             flusher,
             journal_end: 0,
@@ -236,6 +247,7 @@ impl Backlog {
             return;
         }
         let due = self.bytes >= FLUSH_AT_BYTES
+            || self.files.len() >= self.flush_at_files
             || self
                 .since
                 .is_some_and(|since| since.elapsed() >= FLUSH_AFTER);
@@ -739,3 +751,46 @@ const BACKGROUND_SYNC_PARALLELISM: usize = 2;
 
 /// Most flushes a round issues at once.
 const SYNC_PARALLELISM: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::confine::Root;
+    use crate::flush::SyncStrategy;
+    use crate::test_support::scratch;
+
+    /// Each journaled file waiting for the background flush holds a
+    /// descriptor: as many as the sink may keep open start the flush, well
+    /// before its time or byte limit.
+    #[tokio::test]
+    async fn a_backlog_of_many_files_is_flushed_before_its_time() {
+        let dir = scratch("backlog-files");
+        let root = Root::open(&dir).unwrap();
+        let flusher = Flusher::new(&root, SyncStrategy::Files).unwrap();
+        let manifest = SinkManifest::open(&dir.join("state")).unwrap();
+        let poisoned = Arc::new(Mutex::new(None));
+        let backlog_bytes = Arc::new(AtomicU64::new(0));
+        let journal = CommitJournal {
+            file: None,
+            backlog_bytes: backlog_bytes.clone(),
+            flush_at_files: 2,
+        };
+        let mut backlog = Backlog::new(journal, flusher);
+        let file = |name: &str| Arc::new(File::create(dir.join(name)).unwrap());
+
+        // One file twice (two of its ranges) counts once.
+        let a = file("a");
+        backlog.add(Some(1), 10, vec![a.clone(), a], 10);
+        backlog.flush_if_due(&manifest, &poisoned);
+        assert!(backlog.flushing.is_none(), "one file, just now: not due");
+
+        backlog.add(Some(2), 10, vec![file("b")], 20);
+        backlog.flush_if_due(&manifest, &poisoned);
+        assert!(backlog.flushing.is_some(), "two files: due");
+        assert!(backlog.files.is_empty());
+        flush_ended(&mut backlog.flushing).await;
+        assert!(lock(&poisoned).is_none());
+        assert_eq!(backlog_bytes.load(Ordering::Relaxed), 0);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

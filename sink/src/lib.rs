@@ -190,8 +190,11 @@ impl Sink {
             manifest,
             commit_log,
             gate,
-            journal,
-            journal_backlog,
+            commit::CommitJournal {
+                file: journal,
+                backlog_bytes: journal_backlog,
+                flush_at_files: config.max_open_files,
+            },
             counts.clone(),
             flusher,
         );
