@@ -236,6 +236,15 @@ impl Backlog {
         }
     }
 
+    /// The journal file, if a round may add to the backlog: not while as many
+    /// files wait as may, which only happens while a flush runs late. Rounds
+    /// then flush their files in place, so open descriptors stay bounded.
+    fn journal_for_round(&self) -> Option<&JournalFile> {
+        self.file
+            .as_ref()
+            .filter(|_| self.files.len() < self.flush_at_files)
+    }
+
     fn deadline(&self) -> Option<tokio::time::Instant> {
         self.since.map(|since| (since + FLUSH_AFTER).into())
     }
@@ -361,7 +370,7 @@ async fn run(
             .map(|q| q.queued.elapsed().as_micros() as u64)
             .max()
             .unwrap_or(0);
-        let journaling = journal_or_flush(&mut round, backlog.file.as_ref());
+        let journaling = journal_or_flush(&mut round, backlog.journal_for_round());
         let targets = sync_targets(&round);
         let flushed = targets.len();
         let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
@@ -771,7 +780,7 @@ mod tests {
         let poisoned = Arc::new(Mutex::new(None));
         let backlog_bytes = Arc::new(AtomicU64::new(0));
         let journal = CommitJournal {
-            file: None,
+            file: Some(JournalFile::open(&dir.join("journal"), 1 << 20).unwrap()),
             backlog_bytes: backlog_bytes.clone(),
             flush_at_files: 2,
         };
@@ -788,6 +797,21 @@ mod tests {
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.flushing.is_some(), "two files: due");
         assert!(backlog.files.is_empty());
+
+        // While that flush runs, the next files wait; at the limit, rounds
+        // stop journaling instead of holding more descriptors.
+        backlog.add(Some(3), 10, vec![file("c")], 30);
+        backlog.flush_if_due(&manifest, &poisoned);
+        assert!(backlog.journal_for_round().is_some());
+        backlog.add(Some(4), 10, vec![file("d")], 40);
+        assert!(backlog.journal_for_round().is_none());
+        flush_ended(&mut backlog.flushing).await;
+        backlog.flushing = None;
+        backlog.flush_if_due(&manifest, &poisoned);
+        assert!(
+            backlog.journal_for_round().is_some(),
+            "the next flush took them"
+        );
         flush_ended(&mut backlog.flushing).await;
         assert!(lock(&poisoned).is_none());
         assert_eq!(backlog_bytes.load(Ordering::Relaxed), 0);
