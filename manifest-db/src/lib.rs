@@ -97,13 +97,18 @@ pub struct SinkCommit {
     /// The round these journal entries are kept under (unique among those
     /// not forgotten).
     pub journal_round: u64,
+    /// (file, offset, len) recorded by an earlier commit whose bytes never
+    /// became durable (a journal round cut short by a crash, found at the
+    /// replay): their newest audit entry is dropped and their bytes are taken
+    /// off the placed counter. Their records come in `records`, without them.
+    pub withdrawn: Vec<(FileId, u64, u64)>,
 }
 
 /// A journaled range: (file, offset, where its bytes are).
 pub type JournalEntry = (FileId, u64, JournalBytes);
 
 /// Where the bytes of a journaled range are kept until its file is flushed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum JournalBytes {
     /// In the sink's journal file: `len` bytes at `position`, whose CRC-32C
     /// tells a range that made it there from one that did not.

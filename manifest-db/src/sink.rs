@@ -207,15 +207,33 @@ impl SinkManifest {
             batch.put_cf(counters, KEY_PLACEMENT_SEQ, seq.to_be_bytes());
         }
 
+        let mut withdrawn_bytes = 0u64;
+        for (id, offset, len) in &commit.withdrawn {
+            let mut prefix = file_key(id);
+            prefix.extend_from_slice(&offset.to_be_bytes());
+            // Sequence numbers ascend: the last entry is the newest.
+            let newest = store
+                .scan_prefix(CF_PLACEMENTS, &prefix, "scan placements")?
+                .pop();
+            if let Some((key, _)) = newest {
+                batch.delete_cf(placements, key);
+                withdrawn_bytes += len;
+            }
+        }
+
+        // (counter, added, taken off)
         let deltas = [
-            (KEY_PLACED, commit.counters.placed_bytes),
-            (KEY_DUPLICATE, commit.counters.duplicate_bytes),
-            (KEY_REWRITTEN, commit.counters.rewritten_bytes),
+            (KEY_PLACED, commit.counters.placed_bytes, withdrawn_bytes),
+            (KEY_DUPLICATE, commit.counters.duplicate_bytes, 0),
+            (KEY_REWRITTEN, commit.counters.rewritten_bytes, 0),
         ];
-        for (key, delta) in deltas {
-            if delta != 0 {
+        for (key, added, taken) in deltas {
+            if added != 0 || taken != 0 {
                 // Statistics only: pinning at u64::MAX beats failing a placement commit.
-                let total = self.read_counter(key)?.saturating_add(delta);
+                let total = self
+                    .read_counter(key)?
+                    .saturating_add(added)
+                    .saturating_sub(taken);
                 batch.put_cf(counters, key, total.to_be_bytes());
             }
         }
@@ -272,21 +290,42 @@ impl SinkManifest {
                 (id, offset, JournalBytes::Inline(value.into_vec())),
             ));
         }
-        for (key, value) in self
-            .store()
-            .scan_prefix(CF_JOURNAL_ROUNDS, &[], "scan journal")?
-        {
-            let entries = decode_journal_round(&value).ok_or_else(|| {
-                self.store().corrupt(
-                    CF_JOURNAL_ROUNDS,
-                    &key,
-                    "value is not a list of journal entries",
-                )
-            })?;
+        for (_, entries) in self.journal_rounds()? {
             keyed.extend(entries);
         }
         keyed.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(keyed.into_iter().map(|(_, entry)| entry).collect())
+    }
+
+    /// The journal entries of the newest round: the only one whose bytes
+    /// may have been cut short by a crash (rounds write one at a time).
+    pub fn newest_journal_round(&self) -> Result<Vec<JournalEntry>> {
+        let newest = self.journal_rounds()?.pop().map(|(_, entries)| entries);
+        Ok(newest
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, entry)| entry)
+            .collect())
+    }
+
+    /// Every journal round, ascending by round.
+    fn journal_rounds(&self) -> Result<Vec<(u64, Vec<KeyedJournalEntry>)>> {
+        let store = self.store();
+        store
+            .scan_prefix(CF_JOURNAL_ROUNDS, &[], "scan journal")?
+            .into_iter()
+            .map(|(key, value)| {
+                let round = decode_u64(&key);
+                let entries = decode_journal_round(&value);
+                round.zip(entries).ok_or_else(|| {
+                    store.corrupt(
+                        CF_JOURNAL_ROUNDS,
+                        &key,
+                        "not a round number with a list of journal entries",
+                    )
+                })
+            })
+            .collect()
     }
 
     pub fn get(&self, id: &FileId) -> Result<Option<FileRecord>> {
@@ -479,6 +518,7 @@ mod tests {
             m.commit(&SinkCommit {
                 journal: Vec::new(),
                 journal_round: 0,
+                withdrawn: Vec::new(),
                 records: vec![
                     (a2.clone(), record("run1/a.xtc2", &[(0, 10)])),
                     (a1.clone(), sealed.clone()),
@@ -539,6 +579,7 @@ mod tests {
             m.commit(&SinkCommit {
                 journal: Vec::new(),
                 journal_round: 0,
+                withdrawn: Vec::new(),
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
                 counters: SinkCounters {
@@ -556,6 +597,7 @@ mod tests {
             .commit(&SinkCommit {
                 journal: Vec::new(),
                 journal_round: 0,
+                withdrawn: Vec::new(),
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
                 counters: SinkCounters {
@@ -589,6 +631,7 @@ mod tests {
                         m.commit(&SinkCommit {
                             journal: Vec::new(),
                             journal_round: 0,
+                            withdrawn: Vec::new(),
                             records: vec![],
                             placements: vec![(id("s", "k", t), i, 1)],
                             counters: SinkCounters {

@@ -11,7 +11,10 @@
 //! A round that has no file or directory to flush but small ranges to
 //! journal writes their bytes into the journal file instead (one write, one
 //! fdatasync, see [`crate::journal`]) and their entries into the manifest
-//! with its records; their files join a backlog that a background flush
+//! with its records, both at once: each entry carries its range's CRC, so
+//! the replay after a crash between the two finds which bytes made it, and
+//! withdraws the records of those that did not (none was acknowledged).
+//! Their files join a backlog that a background flush
 //! makes durable (every [`FLUSH_AFTER`] or [`FLUSH_AT_BYTES`]) before
 //! dropping the entries and giving their journal space back. A round that
 //! flushes anyway, or finds the journal full, flushes those files with it.
@@ -66,6 +69,8 @@ pub(crate) struct CommitRequest {
     pub journaled_files: Vec<Arc<File>>,
     /// When the batch reached the sink (for the commit log).
     pub received: Option<std::time::SystemTime>,
+    /// How long placing it took, from the moment it reached the sink (µs).
+    pub placing_us: u64,
     /// (device, inode) of the directories already in `dirs_to_sync`.
     dirs_seen: std::collections::HashSet<(u64, u64)>,
 }
@@ -186,7 +191,7 @@ const FLUSH_AT_BYTES: u64 = crate::journal::JOURNAL_FILE_BYTES / 4;
 
 /// The journal file, and the journal rounds whose files still need a flush.
 struct Backlog {
-    /// Lent to each round that writes to it.
+    /// Rounds reserve their regions in it, one round at a time.
     file: Option<JournalFile>,
     rounds: Vec<u64>,
     /// Keyed by address: each file once, however many ranges it got.
@@ -365,6 +370,11 @@ async fn run(
             .min()
             .and_then(|received| received.elapsed().ok())
             .map_or(0, |waited| waited.as_micros() as u64);
+        let placing_us = round
+            .iter()
+            .map(|q| q.request.placing_us)
+            .max()
+            .unwrap_or(0);
         let queued_us = round
             .iter()
             .map(|q| q.queued.elapsed().as_micros() as u64)
@@ -375,39 +385,24 @@ async fn run(
         let flushed = targets.len();
         let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
         let synced_after = started.elapsed();
+        // The journal write runs beside the manifest write: the manifest's
+        // entries already know where the bytes go and their CRC.
+        let journal = synced.and_then(|()| match backlog.file.as_mut() {
+            Some(file) if journaling => start_journal_write(file, &mut round),
+            _ => Ok(JournalRound::default()),
+        });
         let manifest_for_round = manifest.clone();
         let gate = gate.clone();
         let counts = counts.clone();
-        let mut round_journal = if journaling {
-            backlog.file.take()
-        } else {
-            None
-        };
         let outcome = tokio::task::spawn_blocking(move || {
             let mut round = round;
-            let writing = Instant::now();
-            let result = synced
-                .and_then(|()| write_journal(round_journal.as_mut(), &mut round))
-                .and_then(|(entries, end)| {
-                    let journal_round = (!entries.is_empty()).then_some(end);
-                    let journal_us = writing.elapsed().as_micros() as u64;
-                    let journal = (entries, journal_round.unwrap_or(0));
-                    record_round(&manifest_for_round, &mut round, journal, &gate, &counts).map(
-                        |recorded| {
-                            (
-                                Recorded {
-                                    journal_us,
-                                    ..recorded
-                                },
-                                end,
-                            )
-                        },
-                    )
-                });
-            (round, round_journal, result)
+            let result = journal.and_then(|journal| {
+                record_round(&manifest_for_round, &mut round, journal, &gate, &counts)
+            });
+            (round, result)
         })
         .await;
-        let (mut round, round_journal, result) = match outcome {
+        let (mut round, result) = match outcome {
             Ok(done) => done,
             Err(join_error) => {
                 *lock(&poisoned) = Some(format!("the commit round panicked: {join_error}"));
@@ -417,20 +412,18 @@ async fn run(
         tracing::debug!(
             requests = round.len(),
             waited_us,
+            placing_us,
             queued_us,
             flushed,
             journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
             sync_us = synced_after.as_micros() as u64,
-            journal_us = result.as_ref().map_or(0, |r| r.0.journal_us),
-            manifest_us = result.as_ref().map_or(0, |r| r.0.manifest_us),
+            journal_us = result.as_ref().map_or(0, |r| r.journal_us),
+            manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
             total_us = started.elapsed().as_micros() as u64,
             "commit round"
         );
-        if round_journal.is_some() {
-            backlog.file = round_journal;
-        }
-        let (recorded, journal_end) = match result {
-            Ok(done) => done,
+        let recorded = match result {
+            Ok(recorded) => recorded,
             Err(reason) => {
                 tracing::error!(error = %reason, "commit failed; the sink refuses further batches until restarted");
                 *lock(&poisoned) = Some(reason.clone());
@@ -447,7 +440,7 @@ async fn run(
             recorded.journal_round,
             recorded.journal_bytes,
             files,
-            journal_end,
+            recorded.journal_end,
         );
         backlog.flush_if_due(&manifest, &poisoned);
         if let Some(log) = &mut commit_log
@@ -588,12 +581,14 @@ struct Recorded {
     placements: Vec<Placement>,
     /// Per placement, when its batch reached the sink (unix nanos).
     received_at: Vec<u128>,
-    /// How long the journal file write and the synced manifest write took.
+    /// How long the journal file write and the synced manifest write took
+    /// (side by side).
     journal_us: u64,
     manifest_us: u64,
-    /// The journal round written, if any, and its bytes.
+    /// The journal round written, if any, its bytes, and where it ends.
     journal_round: Option<u64>,
     journal_bytes: u64,
+    journal_end: u64,
 }
 
 /// Decides whether the round's small ranges go to the journal file: only if
@@ -615,47 +610,81 @@ fn journal_or_flush(round: &mut [Queued], journal: Option<&JournalFile>) -> bool
     false
 }
 
-/// Writes the round's journaled bytes into the journal file, durably.
-/// Returns their manifest entries and where they end in the journal.
-fn write_journal(
-    journal: Option<&mut JournalFile>,
+/// A round's journal entries, and the write of their bytes under way.
+#[derive(Default)]
+struct JournalRound {
+    entries: Vec<JournalEntry>,
+    /// Where the round ends in the journal: the key its entries are kept under.
+    end: u64,
+    /// Answers once the bytes are durable, with how long that took (µs).
+    written: Option<std::sync::mpsc::Receiver<Result<u64, String>>>,
+}
+
+/// Reserves the journal region for the round's journaled ranges and starts
+/// writing them there on a blocking thread. Returns their manifest entries.
+fn start_journal_write(
+    journal: &mut JournalFile,
     round: &mut [Queued],
-) -> Result<(Vec<JournalEntry>, u64), String> {
-    let Some(journal) = journal else {
-        return Ok((Vec::new(), 0));
-    };
+) -> Result<JournalRound, String> {
     let pending: Vec<(FileId, u64, Vec<u8>)> = round
         .iter_mut()
         .flat_map(|q| std::mem::take(&mut q.request.journal))
         .collect();
+    if pending.is_empty() {
+        return Ok(JournalRound::default());
+    }
     let pieces: Vec<&[u8]> = pending.iter().map(|(_, _, b)| b.as_slice()).collect();
-    let (refs, end) = journal.write(&pieces).map_err(|e| {
-        format!(
-            "writing {} ranges to the journal file {}: {e}",
-            pending.len(),
-            journal.path().display()
-        )
-    })?;
-    let entries = pending
-        .into_iter()
-        .zip(refs)
-        .map(|((id, offset, _), bytes)| (id, offset, bytes))
-        .collect();
-    Ok((entries, end))
+    let (refs, end, write) = journal
+        .reserve(&pieces)
+        .map_err(|e| format!("journaling {} ranges: {e}", pending.len()))?;
+    let mut entries = Vec::with_capacity(pending.len());
+    let mut bytes = Vec::with_capacity(pending.len());
+    for ((id, offset, piece), reference) in pending.into_iter().zip(refs) {
+        entries.push((id, offset, reference));
+        bytes.push(piece);
+    }
+    let count = bytes.len();
+    let (done, written) = std::sync::mpsc::sync_channel(1);
+    tokio::task::spawn_blocking(move || {
+        let writing = Instant::now();
+        let pieces: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let result = write
+            .write_durably(&pieces)
+            .map(|()| writing.elapsed().as_micros() as u64)
+            .map_err(|e| {
+                format!(
+                    "writing {count} ranges to the journal file {}: {e}",
+                    write.path().display()
+                )
+            });
+        let _ = done.send(result);
+    });
+    Ok(JournalRound {
+        entries,
+        end,
+        written: Some(written),
+    })
 }
 
-/// Records a round whose bytes are durable (flushed, or in `journal`, whose
-/// entries are kept under the given round key).
+/// Records a round whose bytes are durable (flushed), or become durable in
+/// the journal while its records are written: it returns only once both are.
 fn record_round(
     manifest: &SinkManifest,
     round: &mut [Queued],
-    (journal, journal_round): (Vec<JournalEntry>, u64),
+    journal: JournalRound,
     gate: &CommitGate,
     counts: &FileCounts,
 ) -> Result<Recorded, String> {
     // Snapshots and their write happen under the gate, so a record written
     // out of band (a rename's intent) is never overwritten by an older one.
+    // It is held until the journal write is done too: whoever reads records
+    // under it (watermarks) never sees ranges whose bytes may still be lost.
     let _gate = lock(gate);
+    let JournalRound {
+        entries: journal,
+        end: journal_round,
+        written: journal_written,
+    } = journal;
     // The bytes are durable: fold the round's ranges into the records and
     // write them all at once.
     let mut commit = SinkCommit {
@@ -700,6 +729,14 @@ fn record_round(
         .commit(&commit)
         .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))?;
     let manifest_us = writing.elapsed().as_micros() as u64;
+    // A crash before this leaves entries whose bytes fail their CRC: the
+    // replay withdraws them (nothing of this round was acknowledged).
+    let journal_us = match journal_written {
+        Some(written) => written
+            .recv()
+            .map_err(|_| "the journal write stopped before it answered".to_string())??,
+        None => 0,
+    };
     for (slot, sealed) in written {
         counts.committed(&mut lock(&slot.state), sealed);
     }
@@ -715,10 +752,11 @@ fn record_round(
     Ok(Recorded {
         placements: commit.placements,
         received_at,
-        journal_us: 0,
+        journal_us,
         manifest_us,
         journal_round,
         journal_bytes,
+        journal_end: commit.journal_round,
     })
 }
 

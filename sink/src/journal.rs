@@ -13,6 +13,12 @@
 //! Positions count up across the ring's laps; the file offset is the position
 //! modulo the capacity. A round's bytes are one contiguous region: one that
 //! would cross the end of the file starts at the beginning of the next lap.
+//!
+//! A round's region is reserved first ([`JournalFile::reserve`]): where each
+//! range goes and its CRC are known before a byte is written, so the round's
+//! manifest entries can be written while its bytes are ([`RoundWrite`]). An
+//! entry whose bytes did not make it (a crash between the two) fails its CRC
+//! at the replay, which tells it from one that did.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice};
@@ -32,7 +38,7 @@ pub(crate) const JOURNAL_FILE_BYTES: u64 = 64 << 20;
 pub(crate) const JOURNAL_FILE_NAME: &str = "tailflight-journal.ring";
 
 pub(crate) struct JournalFile {
-    file: File,
+    file: Arc<File>,
     path: PathBuf,
     capacity: u64,
     /// Position where the next round's bytes go.
@@ -80,16 +86,12 @@ impl JournalFile {
             }
         }
         Ok(Self {
-            file,
+            file: Arc::new(file),
             path: path.to_path_buf(),
             capacity,
             head: 0,
             tail: Arc::new(AtomicU64::new(0)),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     pub fn space(&self) -> JournalSpace {
@@ -117,9 +119,14 @@ impl JournalFile {
         self.place(len).is_some()
     }
 
-    /// Writes `pieces` as one region and makes it durable. Returns where each
-    /// piece is, and the position after the region (to release later).
-    pub fn write(&mut self, pieces: &[&[u8]]) -> io::Result<(Vec<JournalBytes>, u64)> {
+    /// Reserves a region for `pieces`, back to back. Returns where each piece
+    /// will be (with its CRC), the position after the region (to release
+    /// later), and the write that puts them there. Rounds reserve and write
+    /// one at a time: the next reservation follows this one.
+    pub fn reserve(
+        &mut self,
+        pieces: &[&[u8]],
+    ) -> io::Result<(Vec<JournalBytes>, u64, RoundWrite)> {
         let len: u64 = pieces.iter().map(|p| p.len() as u64).sum();
         let start = self.place(len).ok_or_else(|| {
             io::Error::other(format!(
@@ -138,10 +145,40 @@ impl JournalFile {
             });
             position += piece.len() as u64;
         }
-        write_all_vectored_at(&self.file, pieces, offset)?;
-        self.file.sync_data()?;
         self.head = start + len;
-        Ok((refs, self.head))
+        let write = RoundWrite {
+            file: self.file.clone(),
+            path: self.path.clone(),
+            offset,
+        };
+        Ok((refs, self.head, write))
+    }
+
+    /// Reserves a region for `pieces` and writes them there durably.
+    #[cfg(test)]
+    pub fn write(&mut self, pieces: &[&[u8]]) -> io::Result<(Vec<JournalBytes>, u64)> {
+        let (refs, end, write) = self.reserve(pieces)?;
+        write.write_durably(pieces)?;
+        Ok((refs, end))
+    }
+}
+
+/// The write of one reserved round: its pieces, in the order reserved.
+pub(crate) struct RoundWrite {
+    file: Arc<File>,
+    path: PathBuf,
+    offset: u64,
+}
+
+impl RoundWrite {
+    /// Writes the round's region and makes it durable (write, fdatasync).
+    pub fn write_durably(&self, pieces: &[&[u8]]) -> io::Result<()> {
+        write_all_vectored_at(&self.file, pieces, self.offset)?;
+        self.file.sync_data()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 

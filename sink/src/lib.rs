@@ -226,8 +226,7 @@ impl Sink {
     fn watermarks(&self, source: &str) -> Result<Vec<FileWatermark>, Status> {
         let records = self
             .placer
-            .manifest
-            .files_of_source(source)
+            .durable_records(source)
             .map_err(|e| Status::internal(e.to_string()))?;
         let prefix = match self.placer.layout {
             Layout::PerSource => format!("{source}/"),
@@ -292,6 +291,7 @@ impl Ingest for Sink {
                 let source_state = placer.source(&source)?;
                 let (mut request, ack) = placer.place(&source_state, seq, &batch)?;
                 request.received = Some(received);
+                request.placing_us = received.elapsed().map_or(0, |d| d.as_micros() as u64);
                 committer
                     .submit(request)
                     .map(|answer| (answer, ack))

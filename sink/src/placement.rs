@@ -7,8 +7,8 @@
 //! cached file descriptor. A range already placed or pending is never written
 //! again; only the parts nobody wrote are.
 //!
-//! Small ranges go to the manifest's journal as well: they are durable once
-//! the commit's synced manifest write is, and their files are flushed later
+//! Small ranges go to the journal as well: they are durable once the
+//! commit's journal and manifest writes are, and their files are flushed later
 //! in the background. A few hundred appends to a hundred files then cost one
 //! flush of the manifest instead of a hundred file flushes; after a crash,
 //! [`Placer::replay_journal`] writes them back before the sink serves.
@@ -223,6 +223,15 @@ impl Placer {
             .clone())
     }
 
+    /// The records of a source's files as durably committed. Read under the
+    /// commit gate, which a round holds until its journal write is done as
+    /// well as its manifest write: records written beside a journal write
+    /// that a crash could still cut short are never seen.
+    pub fn durable_records(&self, source: &str) -> manifest_db::Result<Vec<(FileId, FileRecord)>> {
+        let _gate = lock(&self.commit_gate);
+        self.manifest.files_of_source(source)
+    }
+
     /// Writes the ranges left in the journal back into their files, flushes
     /// them and empties the journal. They were acknowledged, but a crash of
     /// the machine may have lost them from the files with the page cache.
@@ -238,6 +247,15 @@ impl Placer {
             request: CommitRequest::default(),
             ack: Ack::default(),
         };
+        // The only round a crash may have cut short: its entries were written
+        // while its bytes were, and none of its ranges was acknowledged.
+        let newest: std::collections::HashSet<_> = self
+            .manifest
+            .newest_journal_round()
+            .map_err(|e| storage(e.to_string()))?
+            .into_iter()
+            .collect();
+        let mut withdrawn = Vec::new();
         let mut journal_file = None;
         let mut replayed = 0u64;
         for (id, offset, stored) in entries {
@@ -260,6 +278,7 @@ impl Placer {
                 .file_of(&slot, &mut state, &mut work)
                 .map_err(|e| storage(e.into_message()))?;
             let dest = &state.record.dest_path;
+            let torn_round = newest.contains(&(id.clone(), offset, stored.clone()));
             let bytes = match stored {
                 JournalBytes::Inline(bytes) => bytes,
                 JournalBytes::InFile {
@@ -285,8 +304,8 @@ impl Placer {
                                 Ok(_) => "other bytes".to_string(),
                                 Err(e) => format!("no bytes ({e})"),
                             };
-                            // Only a damaged journal file gets here; the
-                            // range is fine if its file already holds it.
+                            // The range is fine if its file already holds
+                            // it (flushed below with the rest).
                             let in_place = self
                                 .root
                                 .open_for_read(dest)
@@ -294,8 +313,26 @@ impl Placer {
                                 .and_then(|file| read_exact(&file, offset, len).ok())
                                 .is_some_and(|bytes| checksum::crc32c(&bytes) == crc32c);
                             if in_place {
+                                work.request.files_to_sync.push(file);
                                 continue;
                             }
+                            let end = offset + u64::from(len);
+                            if torn_round && state.record.sealed.is_none() {
+                                // Recorded, never acknowledged: the sender
+                                // still has it and sends it again.
+                                if state.record.placed.covers(offset, end) {
+                                    crate::commit::remove_range(
+                                        &mut state.record.placed,
+                                        offset,
+                                        end,
+                                    );
+                                    withdrawn.push((id.clone(), offset, u64::from(len)));
+                                    work.request.touched.push(slot.clone());
+                                }
+                                continue;
+                            }
+                            // Any other round's bytes were durable before it
+                            // was recorded: only a damaged journal file gets here.
                             return Err(storage(format!(
                                 "{len} acknowledged bytes at offset {offset} of {dest} are neither in the \
                                  journal file {} (position {position}: {found}) nor in the file: the \
@@ -322,11 +359,20 @@ impl Placer {
             .iter()
             .map(|slot| (slot.id.clone(), lock(&slot.state).record.clone()))
             .collect();
+        if !withdrawn.is_empty() {
+            tracing::warn!(
+                ranges = withdrawn.len(),
+                bytes = withdrawn.iter().map(|(_, _, len)| len).sum::<u64>(),
+                "the last commit round was cut short before its journal write ended; \
+                 its ranges were never acknowledged and are withdrawn for the senders to resend"
+            );
+        }
         if !records.is_empty() {
             let _gate = lock(&self.commit_gate);
             self.manifest
                 .commit(&SinkCommit {
                     records,
+                    withdrawn,
                     ..SinkCommit::default()
                 })
                 .map_err(|e| storage(e.to_string()))?;
@@ -1015,36 +1061,94 @@ mod tests {
     }
 
     /// A journal file damaged after a crash: a range its file already holds
-    /// is fine, one it does not is refused, naming the file and offset.
+    /// is fine, one it does not is refused (unless its round is the newest,
+    /// see below), naming the file and offset.
     #[test]
     fn replay_checks_journal_bytes_against_their_crc() {
         let fixture = Fixture::new("replay-damaged");
         let placer = fixture.placer();
         std::fs::create_dir_all(fixture.dest("src")).unwrap();
         std::fs::write(fixture.dest("src/kept.dat"), b"headtail").unwrap();
-        let commit = |name: &str, end| {
+        std::fs::write(fixture.dest("src/later.dat"), b"head").unwrap();
+        let commit = |name: &str, end, round, bytes: &[u8]| {
             placer
                 .manifest
                 .commit(&SinkCommit {
                     records: vec![(id(name, 1), record(&format!("src/{name}"), end))],
-                    journal: vec![(id(name, 1), 4, in_journal(b"tail"))],
+                    journal: vec![(id(name, 1), end - 4, in_journal(bytes))],
+                    journal_round: round,
                     ..SinkCommit::default()
                 })
                 .unwrap()
         };
-        commit("kept.dat", 8);
+        commit("kept.dat", 8, 1, b"tail");
         std::fs::write(fixture.journal_file(), b"headXXXXgone").unwrap();
         assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 0);
         assert!(placer.manifest.journal().unwrap().is_empty());
 
-        commit("lost.dat", 8);
+        commit("lost.dat", 8, 1, b"tail");
+        commit("later.dat", 4, 2, b"head");
         let err = placer
             .replay_journal(&fixture.journal_file())
             .unwrap_err()
             .to_string();
         assert!(err.contains("offset 4 of src/lost.dat"), "{err}");
         assert!(err.contains("journal.ring"), "{err}");
-        assert_eq!(placer.manifest.journal().unwrap().len(), 1);
+        assert_eq!(placer.manifest.journal().unwrap().len(), 2);
+    }
+
+    /// A crash while the newest round's bytes were being journaled, after its
+    /// records were written: ranges whose bytes are neither in the journal
+    /// nor in their file are withdrawn (never acknowledged), from the record,
+    /// the audit and the placed counter; ranges found in either stay.
+    #[test]
+    fn replay_withdraws_the_ranges_of_a_round_cut_short() {
+        let fixture = Fixture::new("replay-torn");
+        let placer = fixture.placer();
+        std::fs::create_dir_all(fixture.dest("src")).unwrap();
+        std::fs::write(fixture.dest("src/torn.dat"), b"head").unwrap();
+        std::fs::write(fixture.dest("src/cached.dat"), b"headtail").unwrap();
+        let (torn, cached) = (id("torn.dat", 1), id("cached.dat", 1));
+        // One round per commit, each putting `bytes` at `end - 4` of both files.
+        let commit = |end, round, bytes: &[u8]| {
+            let files = [&torn, &cached];
+            placer
+                .manifest
+                .commit(&SinkCommit {
+                    records: files
+                        .map(|f| (f.clone(), record(&format!("src/{}", f.key), end)))
+                        .into(),
+                    placements: files.map(|f| (f.clone(), end - 4, 4)).into(),
+                    counters: manifest_db::SinkCounters {
+                        placed_bytes: 8,
+                        ..Default::default()
+                    },
+                    journal: files
+                        .map(|f| (f.clone(), end - 4, in_journal(bytes)))
+                        .into(),
+                    journal_round: round,
+                    ..SinkCommit::default()
+                })
+                .unwrap()
+        };
+        commit(4, 1, b"head");
+        // The newest round: records written, journal bytes never were.
+        commit(8, 2, b"tail");
+        std::fs::write(fixture.journal_file(), b"head\0\0\0\0").unwrap();
+
+        assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 8);
+        let manifest = &placer.manifest;
+        let placed = |file: &FileId| manifest.get(file).unwrap().unwrap().placed;
+        assert_eq!(placed(&torn), IntervalSet::from_ranges([(0, 4)]));
+        assert_eq!(manifest.placements(&torn).unwrap(), [(0, 4)]);
+        assert_eq!(placed(&cached), IntervalSet::from_ranges([(0, 8)]));
+        assert_eq!(manifest.placements(&cached).unwrap(), [(0, 4), (4, 4)]);
+        assert_eq!(manifest.counters().unwrap().placed_bytes, 12);
+        assert!(manifest.journal().unwrap().is_empty());
+        assert_eq!(
+            std::fs::read(fixture.dest("src/torn.dat")).unwrap(),
+            b"head"
+        );
     }
 
     impl Drop for Fixture {
