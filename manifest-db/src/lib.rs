@@ -97,6 +97,10 @@ pub struct SinkCommit {
     /// The round these journal entries are kept under (unique among those
     /// not forgotten).
     pub journal_round: u64,
+    /// Every journal round up to this one had its bytes durable before this
+    /// commit began (rounds run one at a time): none of them can have been
+    /// cut short. 0: nothing new to say.
+    pub journal_complete: u64,
     /// (file, offset, len) recorded by an earlier commit whose bytes never
     /// became durable (a journal round cut short by a crash, found at the
     /// replay): their newest audit entry is dropped and their bytes are taken

@@ -32,6 +32,9 @@ const KEY_PLACED: &[u8] = b"placed_bytes";
 const KEY_DUPLICATE: &[u8] = b"duplicate_bytes";
 const KEY_REWRITTEN: &[u8] = b"rewritten_bytes";
 const KEY_PLACEMENT_SEQ: &[u8] = b"placement_seq";
+/// The newest journal round known to have its bytes durable (see
+/// [`SinkCommit::journal_complete`]); rounds after it are in doubt.
+const KEY_JOURNAL_COMPLETE: &[u8] = b"journal_complete";
 
 /// Sink-side manifest (RocksDB, column families "files", "placements", "counters").
 /// Cheap to clone; clones share one database.
@@ -237,6 +240,13 @@ impl SinkManifest {
                 batch.put_cf(counters, key, total.to_be_bytes());
             }
         }
+        if commit.journal_complete > 0 {
+            batch.put_cf(
+                counters,
+                KEY_JOURNAL_COMPLETE,
+                commit.journal_complete.to_be_bytes(),
+            );
+        }
 
         store.write(batch, true, "commit")
     }
@@ -256,17 +266,16 @@ impl SinkManifest {
         self.store().write(batch, true, "forget journal entries")
     }
 
-    /// Drops every journal entry (after they were all written back).
+    /// Drops every journal entry (after they were all written back), and
+    /// what was known of their rounds: the next rounds number afresh.
     pub fn clear_journal(&self) -> Result<()> {
         let mut batch = WriteBatch::default();
+        batch.delete_cf(self.store().cf(CF_COUNTERS)?, KEY_JOURNAL_COMPLETE);
         for name in [CF_JOURNAL_ROUNDS, CF_JOURNAL] {
             let cf = self.store().cf(name)?;
             for (key, _) in self.store().scan_prefix(name, &[], "scan journal")? {
                 batch.delete_cf(cf, key);
             }
-        }
-        if batch.is_empty() {
-            return Ok(());
         }
         self.store().write(batch, true, "clear the journal")
     }
@@ -297,10 +306,16 @@ impl SinkManifest {
         Ok(keyed.into_iter().map(|(_, entry)| entry).collect())
     }
 
-    /// The journal entries of the newest round: the only one whose bytes
-    /// may have been cut short by a crash (rounds write one at a time).
-    pub fn newest_journal_round(&self) -> Result<Vec<JournalEntry>> {
-        let newest = self.journal_rounds()?.pop().map(|(_, entries)| entries);
+    /// The journal entries of the round whose bytes a crash may have cut
+    /// short: the newest one, unless a later commit said it was complete
+    /// (rounds write one at a time, so no older one can be).
+    pub fn journal_round_in_doubt(&self) -> Result<Vec<JournalEntry>> {
+        let complete = self.read_counter(KEY_JOURNAL_COMPLETE)?;
+        let newest = self
+            .journal_rounds()?
+            .pop()
+            .filter(|(round, _)| *round > complete)
+            .map(|(_, entries)| entries);
         Ok(newest
             .unwrap_or_default()
             .into_iter()
@@ -519,6 +534,7 @@ mod tests {
                 journal: Vec::new(),
                 journal_round: 0,
                 withdrawn: Vec::new(),
+                journal_complete: 0,
                 records: vec![
                     (a2.clone(), record("run1/a.xtc2", &[(0, 10)])),
                     (a1.clone(), sealed.clone()),
@@ -580,6 +596,7 @@ mod tests {
                 journal: Vec::new(),
                 journal_round: 0,
                 withdrawn: Vec::new(),
+                journal_complete: 0,
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
                 counters: SinkCounters {
@@ -598,6 +615,7 @@ mod tests {
                 journal: Vec::new(),
                 journal_round: 0,
                 withdrawn: Vec::new(),
+                journal_complete: 0,
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
                 counters: SinkCounters {
@@ -632,6 +650,7 @@ mod tests {
                             journal: Vec::new(),
                             journal_round: 0,
                             withdrawn: Vec::new(),
+                            journal_complete: 0,
                             records: vec![],
                             placements: vec![(id("s", "k", t), i, 1)],
                             counters: SinkCounters {

@@ -35,7 +35,7 @@ use manifest_db::{FileId, JournalEntry, SinkCommit, SinkCounters, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::flush::{Flusher, SyncTarget, flush_now};
-use crate::journal::{JournalFile, JournalSpace};
+use crate::journal::{JournalFile, JournalSpace, RoundWrite};
 use crate::placement::{FileCounts, Slot, lock};
 
 /// Ranges of a file another batch already placed or is placing.
@@ -209,12 +209,67 @@ struct Backlog {
     space: Option<JournalSpace>,
     journal_end: u64,
     flush_at_files: usize,
+    /// Writes each round's journal bytes while the round writes its records.
+    writer: Option<JournalWriter>,
+    /// The last journal round whose bytes were durable: the next commit says so.
+    complete: u64,
+}
+
+/// A thread of its own for journal writes: a round waits for its write on a
+/// blocking thread, and must not depend on another one being free.
+struct JournalWriter {
+    jobs: std::sync::mpsc::Sender<JournalJob>,
+}
+
+struct JournalJob {
+    write: RoundWrite,
+    ranges: Vec<(FileId, u64, Vec<u8>)>,
+    done: std::sync::mpsc::SyncSender<Result<u64, String>>,
+}
+
+impl JournalWriter {
+    fn spawn() -> std::io::Result<Self> {
+        let (jobs, queue) = std::sync::mpsc::channel::<JournalJob>();
+        std::thread::Builder::new()
+            .name("tailflight-journal".into())
+            .spawn(move || {
+                for job in queue {
+                    let writing = Instant::now();
+                    let pieces: Vec<&[u8]> =
+                        job.ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
+                    let result = job
+                        .write
+                        .write_durably(&pieces)
+                        .map(|()| writing.elapsed().as_micros() as u64)
+                        .map_err(|e| {
+                            format!(
+                                "writing {} ranges to the journal file {}: {e}",
+                                pieces.len(),
+                                job.write.path().display()
+                            )
+                        });
+                    let _ = job.done.send(result);
+                }
+            })?;
+        Ok(Self { jobs })
+    }
 }
 
 impl Backlog {
     fn new(journal: CommitJournal, flusher: Flusher) -> Self {
-        let file = journal.file;
+        let mut file = journal.file;
+        let writer = match file.as_ref().map(|_| JournalWriter::spawn()) {
+            Some(Ok(writer)) => Some(writer),
+            Some(Err(error)) => {
+                tracing::error!(%error, "cannot start the journal writer thread; small ranges are flushed in place");
+                file = None;
+                None
+            }
+            None => None,
+        };
         Self {
+            writer,
+            complete: 0,
             space: file.as_ref().map(JournalFile::space),
             file,
             rounds: Vec::new(),
@@ -387,17 +442,27 @@ async fn run(
         let synced_after = started.elapsed();
         // The journal write runs beside the manifest write: the manifest's
         // entries already know where the bytes go and their CRC.
-        let journal = synced.and_then(|()| match backlog.file.as_mut() {
-            Some(file) if journaling => start_journal_write(file, &mut round),
+        let journal = synced.and_then(|()| match (backlog.file.as_mut(), &backlog.writer) {
+            (Some(file), Some(writer)) if journaling => {
+                start_journal_write(file, writer, &mut round)
+            }
             _ => Ok(JournalRound::default()),
         });
         let manifest_for_round = manifest.clone();
         let gate = gate.clone();
         let counts = counts.clone();
+        let round_poisoned = poisoned.clone();
+        let complete = backlog.complete;
         let outcome = tokio::task::spawn_blocking(move || {
             let mut round = round;
             let result = journal.and_then(|journal| {
-                record_round(&manifest_for_round, &mut round, journal, &gate, &counts)
+                let sink = RoundSink {
+                    manifest: &manifest_for_round,
+                    gate: &gate,
+                    counts: &counts,
+                    poisoned: &round_poisoned,
+                };
+                record_round(&sink, &mut round, journal, complete)
             });
             (round, result)
         })
@@ -432,6 +497,9 @@ async fn run(
                 continue;
             }
         };
+        if let Some(round) = recorded.journal_round {
+            backlog.complete = round;
+        }
         let files = round
             .iter_mut()
             .flat_map(|queued| std::mem::take(&mut queued.request.journaled_files))
@@ -620,45 +688,38 @@ struct JournalRound {
     written: Option<std::sync::mpsc::Receiver<Result<u64, String>>>,
 }
 
-/// Reserves the journal region for the round's journaled ranges and starts
-/// writing them there on a blocking thread. Returns their manifest entries.
+/// Reserves the journal region for the round's journaled ranges and hands
+/// their write to the journal writer. Returns their manifest entries.
 fn start_journal_write(
     journal: &mut JournalFile,
+    writer: &JournalWriter,
     round: &mut [Queued],
 ) -> Result<JournalRound, String> {
-    let pending: Vec<(FileId, u64, Vec<u8>)> = round
+    let ranges: Vec<(FileId, u64, Vec<u8>)> = round
         .iter_mut()
         .flat_map(|q| std::mem::take(&mut q.request.journal))
         .collect();
-    if pending.is_empty() {
+    if ranges.is_empty() {
         return Ok(JournalRound::default());
     }
-    let pieces: Vec<&[u8]> = pending.iter().map(|(_, _, b)| b.as_slice()).collect();
+    let pieces: Vec<&[u8]> = ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
     let (refs, end, write) = journal
         .reserve(&pieces)
-        .map_err(|e| format!("journaling {} ranges: {e}", pending.len()))?;
-    let mut entries = Vec::with_capacity(pending.len());
-    let mut bytes = Vec::with_capacity(pending.len());
-    for ((id, offset, piece), reference) in pending.into_iter().zip(refs) {
-        entries.push((id, offset, reference));
-        bytes.push(piece);
-    }
-    let count = bytes.len();
+        .map_err(|e| format!("journaling {} ranges: {e}", ranges.len()))?;
+    let entries = ranges
+        .iter()
+        .zip(refs)
+        .map(|((id, offset, _), bytes)| (id.clone(), *offset, bytes))
+        .collect();
     let (done, written) = std::sync::mpsc::sync_channel(1);
-    tokio::task::spawn_blocking(move || {
-        let writing = Instant::now();
-        let pieces: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
-        let result = write
-            .write_durably(&pieces)
-            .map(|()| writing.elapsed().as_micros() as u64)
-            .map_err(|e| {
-                format!(
-                    "writing {count} ranges to the journal file {}: {e}",
-                    write.path().display()
-                )
-            });
-        let _ = done.send(result);
-    });
+    writer
+        .jobs
+        .send(JournalJob {
+            write,
+            ranges,
+            done,
+        })
+        .map_err(|_| "the journal writer thread has stopped".to_string())?;
     Ok(JournalRound {
         entries,
         end,
@@ -666,20 +727,38 @@ fn start_journal_write(
     })
 }
 
+/// What a round records into, and whom it tells of a failure.
+struct RoundSink<'a> {
+    manifest: &'a SinkManifest,
+    gate: &'a CommitGate,
+    counts: &'a FileCounts,
+    poisoned: &'a Mutex<Option<String>>,
+}
+
 /// Records a round whose bytes are durable (flushed), or become durable in
 /// the journal while its records are written: it returns only once both are.
 fn record_round(
-    manifest: &SinkManifest,
+    sink: &RoundSink<'_>,
     round: &mut [Queued],
     journal: JournalRound,
-    gate: &CommitGate,
-    counts: &FileCounts,
+    journal_complete: u64,
 ) -> Result<Recorded, String> {
+    let RoundSink {
+        manifest,
+        gate,
+        counts,
+        poisoned,
+    } = sink;
     // Snapshots and their write happen under the gate, so a record written
     // out of band (a rename's intent) is never overwritten by an older one.
-    // It is held until the journal write is done too: whoever reads records
-    // under it (watermarks) never sees ranges whose bytes may still be lost.
+    // It is held until the journal write is done too, and a failure poisons
+    // the sink before it is let go: whoever reads records under it
+    // (watermarks) never sees ranges whose bytes may still be lost.
     let _gate = lock(gate);
+    let fail = |reason: String| {
+        *lock(poisoned) = Some(reason.clone());
+        reason
+    };
     let JournalRound {
         entries: journal,
         end: journal_round,
@@ -690,6 +769,7 @@ fn record_round(
     let mut commit = SinkCommit {
         journal,
         journal_round,
+        journal_complete,
         ..SinkCommit::default()
     };
     let mut received_at = Vec::new();
@@ -727,14 +807,15 @@ fn record_round(
     let writing = Instant::now();
     manifest
         .commit(&commit)
-        .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))?;
+        .map_err(|e| fail(format!("recording {} ranges: {e}", commit.placements.len())))?;
     let manifest_us = writing.elapsed().as_micros() as u64;
     // A crash before this leaves entries whose bytes fail their CRC: the
     // replay withdraws them (nothing of this round was acknowledged).
     let journal_us = match journal_written {
         Some(written) => written
             .recv()
-            .map_err(|_| "the journal write stopped before it answered".to_string())??,
+            .unwrap_or_else(|_| Err("the journal write stopped before it answered".to_string()))
+            .map_err(fail)?,
         None => 0,
     };
     for (slot, sealed) in written {

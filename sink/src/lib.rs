@@ -124,7 +124,9 @@ pub struct SinkStatus {
     pub poisoned: Option<String>,
 }
 
-/// A running sink's ingest side (what the Flight service calls).
+/// A running sink's ingest side (what the Flight service calls). Cheap to
+/// clone: clones share everything.
+#[derive(Clone)]
 pub struct Sink {
     placer: Arc<Placer>,
     committer: Committer,
@@ -223,11 +225,23 @@ impl Sink {
         })
     }
 
+    /// Blocks on the commit gate and scans the manifest: call it off the
+    /// async workers.
     fn watermarks(&self, source: &str) -> Result<Vec<FileWatermark>, Status> {
-        let records = self
-            .placer
-            .durable_records(source)
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let records = {
+            let _gate = self.placer.commit_gate();
+            // A round that failed after writing its records poisoned the
+            // sink before it let the gate go: those records may be withdrawn.
+            if let Some(reason) = self.committer.poisoned() {
+                return Err(Status::unavailable(format!(
+                    "sink storage failed earlier, restart it: {reason}"
+                )));
+            }
+            self.placer
+                .manifest
+                .files_of_source(source)
+                .map_err(|e| Status::internal(e.to_string()))?
+        };
         let prefix = match self.placer.layout {
             Layout::PerSource => format!("{source}/"),
             Layout::Flat => String::new(),
@@ -325,7 +339,11 @@ impl Ingest for Sink {
                 let request: Request = serde_json::from_slice(body).map_err(|e| {
                     Status::invalid_argument(format!("watermarks wants {{\"source\": NAME}}: {e}"))
                 })?;
-                json(serde_json::to_vec(&self.watermarks(&request.source)?))
+                let sink = self.clone();
+                let marks = tokio::task::spawn_blocking(move || sink.watermarks(&request.source))
+                    .await
+                    .map_err(|e| Status::internal(format!("reading watermarks: {e}")))??;
+                json(serde_json::to_vec(&marks))
             }
             other => Err(Status::invalid_argument(format!(
                 "unknown action {other:?} (known: {ACTION_STATUS}, {ACTION_WATERMARKS})"

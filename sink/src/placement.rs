@@ -223,13 +223,10 @@ impl Placer {
             .clone())
     }
 
-    /// The records of a source's files as durably committed. Read under the
-    /// commit gate, which a round holds until its journal write is done as
-    /// well as its manifest write: records written beside a journal write
-    /// that a crash could still cut short are never seen.
-    pub fn durable_records(&self, source: &str) -> manifest_db::Result<Vec<(FileId, FileRecord)>> {
-        let _gate = lock(&self.commit_gate);
-        self.manifest.files_of_source(source)
+    /// Holds off commit rounds while held. A round holds it from before its
+    /// records are written until its journal write is done too.
+    pub fn commit_gate(&self) -> MutexGuard<'_, ()> {
+        lock(&self.commit_gate)
     }
 
     /// Writes the ranges left in the journal back into their files, flushes
@@ -249,9 +246,9 @@ impl Placer {
         };
         // The only round a crash may have cut short: its entries were written
         // while its bytes were, and none of its ranges was acknowledged.
-        let newest: std::collections::HashSet<_> = self
+        let in_doubt: std::collections::HashSet<_> = self
             .manifest
-            .newest_journal_round()
+            .journal_round_in_doubt()
             .map_err(|e| storage(e.to_string()))?
             .into_iter()
             .collect();
@@ -278,7 +275,7 @@ impl Placer {
                 .file_of(&slot, &mut state, &mut work)
                 .map_err(|e| storage(e.into_message()))?;
             let dest = &state.record.dest_path;
-            let torn_round = newest.contains(&(id.clone(), offset, stored.clone()));
+            let in_doubt = in_doubt.contains(&(id.clone(), offset, stored.clone()));
             let bytes = match stored {
                 JournalBytes::Inline(bytes) => bytes,
                 JournalBytes::InFile {
@@ -300,9 +297,11 @@ impl Placer {
                     match in_journal {
                         Ok(bytes) if checksum::crc32c(&bytes) == crc32c => bytes,
                         outcome => {
-                            let found = match outcome {
-                                Ok(_) => "other bytes".to_string(),
-                                Err(e) => format!("no bytes ({e})"),
+                            // A write cut short leaves other bytes there;
+                            // failing to read them is damage.
+                            let (found, cut_short) = match outcome {
+                                Ok(_) => ("other bytes".to_string(), in_doubt),
+                                Err(e) => (format!("no bytes ({e})"), false),
                             };
                             // The range is fine if its file already holds
                             // it (flushed below with the rest).
@@ -317,7 +316,7 @@ impl Placer {
                                 continue;
                             }
                             let end = offset + u64::from(len);
-                            if torn_round && state.record.sealed.is_none() {
+                            if cut_short && state.record.sealed.is_none() {
                                 // Recorded, never acknowledged: the sender
                                 // still has it and sends it again.
                                 if state.record.placed.covers(offset, end) {
@@ -1061,8 +1060,8 @@ mod tests {
     }
 
     /// A journal file damaged after a crash: a range its file already holds
-    /// is fine, one it does not is refused (unless its round is the newest,
-    /// see below), naming the file and offset.
+    /// is fine, one it does not is refused (unless its round may have been
+    /// cut short, see below), naming the file and offset.
     #[test]
     fn replay_checks_journal_bytes_against_their_crc() {
         let fixture = Fixture::new("replay-damaged");
@@ -1149,6 +1148,57 @@ mod tests {
             std::fs::read(fixture.dest("src/torn.dat")).unwrap(),
             b"head"
         );
+    }
+
+    /// The newest round is in doubt only until a later commit says its bytes
+    /// were durable; then, and for bytes that cannot be read at all, a bad
+    /// journal is damage: refused, never withdrawn.
+    #[test]
+    fn replay_refuses_damage_to_a_round_known_complete() {
+        let fixture = Fixture::new("replay-complete");
+        let placer = fixture.placer();
+        std::fs::create_dir_all(fixture.dest("src")).unwrap();
+        std::fs::write(fixture.dest("src/acked.dat"), b"head").unwrap();
+        let acked = id("acked.dat", 1);
+        let commit = |journal_round, journal_complete| {
+            placer
+                .manifest
+                .commit(&SinkCommit {
+                    records: vec![(acked.clone(), record("src/acked.dat", 8))],
+                    journal: vec![(acked.clone(), 4, in_journal(b"tail"))],
+                    journal_round,
+                    journal_complete,
+                    ..SinkCommit::default()
+                })
+                .unwrap()
+        };
+        // A round, then a commit made after its journal write had ended.
+        commit(1, 0);
+        placer
+            .manifest
+            .commit(&SinkCommit {
+                journal_complete: 1,
+                ..SinkCommit::default()
+            })
+            .unwrap();
+        std::fs::write(fixture.journal_file(), b"headXXXX").unwrap();
+        let err = placer
+            .replay_journal(&fixture.journal_file())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("offset 4 of src/acked.dat"), "{err}");
+
+        // In doubt, but the journal file ends before the range: damage too.
+        placer.manifest.clear_journal().unwrap();
+        commit(1, 0);
+        std::fs::write(fixture.journal_file(), b"head").unwrap();
+        let err = placer
+            .replay_journal(&fixture.journal_file())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no bytes"), "{err}");
+        let placed = placer.manifest.get(&acked).unwrap().unwrap().placed;
+        assert_eq!(placed, IntervalSet::from_ranges([(0, 8)]));
     }
 
     impl Drop for Fixture {
