@@ -764,8 +764,8 @@ fn record_round(
         end: journal_round,
         written: journal_written,
     } = journal;
-    // The bytes are durable: fold the round's ranges into the records and
-    // write them all at once.
+    // The bytes are durable (flushed), or their journal write is under way:
+    // fold the round's ranges into the records and write them all at once.
     let mut commit = SinkCommit {
         journal,
         journal_round,
