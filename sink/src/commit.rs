@@ -45,8 +45,11 @@ pub(crate) struct Dependency {
     pub end: u64,
 }
 
-/// Serialises every write of file records to the manifest.
-pub(crate) type CommitGate = Arc<Mutex<()>>;
+/// Serialises every write of file records to the manifest. Holds why the
+/// sink stopped if a round failed after changing records in memory: from
+/// then on those records may name ranges that are not durable, and nothing
+/// may write or hand out records under the gate.
+pub(crate) type CommitGate = Arc<Mutex<Option<String>>>;
 
 /// Ranges one batch wrote into one file generation.
 pub(crate) type PlacedRanges = (Arc<Slot>, Vec<(u64, u64)>);
@@ -470,7 +473,10 @@ async fn run(
         let (mut round, result) = match outcome {
             Ok(done) => done,
             Err(join_error) => {
-                *lock(&poisoned) = Some(format!("the commit round panicked: {join_error}"));
+                let reason = format!("the commit round panicked: {join_error}");
+                tracing::error!(error = %reason, "the sink refuses further batches until restarted");
+                *lock(&poisoned) = Some(reason.clone());
+                fail_all(std::mem::take(&mut waiting), &reason);
                 continue;
             }
         };
@@ -743,22 +749,40 @@ fn record_round(
     journal: JournalRound,
     journal_complete: u64,
 ) -> Result<Recorded, String> {
-    let RoundSink {
-        manifest,
-        gate,
-        counts,
-        poisoned,
-    } = sink;
     // Snapshots and their write happen under the gate, so a record written
     // out of band (a rename's intent) is never overwritten by an older one.
-    // It is held until the journal write is done too, and a failure poisons
-    // the sink before it is let go: whoever reads records under it
-    // (watermarks) never sees ranges whose bytes may still be lost.
-    let _gate = lock(gate);
-    let fail = |reason: String| {
-        *lock(poisoned) = Some(reason.clone());
-        reason
-    };
+    // It is held until the journal write is done too, and a failure (or a
+    // panic) poisons the sink and the gate before it is let go: whoever
+    // writes or reads records under it (renames, watermarks) never sees
+    // ranges whose bytes may still be lost.
+    let mut gate = lock(sink.gate);
+    let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        record_round_under_gate(sink, round, journal, journal_complete)
+    }))
+    .unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(format!("the commit round panicked: {what}"))
+    });
+    if let Err(reason) = &recorded {
+        *gate = Some(reason.clone());
+        *lock(sink.poisoned) = Some(reason.clone());
+    }
+    recorded
+}
+
+fn record_round_under_gate(
+    sink: &RoundSink<'_>,
+    round: &mut [Queued],
+    journal: JournalRound,
+    journal_complete: u64,
+) -> Result<Recorded, String> {
+    let RoundSink {
+        manifest, counts, ..
+    } = sink;
     let JournalRound {
         entries: journal,
         end: journal_round,
@@ -807,15 +831,14 @@ fn record_round(
     let writing = Instant::now();
     manifest
         .commit(&commit)
-        .map_err(|e| fail(format!("recording {} ranges: {e}", commit.placements.len())))?;
+        .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))?;
     let manifest_us = writing.elapsed().as_micros() as u64;
     // A crash before this leaves entries whose bytes fail their CRC: the
     // replay withdraws them (nothing of this round was acknowledged).
     let journal_us = match journal_written {
-        Some(written) => written
-            .recv()
-            .unwrap_or_else(|_| Err("the journal write stopped before it answered".to_string()))
-            .map_err(fail)?,
+        Some(written) => written.recv().unwrap_or_else(|_| {
+            Err("the journal writer thread died (panicked) before it answered".to_string())
+        })?,
         None => 0,
     };
     for (slot, sealed) in written {

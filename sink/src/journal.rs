@@ -114,7 +114,7 @@ impl JournalFile {
     }
 
     /// Whether a round of `len` bytes fits now (space only grows until the
-    /// next [`Self::write`]).
+    /// next [`Self::reserve`]).
     pub fn has_room(&self, len: u64) -> bool {
         self.place(len).is_some()
     }

@@ -229,10 +229,10 @@ impl Sink {
     /// async workers.
     fn watermarks(&self, source: &str) -> Result<Vec<FileWatermark>, Status> {
         let records = {
-            let _gate = self.placer.commit_gate();
-            // A round that failed after writing its records poisoned the
-            // sink before it let the gate go: those records may be withdrawn.
-            if let Some(reason) = self.committer.poisoned() {
+            let gate = self.placer.commit_gate();
+            // A round that failed after changing records said so in the gate
+            // before it let go: those records may name ranges to be withdrawn.
+            if let Some(reason) = gate.clone().or_else(|| self.committer.poisoned()) {
                 return Err(Status::unavailable(format!(
                     "sink storage failed earlier, restart it: {reason}"
                 )));

@@ -224,8 +224,9 @@ impl Placer {
     }
 
     /// Holds off commit rounds while held. A round holds it from before its
-    /// records are written until its journal write is done too.
-    pub fn commit_gate(&self) -> MutexGuard<'_, ()> {
+    /// records are written until its journal write is done too; it says why
+    /// the sink stopped if a round failed meanwhile.
+    pub fn commit_gate(&self) -> MutexGuard<'_, Option<String>> {
         lock(&self.commit_gate)
     }
 
@@ -244,8 +245,8 @@ impl Placer {
             request: CommitRequest::default(),
             ack: Ack::default(),
         };
-        // The only round a crash may have cut short: its entries were written
-        // while its bytes were, and none of its ranges was acknowledged.
+        // The round a crash may have cut short, if any: its entries were
+        // written while its bytes were, and none of its ranges was acknowledged.
         let in_doubt: std::collections::HashSet<_> = self
             .manifest
             .journal_round_in_doubt()
@@ -316,9 +317,14 @@ impl Placer {
                                 continue;
                             }
                             let end = offset + u64::from(len);
-                            if cut_short && state.record.sealed.is_none() {
+                            if cut_short {
                                 // Recorded, never acknowledged: the sender
-                                // still has it and sends it again.
+                                // still has it and sends it again. A seal of
+                                // its file can only have come from a later
+                                // batch, unacknowledged too: it goes with it.
+                                if state.record.sealed.take().is_some() {
+                                    work.request.touched.push(slot.clone());
+                                }
                                 if state.record.placed.covers(offset, end) {
                                     crate::commit::remove_range(
                                         &mut state.record.placed,
@@ -362,7 +368,7 @@ impl Placer {
             tracing::warn!(
                 ranges = withdrawn.len(),
                 bytes = withdrawn.iter().map(|(_, _, len)| len).sum::<u64>(),
-                "the last commit round was cut short before its journal write ended; \
+                "a commit round was cut short before its journal write ended; \
                  its ranges were never acknowledged and are withdrawn for the senders to resend"
             );
         }
@@ -827,7 +833,12 @@ impl Placer {
             // Record the rename before making it: a crash in between leaves a
             // record that knows both names, and settle_rename finishes the
             // move before the file is opened again.
-            let _gate = lock(&self.commit_gate);
+            let gate = lock(&self.commit_gate);
+            if let Some(reason) = gate.as_ref() {
+                return Err(RowError::Storage(format!(
+                    "sink storage failed earlier, restart it: {reason}"
+                )));
+            }
             let mut state = lock(&slot.state);
             self.settle_rename(&slot, &mut state, work)?;
             state.record.dest_path = new_dest.clone();
@@ -1148,6 +1159,45 @@ mod tests {
             std::fs::read(fixture.dest("src/torn.dat")).unwrap(),
             b"head"
         );
+    }
+
+    /// A seal placed while the round in doubt was recording rides in its
+    /// record. It came from a later batch, never acknowledged either: the
+    /// replay withdraws the range and the seal with it instead of refusing
+    /// to start.
+    #[test]
+    fn replay_unseals_a_file_sealed_behind_a_round_cut_short() {
+        let fixture = Fixture::new("replay-sealed");
+        let placer = fixture.placer();
+        std::fs::create_dir_all(fixture.dest("src")).unwrap();
+        std::fs::write(fixture.dest("src/late.dat"), b"head").unwrap();
+        let late = id("late.dat", 1);
+        let mut sealed = record("src/late.dat", 8);
+        sealed.sealed = Some(Sealed {
+            size: 8,
+            digest: "crc64nvme:0000000000000000".into(),
+        });
+        let rounds = [
+            (1, record("src/late.dat", 4), 0, &b"head"[..]),
+            (2, sealed, 4, &b"tail"[..]),
+        ];
+        for (round, record, offset, bytes) in rounds {
+            placer
+                .manifest
+                .commit(&SinkCommit {
+                    records: vec![(late.clone(), record)],
+                    journal: vec![(late.clone(), offset, in_journal(bytes))],
+                    journal_round: round,
+                    ..SinkCommit::default()
+                })
+                .unwrap();
+        }
+        std::fs::write(fixture.journal_file(), b"head\0\0\0\0").unwrap();
+
+        assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 4);
+        let after = placer.manifest.get(&late).unwrap().unwrap();
+        assert_eq!(after.placed, IntervalSet::from_ranges([(0, 4)]));
+        assert_eq!(after.sealed, None);
     }
 
     /// The newest round is in doubt only until a later commit says its bytes
