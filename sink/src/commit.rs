@@ -208,7 +208,7 @@ struct Backlog {
     flushing: Option<tokio::task::JoinHandle<()>>,
     flusher: Flusher,
     /// Journal space to give back after a flush, and where the last round
-    /// added to the backlog ended in the journal.
+    /// added to the backlog ended in the journal (a round's key is its end).
     space: Option<JournalSpace>,
     journal_end: u64,
     flush_at_files: usize,
@@ -287,10 +287,10 @@ impl Backlog {
         }
     }
 
-    fn add(&mut self, round: Option<u64>, bytes: u64, files: Vec<Arc<File>>, journal_end: u64) {
+    fn add(&mut self, round: Option<u64>, bytes: u64, files: Vec<Arc<File>>) {
         let Some(round) = round else { return };
         self.rounds.push(round);
-        self.journal_end = journal_end;
+        self.journal_end = round;
         self.since.get_or_insert_with(Instant::now);
         self.bytes += bytes;
         self.shared_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -510,12 +510,7 @@ async fn run(
             .iter_mut()
             .flat_map(|queued| std::mem::take(&mut queued.request.journaled_files))
             .collect();
-        backlog.add(
-            recorded.journal_round,
-            recorded.journal_bytes,
-            files,
-            recorded.journal_end,
-        );
+        backlog.add(recorded.journal_round, recorded.journal_bytes, files);
         backlog.flush_if_due(&manifest, &poisoned);
         if let Some(log) = &mut commit_log
             && let Err(error) = write_commit_log(log, &recorded.placements, &recorded.received_at)
@@ -659,10 +654,10 @@ struct Recorded {
     /// (side by side).
     journal_us: u64,
     manifest_us: u64,
-    /// The journal round written, if any, its bytes, and where it ends.
+    /// The journal round written, if any (its key: where it ends in the
+    /// journal), and its bytes.
     journal_round: Option<u64>,
     journal_bytes: u64,
-    journal_end: u64,
 }
 
 /// Decides whether the round's small ranges go to the journal file: only if
@@ -860,7 +855,6 @@ fn record_round_under_gate(
         manifest_us,
         journal_round,
         journal_bytes,
-        journal_end: commit.journal_round,
     })
 }
 
@@ -931,21 +925,21 @@ mod tests {
 
         // One file twice (two of its ranges) counts once.
         let a = file("a");
-        backlog.add(Some(1), 10, vec![a.clone(), a], 10);
+        backlog.add(Some(1), 10, vec![a.clone(), a]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.flushing.is_none(), "one file, just now: not due");
 
-        backlog.add(Some(2), 10, vec![file("b")], 20);
+        backlog.add(Some(2), 10, vec![file("b")]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.flushing.is_some(), "two files: due");
         assert!(backlog.files.is_empty());
 
         // While that flush runs, the next files wait; at the limit, rounds
         // stop journaling instead of holding more descriptors.
-        backlog.add(Some(3), 10, vec![file("c")], 30);
+        backlog.add(Some(3), 10, vec![file("c")]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.journal_for_round().is_some());
-        backlog.add(Some(4), 10, vec![file("d")], 40);
+        backlog.add(Some(4), 10, vec![file("d")]);
         assert!(backlog.journal_for_round().is_none());
         flush_ended(&mut backlog.flushing).await;
         backlog.flushing = None;

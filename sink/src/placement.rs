@@ -276,7 +276,8 @@ impl Placer {
                 .file_of(&slot, &mut state, &mut work)
                 .map_err(|e| storage(e.into_message()))?;
             let dest = &state.record.dest_path;
-            let in_doubt = in_doubt.contains(&(id.clone(), offset, stored.clone()));
+            let in_doubt =
+                !in_doubt.is_empty() && in_doubt.contains(&(id.clone(), offset, stored.clone()));
             let bytes = match stored {
                 JournalBytes::Inline(bytes) => bytes,
                 JournalBytes::InFile {
