@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use interval::IntervalSet;
-pub use sink::SinkManifest;
+pub use sink::{JournalState, PreparedCommit, RecordedRound, SinkManifest};
 pub use watch::WatchState;
 
 #[derive(Debug, thiserror::Error)]
@@ -91,12 +91,15 @@ pub struct SinkCommit {
     /// Deltas to add to the persisted counters.
     pub counters: SinkCounters,
     /// Ranges placed in this commit whose files are not flushed yet, and where
-    /// their bytes are: recorded in the same synced write, until
+    /// their bytes are: recorded in the same write, until
     /// [`SinkManifest::forget_journal`] of `journal_round`.
     pub journal: Vec<JournalEntry>,
-    /// The round these journal entries are kept under (unique among those
-    /// not forgotten).
+    /// The round these journal entries are kept under: its number, counting
+    /// from 1 in each epoch of the journal (see [`JournalState`]).
     pub journal_round: u64,
+    /// Where that round starts in the journal file, for the redo of rounds
+    /// recorded after it that a crash lost from the manifest.
+    pub journal_start: u64,
     /// Every journal round up to this one had its bytes durable before this
     /// commit began (rounds run one at a time): none of them can have been
     /// cut short. 0: nothing new to say.

@@ -35,6 +35,72 @@ const KEY_PLACEMENT_SEQ: &[u8] = b"placement_seq";
 /// The newest journal round known to have its bytes durable (see
 /// [`SinkCommit::journal_complete`]); rounds after it are in doubt.
 const KEY_JOURNAL_COMPLETE: &[u8] = b"journal_complete";
+/// The newest journal round recorded: its number and where it starts in the journal file
+/// (`u64 BE` each). Rounds written after it may still be in the journal file.
+const KEY_JOURNAL_LAST: &[u8] = b"journal_last";
+/// The journal's epoch (see [`JournalState::epoch`]): the rounds of each sink run number
+/// from 1 again.
+const KEY_JOURNAL_EPOCH: &[u8] = b"journal_epoch";
+
+/// What the manifest knows of the journal file's rounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JournalState {
+    /// The epoch the journal's current rounds are written in: random, new
+    /// for each run of the sink, so that no round of an earlier run (or of
+    /// another manifest) is taken for one of this run.
+    pub epoch: u64,
+    /// The newest round recorded, if any.
+    pub last: Option<RecordedRound>,
+}
+
+/// A journal round the manifest holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordedRound {
+    /// Its number, counting from 1 in its epoch.
+    pub round: u64,
+    /// Where it starts in the journal file.
+    pub start: u64,
+}
+
+/// A fresh journal epoch: 64 bits from the standard library's randomly
+/// seeded hasher, over the time and the process, never 0.
+fn new_epoch() -> u64 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new()
+        .hash_one((nanos, std::process::id()))
+        .max(1)
+}
+
+/// A commit's WriteBatch, built and not yet written; other commits (which
+/// read the counters it changes) wait for it.
+pub struct PreparedCommit<'a> {
+    manifest: &'a SinkManifest,
+    batch: WriteBatch,
+    _guard: std::sync::MutexGuard<'a, ()>,
+}
+
+impl PreparedCommit<'_> {
+    /// The batch as bytes, for [`SinkManifest::redo`].
+    pub fn data(&self) -> &[u8] {
+        self.batch.data()
+    }
+
+    /// Writes it with a synced WAL.
+    pub fn write_synced(self) -> Result<()> {
+        self.manifest.store().write(self.batch, true, "commit")
+    }
+
+    /// Writes it without syncing the WAL: the caller has made [`Self::data`]
+    /// durable itself, to [`SinkManifest::redo`] after a crash.
+    pub fn write_logged_elsewhere(self) -> Result<()> {
+        self.manifest
+            .store()
+            .write(self.batch, false, "commit (logged in the journal)")
+    }
+}
 
 /// Sink-side manifest (RocksDB, column families "files", "placements", "counters").
 /// Cheap to clone; clones share one database.
@@ -151,9 +217,16 @@ impl SinkManifest {
 
     /// Applies one commit in a single WriteBatch with a synced WAL (WriteOptions::set_sync(true)).
     pub fn commit(&self, commit: &SinkCommit) -> Result<()> {
+        self.prepare(commit)?.write_synced()
+    }
+
+    /// Builds one commit's WriteBatch without writing it. Until the returned
+    /// commit is written or dropped, other commits wait: they read the
+    /// counters it is about to change.
+    pub fn prepare(&self, commit: &SinkCommit) -> Result<PreparedCommit<'_>> {
         // The lock guards no data of its own, so a panic in another commit leaves nothing
         // inconsistent behind; carry on past poisoning.
-        let _guard = self
+        let guard = self
             .inner
             .commit_lock
             .lock()
@@ -190,6 +263,9 @@ impl SinkManifest {
         if !round.is_empty() {
             let key = commit.journal_round.to_be_bytes();
             batch.put_cf(store.cf(CF_JOURNAL_ROUNDS)?, key, round);
+            let mut last = commit.journal_round.to_be_bytes().to_vec();
+            last.extend_from_slice(&commit.journal_start.to_be_bytes());
+            batch.put_cf(counters, KEY_JOURNAL_LAST, last);
         }
 
         for (id, record) in &commit.records {
@@ -248,7 +324,53 @@ impl SinkManifest {
             );
         }
 
-        store.write(batch, true, "commit")
+        Ok(PreparedCommit {
+            manifest: self,
+            batch,
+            _guard: guard,
+        })
+    }
+
+    /// Writes a commit that a crash may have lost before it was durable,
+    /// from the bytes its [`PreparedCommit::data`] gave (synced). The caller
+    /// knows it was lost: applying it again over later commits would undo them.
+    pub fn redo(&self, data: &[u8]) -> Result<()> {
+        let _guard = self
+            .inner
+            .commit_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.store()
+            .write(WriteBatch::from_data(data), true, "redo a journaled commit")
+    }
+
+    /// What the manifest knows of the journal file's rounds (see [`JournalState`]).
+    pub fn journal_state(&self) -> Result<JournalState> {
+        let last = match self
+            .store()
+            .get(CF_COUNTERS, KEY_JOURNAL_LAST, "read counter")?
+        {
+            None => None,
+            Some(value) => {
+                let decoded = value.split_at_checked(8).and_then(|(round, start)| {
+                    Some(RecordedRound {
+                        round: decode_u64(round)?,
+                        start: decode_u64(start)?,
+                    })
+                });
+                Some(decoded.ok_or_else(|| {
+                    self.store().corrupt(
+                        CF_COUNTERS,
+                        KEY_JOURNAL_LAST,
+                        format!("value is {} bytes, expected 16", value.len()),
+                    )
+                })?)
+            }
+        };
+        Ok(JournalState {
+            epoch: self.read_counter(KEY_JOURNAL_EPOCH)?,
+            last,
+        })
     }
 
     /// Drops the journal entries of these rounds: their files are flushed. Synced, because the
@@ -267,10 +389,15 @@ impl SinkManifest {
     }
 
     /// Drops every journal entry (after they were all written back), and
-    /// what was known of their rounds: the next rounds number afresh.
+    /// what was known of their rounds: the next rounds number afresh, in a
+    /// new epoch, so that none is taken for one written before.
     pub fn clear_journal(&self) -> Result<()> {
+        let epoch = new_epoch();
         let mut batch = WriteBatch::default();
-        batch.delete_cf(self.store().cf(CF_COUNTERS)?, KEY_JOURNAL_COMPLETE);
+        let counters = self.store().cf(CF_COUNTERS)?;
+        batch.delete_cf(counters, KEY_JOURNAL_COMPLETE);
+        batch.delete_cf(counters, KEY_JOURNAL_LAST);
+        batch.put_cf(counters, KEY_JOURNAL_EPOCH, epoch.to_be_bytes());
         for name in [CF_JOURNAL_ROUNDS, CF_JOURNAL] {
             let cf = self.store().cf(name)?;
             for (key, _) in self.store().scan_prefix(name, &[], "scan journal")? {
@@ -533,6 +660,7 @@ mod tests {
             m.commit(&SinkCommit {
                 journal: Vec::new(),
                 journal_round: 0,
+                journal_start: 0,
                 withdrawn: Vec::new(),
                 journal_complete: 0,
                 records: vec![
@@ -595,6 +723,7 @@ mod tests {
             m.commit(&SinkCommit {
                 journal: Vec::new(),
                 journal_round: 0,
+                journal_start: 0,
                 withdrawn: Vec::new(),
                 journal_complete: 0,
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
@@ -614,6 +743,7 @@ mod tests {
             .commit(&SinkCommit {
                 journal: Vec::new(),
                 journal_round: 0,
+                journal_start: 0,
                 withdrawn: Vec::new(),
                 journal_complete: 0,
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
@@ -649,6 +779,7 @@ mod tests {
                         m.commit(&SinkCommit {
                             journal: Vec::new(),
                             journal_round: 0,
+                            journal_start: 0,
                             withdrawn: Vec::new(),
                             journal_complete: 0,
                             records: vec![],

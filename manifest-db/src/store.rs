@@ -59,9 +59,11 @@ impl Store {
         // the forced flush of every family then stalled writes for ~150 ms.
         // Small and often is cheap: the families it flushes are small.
         opts.set_max_total_wal_size(WAL_LIMIT);
-        // Log files are reused instead of created and deleted; overwriting
-        // one in place also spares each synced write a file-size update.
-        opts.set_recycle_log_file_num(4);
+        // The sink's journal rounds write unsynced and rely on a crash
+        // leaving a prefix of the log: point-in-time recovery stops at the
+        // first damaged record. Log files are not recycled: RocksDB notes
+        // that recycling once let this recovery leave a hole.
+        opts.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
         // Vector memtables take no concurrent inserts; every manifest has a
         // single writer at a time anyway.
         opts.set_allow_concurrent_memtable_write(false);

@@ -9,11 +9,14 @@
 //! (a duplicate in flight) waits until those are recorded.
 //!
 //! A round that has no file or directory to flush but small ranges to
-//! journal writes their bytes into the journal file instead (one write, one
-//! fdatasync, see [`crate::journal`]) and their entries into the manifest
-//! with its records, both at once: each entry carries its range's CRC, so
-//! the replay after a crash between the two finds which bytes made it, and
-//! withdraws the records of those that did not (none was acknowledged).
+//! journal writes their bytes into the journal file instead, with the
+//! round's manifest batch after them (one write, one fdatasync, see
+//! [`crate::journal`]), and that batch into the manifest without a sync of
+//! its own, both at once. A machine crash may lose the manifest write: the
+//! startup redoes it from the journal. A process crash may cut the journal
+//! write short after the manifest write: each entry carries its range's CRC,
+//! so the replay finds which bytes made it, and withdraws the records of
+//! those that did not (none was acknowledged).
 //! Their files join a backlog that a background flush
 //! makes durable (every [`FLUSH_AFTER`] or [`FLUSH_AT_BYTES`]) before
 //! dropping the entries and giving their journal space back. A round that
@@ -207,10 +210,12 @@ struct Backlog {
     /// run one at a time, so journal space is given back in order.
     flushing: Option<tokio::task::JoinHandle<()>>,
     flusher: Flusher,
-    /// Journal space to give back after a flush, and where the last round
-    /// added to the backlog ended in the journal (a round's key is its end).
+    /// Journal space to give back after a flush, up to where the last round
+    /// added to the backlog starts: that round's region stays, so that the
+    /// newest round the manifest holds durably is always still there, for
+    /// the startup to find the rounds after it (see `journal::redo_lost_rounds`).
     space: Option<JournalSpace>,
-    journal_end: u64,
+    last_round_start: u64,
     flush_at_files: usize,
     /// Writes each round's journal bytes while the round writes its records.
     writer: Option<JournalWriter>,
@@ -227,8 +232,13 @@ struct JournalWriter {
 struct JournalJob {
     write: RoundWrite,
     ranges: Vec<(FileId, u64, Vec<u8>)>,
-    done: std::sync::mpsc::SyncSender<Result<u64, String>>,
+    /// The round's manifest batch, or empty if the manifest writes it synced.
+    batch: Vec<u8>,
+    /// Answers how long the write took (µs) and where the round ends.
+    done: std::sync::mpsc::SyncSender<JournalWritten>,
 }
+
+type JournalWritten = Result<(u64, u64), String>;
 
 impl JournalWriter {
     fn spawn() -> std::io::Result<Self> {
@@ -242,8 +252,8 @@ impl JournalWriter {
                         job.ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
                     let result = job
                         .write
-                        .write_durably(&pieces)
-                        .map(|()| writing.elapsed().as_micros() as u64)
+                        .write_durably(&pieces, &job.batch)
+                        .map(|end| (writing.elapsed().as_micros() as u64, end))
                         .map_err(|e| {
                             format!(
                                 "writing {} ranges to the journal file {}: {e}",
@@ -283,14 +293,15 @@ impl Backlog {
             flush_at_files: journal.flush_at_files.max(1),
             flushing: None,
             flusher,
-            journal_end: 0,
+            last_round_start: 0,
         }
     }
 
-    fn add(&mut self, round: Option<u64>, bytes: u64, files: Vec<Arc<File>>) {
-        let Some(round) = round else { return };
+    /// Adds a journal round (its number, where it starts) and its files.
+    fn add(&mut self, round: Option<(u64, u64)>, bytes: u64, files: Vec<Arc<File>>) {
+        let Some((round, start)) = round else { return };
         self.rounds.push(round);
-        self.journal_end = round;
+        self.last_round_start = start;
         self.since.get_or_insert_with(Instant::now);
         self.bytes += bytes;
         self.shared_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -341,7 +352,10 @@ impl Backlog {
         let manifest = manifest.clone();
         let poisoned = poisoned.clone();
         let flusher = self.flusher.clone();
-        let release = self.space.clone().map(|space| (space, self.journal_end));
+        let release = self
+            .space
+            .clone()
+            .map(|space| (space, self.last_round_start));
         self.flushing = Some(tokio::spawn(async move {
             // Few flushes at a time: this one is in no hurry, and the
             // commit rounds' manifest flushes must not queue behind it.
@@ -443,11 +457,11 @@ async fn run(
         let flushed = targets.len();
         let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
         let synced_after = started.elapsed();
-        // The journal write runs beside the manifest write: the manifest's
-        // entries already know where the bytes go and their CRC.
+        // The journal region is reserved now: the manifest's entries then
+        // know where the bytes go and their CRC.
         let journal = synced.and_then(|()| match (backlog.file.as_mut(), &backlog.writer) {
             (Some(file), Some(writer)) if journaling => {
-                start_journal_write(file, writer, &mut round)
+                reserve_journal_round(file, writer, &mut round)
             }
             _ => Ok(JournalRound::default()),
         });
@@ -503,14 +517,19 @@ async fn run(
                 continue;
             }
         };
-        if let Some(round) = recorded.journal_round {
+        let mut journal_round = None;
+        if let Some((round, start, end)) = recorded.journal_round {
             backlog.complete = round;
+            if let Some(file) = backlog.file.as_mut() {
+                file.settle(end);
+            }
+            journal_round = Some((round, start));
         }
         let files = round
             .iter_mut()
             .flat_map(|queued| std::mem::take(&mut queued.request.journaled_files))
             .collect();
-        backlog.add(recorded.journal_round, recorded.journal_bytes, files);
+        backlog.add(journal_round, recorded.journal_bytes, files);
         backlog.flush_if_due(&manifest, &poisoned);
         if let Some(log) = &mut commit_log
             && let Err(error) = write_commit_log(log, &recorded.placements, &recorded.received_at)
@@ -650,13 +669,13 @@ struct Recorded {
     placements: Vec<Placement>,
     /// Per placement, when its batch reached the sink (unix nanos).
     received_at: Vec<u128>,
-    /// How long the journal file write and the synced manifest write took
-    /// (side by side).
+    /// How long the journal file write and the manifest write took (side by
+    /// side; the manifest's is synced only when the round journals nothing).
     journal_us: u64,
     manifest_us: u64,
-    /// The journal round written, if any (its key: where it ends in the
-    /// journal), and its bytes.
-    journal_round: Option<u64>,
+    /// The journal round written, if any (its number, where it starts and
+    /// ends in the journal), and its bytes.
+    journal_round: Option<(u64, u64, u64)>,
     journal_bytes: u64,
 }
 
@@ -679,19 +698,44 @@ fn journal_or_flush(round: &mut [Queued], journal: Option<&JournalFile>) -> bool
     false
 }
 
-/// A round's journal entries, and the write of their bytes under way.
+/// A round's journal entries, and the write of their region, to start once
+/// the round's manifest batch is built.
 #[derive(Default)]
 struct JournalRound {
     entries: Vec<JournalEntry>,
-    /// Where the round ends in the journal: the key its entries are kept under.
-    end: u64,
-    /// Answers once the bytes are durable, with how long that took (µs).
-    written: Option<std::sync::mpsc::Receiver<Result<u64, String>>>,
+    /// The round's number: the key its entries are kept under.
+    round: u64,
+    /// Where its region starts in the journal.
+    start: u64,
+    write: Option<PendingJournalWrite>,
 }
 
-/// Reserves the journal region for the round's journaled ranges and hands
-/// their write to the journal writer. Returns their manifest entries.
-fn start_journal_write(
+struct PendingJournalWrite {
+    write: RoundWrite,
+    ranges: Vec<(FileId, u64, Vec<u8>)>,
+    jobs: std::sync::mpsc::Sender<JournalJob>,
+}
+
+impl PendingJournalWrite {
+    /// Hands the write of the round's bytes and `batch` to the journal
+    /// writer; the receiver answers once they are durable.
+    fn start(self, batch: Vec<u8>) -> Result<std::sync::mpsc::Receiver<JournalWritten>, String> {
+        let (done, written) = std::sync::mpsc::sync_channel(1);
+        self.jobs
+            .send(JournalJob {
+                write: self.write,
+                ranges: self.ranges,
+                batch,
+                done,
+            })
+            .map_err(|_| "the journal writer thread has stopped".to_string())?;
+        Ok(written)
+    }
+}
+
+/// Reserves the journal region for the round's journaled ranges. Returns
+/// their manifest entries and the write to start.
+fn reserve_journal_round(
     journal: &mut JournalFile,
     writer: &JournalWriter,
     round: &mut [Queued],
@@ -704,27 +748,23 @@ fn start_journal_write(
         return Ok(JournalRound::default());
     }
     let pieces: Vec<&[u8]> = ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
-    let (refs, end, write) = journal
+    let reservation = journal
         .reserve(&pieces)
         .map_err(|e| format!("journaling {} ranges: {e}", ranges.len()))?;
     let entries = ranges
         .iter()
-        .zip(refs)
+        .zip(reservation.refs)
         .map(|((id, offset, _), bytes)| (id.clone(), *offset, bytes))
         .collect();
-    let (done, written) = std::sync::mpsc::sync_channel(1);
-    writer
-        .jobs
-        .send(JournalJob {
-            write,
-            ranges,
-            done,
-        })
-        .map_err(|_| "the journal writer thread has stopped".to_string())?;
     Ok(JournalRound {
         entries,
-        end,
-        written: Some(written),
+        round: reservation.round,
+        start: reservation.start,
+        write: Some(PendingJournalWrite {
+            write: reservation.write,
+            ranges,
+            jobs: writer.jobs.clone(),
+        }),
     })
 }
 
@@ -780,14 +820,16 @@ fn record_round_under_gate(
     } = sink;
     let JournalRound {
         entries: journal,
-        end: journal_round,
-        written: journal_written,
+        round: journal_round,
+        start: journal_start,
+        write: journal_write,
     } = journal;
-    // The bytes are durable (flushed), or their journal write is under way:
+    // The bytes are durable (flushed), or go to the journal with the records:
     // fold the round's ranges into the records and write them all at once.
     let mut commit = SinkCommit {
         journal,
         journal_round,
+        journal_start,
         journal_complete,
         ..SinkCommit::default()
     };
@@ -824,17 +866,42 @@ fn record_round_under_gate(
         commit.records.push((slot.id.clone(), record));
     }
     let writing = Instant::now();
-    manifest
-        .commit(&commit)
-        .map_err(|e| format!("recording {} ranges: {e}", commit.placements.len()))?;
+    let recording =
+        |e: manifest_db::Error| format!("recording {} ranges: {e}", commit.placements.len());
+    let prepared = manifest.prepare(&commit).map_err(recording)?;
+    // A journal round carries the records' batch too, and the manifest
+    // writes it without a sync of its own: one fdatasync makes the round
+    // durable, and the startup redoes a batch a machine crash lost.
+    let journal_written = match journal_write {
+        Some(write) if write.write.batch_fits(prepared.data().len()) => {
+            let written = write.start(prepared.data().to_vec())?;
+            prepared.write_logged_elsewhere().map_err(recording)?;
+            Some(written)
+        }
+        Some(write) => {
+            let written = write.start(Vec::new())?;
+            prepared.write_synced().map_err(recording)?;
+            Some(written)
+        }
+        None => {
+            prepared.write_synced().map_err(recording)?;
+            None
+        }
+    };
     let manifest_us = writing.elapsed().as_micros() as u64;
-    // A crash before this leaves entries whose bytes fail their CRC: the
-    // replay withdraws them (nothing of this round was acknowledged).
-    let journal_us = match journal_written {
-        Some(written) => written.recv().unwrap_or_else(|_| {
-            Err("the journal writer thread died (panicked) before it answered".to_string())
-        })?,
-        None => 0,
+    // Nothing of this round is acknowledged before its journal write ends.
+    // A process crash before then may leave its entries recorded with bytes
+    // that fail their CRC: the replay withdraws them. A machine crash may
+    // also lose the manifest write: then the round is simply not recorded,
+    // unless its journal write had ended, and the startup redoes it.
+    let (journal_us, journal_end) = match journal_written {
+        Some(written) => {
+            let (us, end) = written.recv().unwrap_or_else(|_| {
+                Err("the journal writer thread died (panicked) before it answered".to_string())
+            })?;
+            (us, Some(end))
+        }
+        None => (0, None),
     };
     for (slot, sealed) in written {
         counts.committed(&mut lock(&slot.state), sealed);
@@ -847,7 +914,7 @@ fn record_round_under_gate(
             manifest_db::JournalBytes::Inline(bytes) => bytes.len() as u64,
         })
         .sum();
-    let journal_round = (!commit.journal.is_empty()).then_some(commit.journal_round);
+    let journal_round = journal_end.map(|end| (commit.journal_round, commit.journal_start, end));
     Ok(Recorded {
         placements: commit.placements,
         received_at,
@@ -916,7 +983,7 @@ mod tests {
         let poisoned = Arc::new(Mutex::new(None));
         let backlog_bytes = Arc::new(AtomicU64::new(0));
         let journal = CommitJournal {
-            file: Some(JournalFile::open(&dir.join("journal"), 1 << 20).unwrap()),
+            file: Some(JournalFile::open(&dir.join("journal"), 1 << 20, 1).unwrap()),
             backlog_bytes: backlog_bytes.clone(),
             flush_at_files: 2,
         };
@@ -925,21 +992,21 @@ mod tests {
 
         // One file twice (two of its ranges) counts once.
         let a = file("a");
-        backlog.add(Some(1), 10, vec![a.clone(), a]);
+        backlog.add(Some((1, 10)), 10, vec![a.clone(), a]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.flushing.is_none(), "one file, just now: not due");
 
-        backlog.add(Some(2), 10, vec![file("b")]);
+        backlog.add(Some((2, 20)), 10, vec![file("b")]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.flushing.is_some(), "two files: due");
         assert!(backlog.files.is_empty());
 
         // While that flush runs, the next files wait; at the limit, rounds
         // stop journaling instead of holding more descriptors.
-        backlog.add(Some(3), 10, vec![file("c")]);
+        backlog.add(Some((3, 30)), 10, vec![file("c")]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.journal_for_round().is_some());
-        backlog.add(Some(4), 10, vec![file("d")]);
+        backlog.add(Some((4, 40)), 10, vec![file("d")]);
         assert!(backlog.journal_for_round().is_none());
         flush_ended(&mut backlog.flushing).await;
         backlog.flushing = None;

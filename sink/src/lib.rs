@@ -182,10 +182,14 @@ impl Sink {
         let journal = match config.journal_max_range {
             0 => None,
             _ => Some(
-                journal::JournalFile::open(&journal_path, journal::JOURNAL_FILE_BYTES)
-                    .with_context(|| {
-                        format!("cannot open the journal file {}", journal_path.display())
-                    })?,
+                journal::JournalFile::open(
+                    &journal_path,
+                    journal::JOURNAL_FILE_BYTES,
+                    manifest.journal_state()?.epoch,
+                )
+                .with_context(|| {
+                    format!("cannot open the journal file {}", journal_path.display())
+                })?,
             ),
         };
         let committer = Committer::start(

@@ -237,6 +237,14 @@ impl Placer {
     /// `journal_path` is the journal file the entries point into.
     pub fn replay_journal(&self, journal_path: &Path) -> Result<u64, PlaceError> {
         let storage = |e: String| PlaceError::Storage(format!("replaying the journal: {e}"));
+        let redone =
+            crate::journal::redo_lost_rounds(&self.manifest, journal_path).map_err(storage)?;
+        if redone > 0 {
+            tracing::warn!(
+                rounds = redone,
+                "the manifest had lost its newest records (a machine crash); redid them from the journal"
+            );
+        }
         let entries = self
             .manifest
             .journal()
