@@ -232,13 +232,36 @@ struct JournalWriter {
 struct JournalJob {
     write: RoundWrite,
     ranges: Vec<(FileId, u64, Vec<u8>)>,
-    /// The round's manifest batch, or empty if the manifest writes it synced.
-    batch: Vec<u8>,
-    /// Answers how long the write took (µs) and where the round ends.
+    /// The round's manifest batch once it is built (empty if the manifest
+    /// writes it synced): the ranges are written meanwhile.
+    batch: std::sync::mpsc::Receiver<Vec<u8>>,
+    /// Answers how long the write took from the batch on (µs), and where
+    /// the round ends.
     done: std::sync::mpsc::SyncSender<JournalWritten>,
 }
 
 type JournalWritten = Result<(u64, u64), String>;
+
+/// Writes a round's ranges, then, once the round sends it, its manifest
+/// batch and header, durably.
+fn write_journal_round(job: &JournalJob) -> JournalWritten {
+    let pieces: Vec<&[u8]> = job.ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
+    let failed = |e: std::io::Error| {
+        format!(
+            "writing {} ranges to the journal file {}: {e}",
+            pieces.len(),
+            job.write.path().display()
+        )
+    };
+    let ranges_crc = job.write.write_ranges(&pieces).map_err(failed)?;
+    let batch = job
+        .batch
+        .recv()
+        .map_err(|_| "the commit round failed before its journal write ended".to_string())?;
+    let sealing = Instant::now();
+    let end = job.write.seal(ranges_crc, &batch).map_err(failed)?;
+    Ok((sealing.elapsed().as_micros() as u64, end))
+}
 
 impl JournalWriter {
     fn spawn() -> std::io::Result<Self> {
@@ -247,21 +270,7 @@ impl JournalWriter {
             .name("tailflight-journal".into())
             .spawn(move || {
                 for job in queue {
-                    let writing = Instant::now();
-                    let pieces: Vec<&[u8]> =
-                        job.ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
-                    let result = job
-                        .write
-                        .write_durably(&pieces, &job.batch)
-                        .map(|end| (writing.elapsed().as_micros() as u64, end))
-                        .map_err(|e| {
-                            format!(
-                                "writing {} ranges to the journal file {}: {e}",
-                                pieces.len(),
-                                job.write.path().display()
-                            )
-                        });
-                    let _ = job.done.send(result);
+                    let _ = job.done.send(write_journal_round(&job));
                 }
             })?;
         Ok(Self { jobs })
@@ -470,7 +479,7 @@ async fn run(
         let counts = counts.clone();
         let round_poisoned = poisoned.clone();
         let complete = backlog.complete;
-        let outcome = tokio::task::spawn_blocking(move || {
+        let record = move || {
             let mut round = round;
             let result = journal.and_then(|journal| {
                 let sink = RoundSink {
@@ -482,8 +491,8 @@ async fn run(
                 record_round(&sink, &mut round, journal, complete)
             });
             (round, result)
-        })
-        .await;
+        };
+        let outcome = tokio::task::spawn_blocking(record).await;
         let (mut round, result) = match outcome {
             Ok(done) => done,
             Err(join_error) => {
@@ -503,6 +512,8 @@ async fn run(
             journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
             sync_us = synced_after.as_micros() as u64,
             journal_us = result.as_ref().map_or(0, |r| r.journal_us),
+            fold_us = result.as_ref().map_or(0, |r| r.fold_us),
+            prepare_us = result.as_ref().map_or(0, |r| r.prepare_us),
             manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
             total_us = started.elapsed().as_micros() as u64,
             "commit round"
@@ -669,10 +680,15 @@ struct Recorded {
     placements: Vec<Placement>,
     /// Per placement, when its batch reached the sink (unix nanos).
     received_at: Vec<u128>,
-    /// How long the journal file write and the manifest write took (side by
-    /// side; the manifest's is synced only when the round journals nothing).
+    /// How long building and writing the manifest batch took (synced only
+    /// when the round journals nothing), and then the journal's write of
+    /// that batch and its fdatasync (its ranges were written meanwhile).
     journal_us: u64,
     manifest_us: u64,
+    /// Of which building the batch (the rest is RocksDB's write).
+    prepare_us: u64,
+    /// Folding the round's ranges into the records, before that.
+    fold_us: u64,
     /// The journal round written, if any (its number, where it starts and
     /// ends in the journal), and its bytes.
     journal_round: Option<(u64, u64, u64)>,
@@ -710,26 +726,26 @@ struct JournalRound {
     write: Option<PendingJournalWrite>,
 }
 
+/// A round's journal write under way: its ranges are being written, its
+/// manifest batch is still to come.
 struct PendingJournalWrite {
-    write: RoundWrite,
-    ranges: Vec<(FileId, u64, Vec<u8>)>,
-    jobs: std::sync::mpsc::Sender<JournalJob>,
+    batch: std::sync::mpsc::SyncSender<Vec<u8>>,
+    written: std::sync::mpsc::Receiver<JournalWritten>,
+    batch_room: usize,
 }
 
 impl PendingJournalWrite {
-    /// Hands the write of the round's bytes and `batch` to the journal
-    /// writer; the receiver answers once they are durable.
-    fn start(self, batch: Vec<u8>) -> Result<std::sync::mpsc::Receiver<JournalWritten>, String> {
-        let (done, written) = std::sync::mpsc::sync_channel(1);
-        self.jobs
-            .send(JournalJob {
-                write: self.write,
-                ranges: self.ranges,
-                batch,
-                done,
-            })
-            .map_err(|_| "the journal writer thread has stopped".to_string())?;
-        Ok(written)
+    /// Whether a manifest batch of `len` bytes fits in the round's region.
+    fn batch_fits(&self, len: usize) -> bool {
+        len <= self.batch_room
+    }
+
+    /// Hands over the round's manifest batch; the receiver answers once the
+    /// whole region is durable.
+    fn finish(self, batch: Vec<u8>) -> std::sync::mpsc::Receiver<JournalWritten> {
+        // Should the writer have failed already, the receiver says why.
+        let _ = self.batch.send(batch);
+        self.written
     }
 }
 
@@ -756,14 +772,26 @@ fn reserve_journal_round(
         .zip(reservation.refs)
         .map(|((id, offset, _), bytes)| (id.clone(), *offset, bytes))
         .collect();
+    let batch_room = reservation.write.batch_room();
+    let (batch, batch_receiver) = std::sync::mpsc::sync_channel(1);
+    let (done, written) = std::sync::mpsc::sync_channel(1);
+    writer
+        .jobs
+        .send(JournalJob {
+            write: reservation.write,
+            ranges,
+            batch: batch_receiver,
+            done,
+        })
+        .map_err(|_| "the journal writer thread has stopped".to_string())?;
     Ok(JournalRound {
         entries,
         round: reservation.round,
         start: reservation.start,
         write: Some(PendingJournalWrite {
-            write: reservation.write,
-            ranges,
-            jobs: writer.jobs.clone(),
+            batch,
+            written,
+            batch_room,
         }),
     })
 }
@@ -815,6 +843,7 @@ fn record_round_under_gate(
     journal: JournalRound,
     journal_complete: u64,
 ) -> Result<Recorded, String> {
+    let folding = Instant::now();
     let RoundSink {
         manifest, counts, ..
     } = sink;
@@ -866,20 +895,22 @@ fn record_round_under_gate(
         commit.records.push((slot.id.clone(), record));
     }
     let writing = Instant::now();
+    let fold_us = (writing - folding).as_micros() as u64;
     let recording =
         |e: manifest_db::Error| format!("recording {} ranges: {e}", commit.placements.len());
     let prepared = manifest.prepare(&commit).map_err(recording)?;
+    let prepare_us = writing.elapsed().as_micros() as u64;
     // A journal round carries the records' batch too, and the manifest
     // writes it without a sync of its own: one fdatasync makes the round
     // durable, and the startup redoes a batch a machine crash lost.
     let journal_written = match journal_write {
-        Some(write) if write.write.batch_fits(prepared.data().len()) => {
-            let written = write.start(prepared.data().to_vec())?;
+        Some(write) if write.batch_fits(prepared.data().len()) => {
+            let written = write.finish(prepared.data().to_vec());
             prepared.write_logged_elsewhere().map_err(recording)?;
             Some(written)
         }
         Some(write) => {
-            let written = write.start(Vec::new())?;
+            let written = write.finish(Vec::new());
             prepared.write_synced().map_err(recording)?;
             Some(written)
         }
@@ -920,6 +951,8 @@ fn record_round_under_gate(
         received_at,
         journal_us,
         manifest_us,
+        prepare_us,
+        fold_us,
         journal_round,
         journal_bytes,
     })

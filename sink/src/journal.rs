@@ -50,7 +50,7 @@ pub(crate) const JOURNAL_FILE_NAME: &str = "tailflight-journal.ring";
 
 /// Bytes of a round's header: magic, epoch, round, start, length of its
 /// ranges' bytes, length of its manifest batch (`u64` LE each), CRC-32C of
-/// the header before it, the ranges and the batch (`u32` LE), zeros.
+/// the ranges, the batch and the header before it (`u32` LE), zeros.
 const ROUND_HEADER_BYTES: u64 = 64;
 const ROUND_MAGIC: [u8; 8] = *b"TFJRND01";
 /// Room kept in each round's region for its manifest batch (at most a
@@ -298,10 +298,20 @@ pub(crate) struct RoundWrite {
 }
 
 impl RoundWrite {
-    /// Writes the round's region and makes it durable (write, fdatasync).
-    /// `batch` is the round's manifest batch, or empty if the manifest
-    /// writes it synced. Returns where the region ends.
-    pub fn write_durably(&self, pieces: &[&[u8]], batch: &[u8]) -> io::Result<u64> {
+    /// Writes the round's ranges (not durably yet): this can run while the
+    /// round's manifest batch is built. Returns their CRC, for [`Self::seal`].
+    pub fn write_ranges(&self, pieces: &[&[u8]]) -> io::Result<u32> {
+        let at = self.offset + ROUND_HEADER_BYTES;
+        write_all_vectored_at(&self.file, pieces, at)?;
+        Ok(pieces
+            .iter()
+            .fold(crc32c(&[]), |crc, piece| crc32c_append(crc, piece)))
+    }
+
+    /// Writes the round's manifest batch (empty if the manifest writes it
+    /// synced) after its ranges and the header before them, and makes the
+    /// region durable (fdatasync). Returns where the region ends.
+    pub fn seal(&self, ranges_crc: u32, batch: &[u8]) -> io::Result<u64> {
         let header = RoundHeader {
             batch_len: batch.len() as u64,
             ..self.header
@@ -313,26 +323,27 @@ impl RoundWrite {
             )));
         }
         let fields = header.fields();
-        let mut crc = crc32c(&fields);
-        for piece in pieces {
-            crc = crc32c_append(crc, piece);
-        }
-        crc = crc32c_append(crc, batch);
+        let crc = crc32c_append(crc32c_append(ranges_crc, batch), &fields);
         let mut head = [0u8; ROUND_HEADER_BYTES as usize];
         head[..48].copy_from_slice(&fields);
         head[48..52].copy_from_slice(&crc.to_le_bytes());
-        let mut all = Vec::with_capacity(pieces.len() + 2);
-        all.push(&head[..]);
-        all.extend_from_slice(pieces);
-        all.push(batch);
-        write_all_vectored_at(&self.file, &all, self.offset)?;
+        let batch_at = self.offset + ROUND_HEADER_BYTES + header.bytes_len;
+        write_all_vectored_at(&self.file, &[batch], batch_at)?;
+        write_all_vectored_at(&self.file, &[&head], self.offset)?;
         self.file.sync_data()?;
         Ok(header.start + header.len())
     }
 
-    /// Whether a manifest batch of `len` bytes fits in the round's region.
-    pub fn batch_fits(&self, len: usize) -> bool {
-        len as u64 <= self.batch_room
+    /// Both: the whole region, durably.
+    #[cfg(test)]
+    pub fn write_durably(&self, pieces: &[&[u8]], batch: &[u8]) -> io::Result<u64> {
+        let crc = self.write_ranges(pieces)?;
+        self.seal(crc, batch)
+    }
+
+    /// Most bytes of manifest batch the round's region has room for.
+    pub fn batch_room(&self) -> usize {
+        self.batch_room as usize
     }
 
     pub fn path(&self) -> &Path {
@@ -453,7 +464,7 @@ impl Ring<'_> {
         }
         let mut body = vec![0u8; (header.bytes_len + header.batch_len) as usize];
         if !self.read_at(&mut body, offset + ROUND_HEADER_BYTES)?
-            || crc32c_append(crc32c(&header.fields()), &body) != crc
+            || crc32c_append(crc32c(&body), &header.fields()) != crc
         {
             return Ok(None);
         }
