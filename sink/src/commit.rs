@@ -479,7 +479,7 @@ async fn run(
         let counts = counts.clone();
         let round_poisoned = poisoned.clone();
         let complete = backlog.complete;
-        let record = move || {
+        let outcome = tokio::task::spawn_blocking(move || {
             let mut round = round;
             let result = journal.and_then(|journal| {
                 let sink = RoundSink {
@@ -491,8 +491,8 @@ async fn run(
                 record_round(&sink, &mut round, journal, complete)
             });
             (round, result)
-        };
-        let outcome = tokio::task::spawn_blocking(record).await;
+        })
+        .await;
         let (mut round, result) = match outcome {
             Ok(done) => done,
             Err(join_error) => {
