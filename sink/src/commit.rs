@@ -17,6 +17,9 @@
 //! write short after the manifest write: each entry carries its range's CRC,
 //! so the replay finds which bytes made it, and withdraws the records of
 //! those that did not (none was acknowledged).
+//! A journal round ends only once its batches have also written those
+//! ranges into their files (they do so while the round runs), so nobody
+//! sees a record before its bytes are in place.
 //! Their files join a backlog that a background flush
 //! makes durable (every [`FLUSH_AFTER`] or [`FLUSH_AT_BYTES`]) before
 //! dropping the entries and giving their journal space back. A round that
@@ -77,6 +80,12 @@ pub(crate) struct CommitRequest {
     pub received: Option<std::time::SystemTime>,
     /// How long placing it took, from the moment it reached the sink (µs).
     pub placing_us: u64,
+    /// How much of that the placement itself took, on its thread (µs).
+    pub place_us: u64,
+    /// Answers once the batch's deferred writes (its journaled ranges, put
+    /// in their files after it was submitted) are done: no round ends, and
+    /// no file of it is flushed, before that.
+    pub written: Option<oneshot::Receiver<Result<(), String>>>,
     /// (device, inode) of the directories already in `dirs_to_sync`.
     dirs_seen: std::collections::HashSet<(u64, u64)>,
 }
@@ -456,6 +465,7 @@ async fn run(
             .map(|q| q.request.placing_us)
             .max()
             .unwrap_or(0);
+        let place_us = round.iter().map(|q| q.request.place_us).max().unwrap_or(0);
         let queued_us = round
             .iter()
             .map(|q| q.queued.elapsed().as_micros() as u64)
@@ -464,7 +474,15 @@ async fn run(
         let journaling = journal_or_flush(&mut round, backlog.journal_for_round());
         let targets = sync_targets(&round);
         let flushed = targets.len();
-        let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
+        // A flush must find the bytes in the files.
+        let synced = match journaling {
+            true => Ok(()),
+            false => deferred_writes_done(&mut round).await,
+        };
+        let synced = match synced {
+            Ok(()) => flusher.flush(targets, SYNC_PARALLELISM).await,
+            Err(e) => Err(e),
+        };
         let synced_after = started.elapsed();
         // The journal region is reserved now: the manifest's entries then
         // know where the bytes go and their CRC.
@@ -507,6 +525,7 @@ async fn run(
             requests = round.len(),
             waited_us,
             placing_us,
+            place_us,
             queued_us,
             flushed,
             journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
@@ -514,6 +533,7 @@ async fn run(
             journal_us = result.as_ref().map_or(0, |r| r.journal_us),
             fold_us = result.as_ref().map_or(0, |r| r.fold_us),
             prepare_us = result.as_ref().map_or(0, |r| r.prepare_us),
+            deferred_us = result.as_ref().map_or(0, |r| r.deferred_us),
             manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
             total_us = started.elapsed().as_micros() as u64,
             "commit round"
@@ -551,6 +571,18 @@ async fn run(
         waiting.extend(round);
         waiting = answer_ready(waiting);
     }
+}
+
+/// Waits until every request's deferred writes are done.
+async fn deferred_writes_done(round: &mut [Queued]) -> Result<(), String> {
+    for queued in round.iter_mut() {
+        if let Some(deferred) = queued.request.written.take() {
+            deferred.await.unwrap_or_else(|_| {
+                Err("a batch's placement thread ended before it wrote its journaled ranges into their files (it panicked)".to_string())
+            })?;
+        }
+    }
+    Ok(())
 }
 
 async fn flush_ended(flushing: &mut Option<tokio::task::JoinHandle<()>>) {
@@ -689,6 +721,8 @@ struct Recorded {
     prepare_us: u64,
     /// Folding the round's ranges into the records, before that.
     fold_us: u64,
+    /// Waiting for the batches' deferred writes, after the journal write.
+    deferred_us: u64,
     /// The journal round written, if any (its number, where it starts and
     /// ends in the journal), and its bytes.
     journal_round: Option<(u64, u64, u64)>,
@@ -844,6 +878,10 @@ fn record_round_under_gate(
     journal_complete: u64,
 ) -> Result<Recorded, String> {
     let folding = Instant::now();
+    let deferred_writes: Vec<_> = round
+        .iter_mut()
+        .filter_map(|queued| queued.request.written.take())
+        .collect();
     let RoundSink {
         manifest, counts, ..
     } = sink;
@@ -934,6 +972,15 @@ fn record_round_under_gate(
         }
         None => (0, None),
     };
+    // The records may be seen once the round ends: their ranges must be in
+    // their files by then (they are durable in the journal already).
+    let deferring = Instant::now();
+    for deferred in deferred_writes {
+        deferred.blocking_recv().unwrap_or_else(|_| {
+            Err("a batch's placement thread ended before it wrote its journaled ranges into their files (it panicked)".to_string())
+        })?;
+    }
+    let deferred_us = deferring.elapsed().as_micros() as u64;
     for (slot, sealed) in written {
         counts.committed(&mut lock(&slot.state), sealed);
     }
@@ -953,6 +1000,7 @@ fn record_round_under_gate(
         manifest_us,
         prepare_us,
         fold_us,
+        deferred_us,
         journal_round,
         journal_bytes,
     })

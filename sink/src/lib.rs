@@ -306,14 +306,31 @@ impl Ingest for Sink {
         let received = std::time::SystemTime::now();
         let task = tokio::spawn(async move {
             let placed = tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
                 let source_state = placer.source(&source)?;
-                let (mut request, ack) = placer.place(&source_state, seq, &batch)?;
+                let (mut request, ack, deferred) = placer.place(&source_state, seq, &batch)?;
+                request.place_us = started.elapsed().as_micros() as u64;
                 request.received = Some(received);
                 request.placing_us = received.elapsed().map_or(0, |d| d.as_micros() as u64);
-                committer
-                    .submit(request)
-                    .map(|answer| (answer, ack))
-                    .map_err(PlaceError::Storage)
+                let written = (!deferred.is_empty()).then(|| {
+                    let (done, written) = tokio::sync::oneshot::channel();
+                    request.written = Some(written);
+                    done
+                });
+                let answer = committer.submit(request).map_err(PlaceError::Storage)?;
+                if let Some(done) = written {
+                    // The round waits for this, and a failure stops the sink:
+                    // the ranges are recorded, and only the replay of the
+                    // journal at the next start puts them in their files.
+                    let outcome = deferred.write(&batch).map_err(|e| {
+                        format!("batch {seq} of source '{source}', writing its journaled ranges into their files: {e}")
+                    });
+                    if let Err(Err(error)) = done.send(outcome) {
+                        // The round failed before it waited for them.
+                        tracing::error!(%error, "a deferred write failed after its commit round had failed");
+                    }
+                }
+                Ok((answer, ack))
             })
             .await
             .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;

@@ -12,6 +12,8 @@
 //! in the background. A few hundred appends to a hundred files then cost one
 //! flush of the manifest instead of a hundred file flushes; after a crash,
 //! [`Placer::replay_journal`] writes them back before the sink serves.
+//! Their writes into their files are deferred until the batch is handed to
+//! the committer ([`DeferredWrites`]), so they overlap its journal round.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -166,6 +168,60 @@ pub(crate) struct Journal {
 struct BatchWork {
     request: CommitRequest,
     ack: Ack,
+    deferred: DeferredWrites,
+}
+
+/// A batch's journaled ranges, placed in their files only after the batch is
+/// handed to the committer: the writes then overlap the round that makes the
+/// same bytes durable in the journal, instead of delaying its start. The
+/// round does not end (nor let go of the commit gate, nor answer anyone, nor
+/// hand the files to the background flush) before they are done, so a range
+/// is in its file whenever a record visible outside the round says so. A
+/// crash before they are done loses nothing: the journal holds the bytes
+/// and the replay writes them.
+#[derive(Default)]
+pub(crate) struct DeferredWrites {
+    writes: Vec<DeferredWrite>,
+}
+
+struct DeferredWrite {
+    slot: Arc<Slot>,
+    file: Arc<File>,
+    /// The row of the batch holding the bytes, and where in its data.
+    row: usize,
+    within: std::ops::Range<usize>,
+    /// Where they go in the file.
+    offset: u64,
+}
+
+impl DeferredWrites {
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// Writes every deferred range of `batch` (the batch they were placed
+    /// from) into its file; an error names the file and offset.
+    pub fn write(self, batch: &RangeBatch) -> Result<(), String> {
+        for write in self.writes {
+            let row = batch.row(write.row);
+            let bytes = row
+                .data
+                .get(write.within.clone())
+                .ok_or_else(|| format!("row {} has no bytes {:?}", write.row, write.within))?;
+            write
+                .file
+                .write_all_at(bytes, write.offset)
+                .map_err(|err| {
+                    format!(
+                        "writing {} bytes at offset {} of {}: {err}",
+                        bytes.len(),
+                        write.offset,
+                        lock(&write.slot.state).record.dest_path
+                    )
+                })?;
+        }
+        Ok(())
+    }
 }
 
 impl Placer {
@@ -252,6 +308,7 @@ impl Placer {
         let mut work = BatchWork {
             request: CommitRequest::default(),
             ack: Ack::default(),
+            deferred: DeferredWrites::default(),
         };
         // The round a crash may have cut short, if any: its entries were
         // written while its bytes were, and none of its ranges was acknowledged.
@@ -405,20 +462,22 @@ impl Placer {
         }
     }
 
-    /// Places one batch (blocking I/O). Returns the commit to wait for and the
-    /// ack to send once it is durable.
+    /// Places one batch (blocking I/O). Returns the commit to wait for, the
+    /// ack to send once it is durable, and the writes to do once the commit
+    /// is submitted (its answer waits for them).
     pub fn place(
         &self,
         source: &Source,
         seq: u64,
         batch: &RangeBatch,
-    ) -> Result<(CommitRequest, Ack), PlaceError> {
+    ) -> Result<(CommitRequest, Ack, DeferredWrites), PlaceError> {
         let mut work = BatchWork {
             request: CommitRequest::default(),
             ack: Ack {
                 seq,
                 ..Ack::default()
             },
+            deferred: DeferredWrites::default(),
         };
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
@@ -428,7 +487,7 @@ impl Placer {
                 )
             };
             let result = match row.kind {
-                RowKind::Data => self.place_data(source, &row, &mut work),
+                RowKind::Data => self.place_data(source, &row, index, &mut work),
                 RowKind::Open => self.open_generation(source, &row, &mut work),
                 RowKind::Rename => self.rename(source, &row, &mut work),
                 RowKind::Seal => self.seal(source, &row, &mut work),
@@ -466,7 +525,7 @@ impl Placer {
         }
         work.request.counters.placed_bytes = work.ack.placed;
         work.request.counters.duplicate_bytes = work.ack.duplicate;
-        Ok((work.request, work.ack))
+        Ok((work.request, work.ack, work.deferred))
     }
 
     /// The slot of (key, generation), from memory or from the manifest.
@@ -708,6 +767,7 @@ impl Placer {
         &self,
         source: &Source,
         row: &Row<'_>,
+        index: usize,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         let slot = self.slot_or_create(source, row, work)?;
@@ -746,9 +806,26 @@ impl Placer {
             )));
         }
         let file = self.file_of(&slot, &mut state, work)?;
+        let known = state.disk_len.unwrap_or(0);
+        // A batch that flushes files anyway (new files, large ranges) has
+        // them flushed together; copying its small ranges would be for nothing.
+        let journal = len <= self.journal.max_range
+            && !work.request.flushes_anyway()
+            && work.request.journal_bytes + written <= JOURNAL_BATCH_MAX
+            && self.journal.backlog.load(Ordering::Relaxed) < JOURNAL_BACKLOG_MAX;
         for (i, &(s, e)) in to_write.iter().enumerate() {
-            let bytes = &row.data[(s - start) as usize..(e - start) as usize];
-            if let Err(err) = file.write_all_at(bytes, s) {
+            let within = (s - start) as usize..(e - start) as usize;
+            if journal {
+                // Written once the batch is handed to the committer, while
+                // its round writes the journal (see `DeferredWrites`).
+                work.deferred.writes.push(DeferredWrite {
+                    slot: slot.clone(),
+                    file: file.clone(),
+                    row: index,
+                    within,
+                    offset: s,
+                });
+            } else if let Err(err) = file.write_all_at(&row.data[within], s) {
                 for &(ws, we) in &to_write[..i] {
                     crate::commit::remove_range(&mut state.pending, ws, we);
                 }
@@ -758,7 +835,6 @@ impl Placer {
                     state.record.dest_path
                 )));
             }
-            let known = state.disk_len.unwrap_or(0);
             if s < known {
                 work.request.counters.rewritten_bytes += e.min(known) - s;
             }
@@ -766,12 +842,6 @@ impl Placer {
         }
         drop(state);
         work.ack.placed += written;
-        // A batch that flushes files anyway (new files, large ranges) has
-        // them flushed together; copying its small ranges would be for nothing.
-        let journal = len <= self.journal.max_range
-            && !work.request.flushes_anyway()
-            && work.request.journal_bytes + written <= JOURNAL_BATCH_MAX
-            && self.journal.backlog.load(Ordering::Relaxed) < JOURNAL_BACKLOG_MAX;
         if journal {
             for &(s, e) in &to_write {
                 let bytes = row.data[(s - start) as usize..(e - start) as usize].to_vec();
@@ -919,7 +989,18 @@ impl Placer {
         let kind = SealDigest::of_digest(digest).map_err(|e| RowError::Reject(e.to_string()))?;
         let size = row.offset;
         let slot = self.slot_or_create(source, row, work)?;
+        // A round in progress may have recorded ranges whose deferred writes
+        // are still under way: the digest below must see their bytes. With
+        // the gate held until the slot is locked, every range the record
+        // holds was recorded by a round that has ended.
+        let gate = lock(&self.commit_gate);
+        if let Some(reason) = gate.as_ref() {
+            return Err(RowError::Storage(format!(
+                "sink storage failed earlier, restart it: {reason}"
+            )));
+        }
         let mut state = lock(&slot.state);
+        drop(gate);
         if let Some(sealed) = state.record.sealed.clone() {
             let same = sealed.size == size
                 && (sealed.digest == digest
@@ -948,6 +1029,13 @@ impl Placer {
                 "cannot seal at size {size}: {} bytes placed, missing {:?}",
                 placed.total_len(),
                 &missing[..missing.len().min(8)]
+            )));
+        }
+        if let Some(&(start, end)) = state.pending.ranges().first() {
+            // All of 0..size is recorded, so these lie past it: data the
+            // sender wrote after the size it seals at.
+            return Err(RowError::Reject(format!(
+                "cannot seal at size {size}: bytes {start}..{end} past it are being written"
             )));
         }
         let file = self.file_of(&slot, &mut state, work)?;
@@ -1023,6 +1111,7 @@ pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flight_server::BatchBuilder;
 
     /// A scratch root and state directory, removed on drop.
     struct Fixture {
@@ -1077,6 +1166,72 @@ mod tests {
             len: bytes.len() as u32,
             crc32c: checksum::crc32c(bytes),
         }
+    }
+
+    /// Small ranges of a file the batch does not create go to the journal,
+    /// and reach their file only through the deferred writes, once the
+    /// batch is submitted; a seal is refused while ranges past its size are
+    /// still in flight.
+    #[test]
+    fn journaled_ranges_reach_their_file_through_the_deferred_writes() {
+        let fixture = Fixture::new("deferred");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let dest = fixture.dest("s/a.dat");
+        let batch = |build: &dyn Fn(&mut BatchBuilder)| {
+            let mut builder = BatchBuilder::with_capacity(4, 64);
+            build(&mut builder);
+            RangeBatch::validate(builder.finish()).unwrap()
+        };
+        // What a commit round does to the records of a batch it recorded.
+        let record = |request: &CommitRequest| {
+            for (slot, ranges) in &request.placed {
+                let mut state = lock(&slot.state);
+                for &(start, end) in ranges {
+                    state.record.placed.insert(start, end);
+                    crate::commit::remove_range(&mut state.pending, start, end);
+                }
+            }
+        };
+        let digest = |bytes: &[u8]| {
+            let mut hasher = SealDigest::Crc64Nvme.hasher();
+            hasher.update(bytes);
+            hasher.finish()
+        };
+
+        let first = batch(&|b| b.push_data("a.dat", 1, 0, b"head"));
+        let (request, _, deferred) = placer.place(&source, 1, &first).unwrap();
+        assert!(deferred.is_empty(), "a new file is flushed, not journaled");
+        assert_eq!(std::fs::read(&dest).unwrap(), b"head");
+        record(&request);
+
+        let second = batch(&|b| b.push_data("a.dat", 1, 4, b"tail"));
+        let (request, ack, deferred) = placer.place(&source, 2, &second).unwrap();
+        assert_eq!((ack.placed, request.journal_bytes), (4, 4));
+        assert!(!deferred.is_empty());
+        assert_eq!(
+            std::fs::read(&dest).unwrap(),
+            b"head",
+            "written only once submitted"
+        );
+
+        let early_seal = batch(&|b| b.push_seal("a.dat", 1, 4, &digest(b"head")));
+        let (_, ack, _) = placer.place(&source, 3, &early_seal).unwrap();
+        assert_eq!(ack.rejected.len(), 1);
+        assert!(
+            ack.rejected[0]
+                .error
+                .contains("4..8 past it are being written"),
+            "{}",
+            ack.rejected[0].error
+        );
+
+        deferred.write(&second).unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"headtail");
+        record(&request);
+        let seal = batch(&|b| b.push_seal("a.dat", 1, 8, &digest(b"headtail")));
+        let (_, ack, _) = placer.place(&source, 4, &seal).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected[0].error);
     }
 
     /// A journal file damaged after a crash: a range its file already holds
