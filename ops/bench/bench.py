@@ -1182,7 +1182,7 @@ def scenario_p3(b: Bench):
     extra = tuple(str(b.p["p3_watch"]).split())  # e.g. --set "p3_watch=--linger 250us"
     sink_extra = tuple(str(b.p["p3_sink"]).split())  # e.g. --set "p3_sink=--sync files"
     tf_runs = [p3_tailflight(b, i + 1, extra, sink_extra=sink_extra) for i in range(b.p["runs"])]
-    # Diagnostic, not a target: how much of the latency is the watcher's 1 ms batching linger.
+    # Diagnostic, not a target: how much of the latency is the watcher's batching linger.
     linger0 = [p3_tailflight(b, i + 1, ("--linger", "0ms"), "tailflight --linger 0ms")
                for i in range(int(b.p["p3_linger0"]))]
     # Diagnostic: without the sink's journal file (every round flushes the files it grew).
