@@ -300,12 +300,12 @@ impl Ingest for Sink {
         }
         let placer = self.placer.clone();
         let committer = self.committer.clone();
-        // Placing and committing run as a task of their own: if the stream
-        // goes away mid-batch, the batch still reaches its commit instead of
+        // Placing and submitting run on a blocking thread, which runs to the
+        // end even if the stream goes away mid-batch (a blocking task cannot
+        // be cancelled): the batch still reaches its commit instead of
         // leaving written-but-unrecorded ranges that others would wait on.
         let received = std::time::SystemTime::now();
-        let task = tokio::spawn(async move {
-            let placed = tokio::task::spawn_blocking(move || {
+        let placed = tokio::task::spawn_blocking(move || {
                 let started = std::time::Instant::now();
                 let source_state = placer.source(&source)?;
                 let (mut request, ack, deferred) = placer.place(&source_state, seq, &batch)?;
@@ -334,17 +334,12 @@ impl Ingest for Sink {
             })
             .await
             .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;
-            let (answer, ack) = placed.map_err(|e| match e {
-                PlaceError::Peer(detail) => Status::invalid_argument(detail),
-                PlaceError::Storage(detail) => {
-                    Status::unavailable(format!("sink storage: {detail}"))
-                }
-            })?;
-            answer.durable().await.map_err(Status::unavailable)?;
-            Ok(ack)
-        });
-        task.await
-            .map_err(|e| Status::internal(format!("batch {seq}: {e}")))?
+        let (answer, ack) = placed.map_err(|e| match e {
+            PlaceError::Peer(detail) => Status::invalid_argument(detail),
+            PlaceError::Storage(detail) => Status::unavailable(format!("sink storage: {detail}")),
+        })?;
+        answer.durable().await.map_err(Status::unavailable)?;
+        Ok(ack)
     }
 
     async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, Status> {
