@@ -70,6 +70,10 @@ pub(crate) struct SlotState {
     /// it is recorded at all, and recorded as sealed.
     pub recorded: bool,
     pub recorded_sealed: bool,
+    /// Deferred writes into this file not done yet: their ranges may be
+    /// recorded already (by a round still in progress) before their bytes
+    /// are in the file.
+    deferred_writes: u32,
 }
 
 /// How many file records the manifest holds, and how many are sealed;
@@ -192,6 +196,14 @@ struct DeferredWrite {
     within: std::ops::Range<usize>,
     /// Where they go in the file.
     offset: u64,
+}
+
+impl Drop for DeferredWrite {
+    /// Done, failed or never to be done: the file no longer waits for it.
+    fn drop(&mut self) {
+        let mut state = lock(&self.slot.state);
+        state.deferred_writes = state.deferred_writes.saturating_sub(1);
+    }
 }
 
 impl DeferredWrites {
@@ -557,6 +569,7 @@ impl Placer {
             state: Mutex::new(SlotState {
                 recorded: true,
                 recorded_sealed: record.sealed.is_some(),
+                deferred_writes: 0,
                 record,
                 pending: IntervalSet::new(),
                 disk_len: None,
@@ -637,6 +650,7 @@ impl Placer {
                 file: Some(Arc::new(opened.file)),
                 recorded: false,
                 recorded_sealed: false,
+                deferred_writes: 0,
             }),
         });
         files
@@ -818,6 +832,7 @@ impl Placer {
             if journal {
                 // Written once the batch is handed to the committer, while
                 // its round writes the journal (see `DeferredWrites`).
+                state.deferred_writes += 1;
                 work.deferred.writes.push(DeferredWrite {
                     slot: slot.clone(),
                     file: file.clone(),
@@ -989,18 +1004,23 @@ impl Placer {
         let kind = SealDigest::of_digest(digest).map_err(|e| RowError::Reject(e.to_string()))?;
         let size = row.offset;
         let slot = self.slot_or_create(source, row, work)?;
-        // A round in progress may have recorded ranges whose deferred writes
-        // are still under way: the digest below must see their bytes. With
-        // the gate held until the slot is locked, every range the record
-        // holds was recorded by a round that has ended.
-        let gate = lock(&self.commit_gate);
-        if let Some(reason) = gate.as_ref() {
-            return Err(RowError::Storage(format!(
-                "sink storage failed earlier, restart it: {reason}"
-            )));
-        }
         let mut state = lock(&slot.state);
-        drop(gate);
+        if state.deferred_writes > 0 {
+            // A round in progress may have recorded ranges whose deferred
+            // writes are still under way: the digest below must see their
+            // bytes. Once the gate is free no round is in progress, and with
+            // it held until the slot is locked again, every range the record
+            // holds was recorded by a round that has ended.
+            drop(state);
+            let gate = lock(&self.commit_gate);
+            if let Some(reason) = gate.as_ref() {
+                return Err(RowError::Storage(format!(
+                    "sink storage failed earlier, restart it: {reason}"
+                )));
+            }
+            state = lock(&slot.state);
+            drop(gate);
+        }
         if let Some(sealed) = state.record.sealed.clone() {
             let same = sealed.size == size
                 && (sealed.digest == digest
@@ -1226,8 +1246,12 @@ mod tests {
             ack.rejected[0].error
         );
 
+        let slot = request.placed[0].0.clone();
+        assert_eq!(lock(&slot.state).deferred_writes, 1);
         deferred.write(&second).unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), b"headtail");
+        // Nothing in flight: a seal need not wait for a round to end.
+        assert_eq!(lock(&slot.state).deferred_writes, 0);
         record(&request);
         let seal = batch(&|b| b.push_seal("a.dat", 1, 8, &digest(b"headtail")));
         let (_, ack, _) = placer.place(&source, 4, &seal).unwrap();
