@@ -18,8 +18,10 @@
 //! so the replay finds which bytes made it, and withdraws the records of
 //! those that did not (none was acknowledged).
 //! A journal round ends only once its batches have also written those
-//! ranges into their files (they do so while the round runs), so nobody
-//! sees a record before its bytes are in place.
+//! ranges into their files (they do so while the round runs): the records
+//! it wrote are read (under the gate) and its acks sent only after that.
+//! Placement sees the records in memory sooner, as it must, to know what is
+//! placed; a seal of a file with writes still in flight waits for the gate.
 //! Their files join a backlog that a background flush
 //! makes durable (every [`FLUSH_AFTER`] or [`FLUSH_AT_BYTES`]) before
 //! dropping the entries and giving their journal space back. A round that
@@ -493,7 +495,7 @@ async fn run(
             _ => Ok(JournalRound::default()),
         });
         let manifest_for_round = manifest.clone();
-        let gate = gate.clone();
+        let round_gate = gate.clone();
         let counts = counts.clone();
         let round_poisoned = poisoned.clone();
         let complete = backlog.complete;
@@ -502,7 +504,7 @@ async fn run(
             let result = journal.and_then(|journal| {
                 let sink = RoundSink {
                     manifest: &manifest_for_round,
-                    gate: &gate,
+                    gate: &round_gate,
                     counts: &counts,
                     poisoned: &round_poisoned,
                 };
@@ -543,6 +545,9 @@ async fn run(
             Err(reason) => {
                 tracing::error!(error = %reason, "commit failed; the sink refuses further batches until restarted");
                 *lock(&poisoned) = Some(reason.clone());
+                // A round that failed before its records (a flush, a deferred
+                // write) stops those who write records out of band too.
+                lock(&gate).get_or_insert_with(|| reason.clone());
                 fail_all(round, &reason);
                 fail_all(std::mem::take(&mut waiting), &reason);
                 continue;
@@ -848,10 +853,11 @@ fn record_round(
 ) -> Result<Recorded, String> {
     // Snapshots and their write happen under the gate, so a record written
     // out of band (a rename's intent) is never overwritten by an older one.
-    // It is held until the journal write is done too, and a failure (or a
-    // panic) poisons the sink and the gate before it is let go: whoever
-    // writes or reads records under it (renames, watermarks) never sees
-    // ranges whose bytes may still be lost.
+    // It is held until the journal write and the round's deferred writes
+    // are done too, and a failure (or a panic) poisons the sink and the gate
+    // before it is let go: whoever writes or reads records under it
+    // (renames, watermarks) never sees ranges whose bytes may still be lost
+    // or not yet in their files.
     let mut gate = lock(sink.gate);
     let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         record_round_under_gate(sink, round, journal, journal_complete)

@@ -302,8 +302,8 @@ impl Ingest for Sink {
         let committer = self.committer.clone();
         // Placing and submitting run on a blocking thread, which runs to the
         // end even if the stream goes away mid-batch (a blocking task cannot
-        // be cancelled): the batch still reaches its commit instead of
-        // leaving written-but-unrecorded ranges that others would wait on.
+        // be cancelled once started): the batch still reaches its commit
+        // instead of leaving written-but-unrecorded ranges others wait on.
         let received = std::time::SystemTime::now();
         let placed = tokio::task::spawn_blocking(move || {
                 let started = std::time::Instant::now();
@@ -333,7 +333,10 @@ impl Ingest for Sink {
                 Ok((answer, ack))
             })
             .await
-            .map_err(|e| Status::internal(format!("placing batch {seq} panicked: {e}")))?;
+            .map_err(|e| match e.is_panic() {
+            true => Status::internal(format!("placing batch {seq} panicked: {e}")),
+            false => Status::unavailable(format!("placing batch {seq}: the sink is shutting down")),
+        })?;
         let (answer, ack) = placed.map_err(|e| match e {
             PlaceError::Peer(detail) => Status::invalid_argument(detail),
             PlaceError::Storage(detail) => Status::unavailable(format!("sink storage: {detail}")),

@@ -189,6 +189,11 @@ pub(crate) struct DeferredWrites {
 }
 
 struct DeferredWrite {
+    /// Counted off the slot's `deferred_writes` when dropped, unless it
+    /// failed after its batch was submitted: then its range may be
+    /// recorded without its bytes, and seals must keep waiting for the
+    /// gate (where they find the sink stopped).
+    count_off: bool,
     slot: Arc<Slot>,
     file: Arc<File>,
     /// The row of the batch holding the bytes, and where in its data.
@@ -201,8 +206,10 @@ struct DeferredWrite {
 impl Drop for DeferredWrite {
     /// Done, failed or never to be done: the file no longer waits for it.
     fn drop(&mut self) {
-        let mut state = lock(&self.slot.state);
-        state.deferred_writes = state.deferred_writes.saturating_sub(1);
+        if self.count_off {
+            let mut state = lock(&self.slot.state);
+            state.deferred_writes = state.deferred_writes.saturating_sub(1);
+        }
     }
 }
 
@@ -214,25 +221,36 @@ impl DeferredWrites {
     /// Writes every deferred range of `batch` (the batch they were placed
     /// from) into its file; an error names the file and offset.
     pub fn write(self, batch: &RangeBatch) -> Result<(), String> {
-        for write in self.writes {
-            let row = batch.row(write.row);
-            let bytes = row
-                .data
-                .get(write.within.clone())
-                .ok_or_else(|| format!("row {} has no bytes {:?}", write.row, write.within))?;
-            write
-                .file
-                .write_all_at(bytes, write.offset)
-                .map_err(|err| {
-                    format!(
-                        "writing {} bytes at offset {} of {}: {err}",
-                        bytes.len(),
-                        write.offset,
-                        lock(&write.slot.state).record.dest_path
-                    )
-                })?;
+        let mut writes = self.writes.into_iter();
+        while let Some(write) = writes.next() {
+            if let Err(error) = write.write(batch) {
+                let mut unwritten: Vec<DeferredWrite> =
+                    std::iter::once(write).chain(writes).collect();
+                for write in &mut unwritten {
+                    write.count_off = false;
+                }
+                return Err(error);
+            }
         }
         Ok(())
+    }
+}
+
+impl DeferredWrite {
+    fn write(&self, batch: &RangeBatch) -> Result<(), String> {
+        let row = batch.row(self.row);
+        let bytes = row
+            .data
+            .get(self.within.clone())
+            .ok_or_else(|| format!("row {} has no bytes {:?}", self.row, self.within))?;
+        self.file.write_all_at(bytes, self.offset).map_err(|err| {
+            format!(
+                "writing {} bytes at offset {} of {}: {err}",
+                bytes.len(),
+                self.offset,
+                lock(&self.slot.state).record.dest_path
+            )
+        })
     }
 }
 
@@ -292,7 +310,8 @@ impl Placer {
     }
 
     /// Holds off commit rounds while held. A round holds it from before its
-    /// records are written until its journal write is done too; it says why
+    /// records are written until its journal write and its deferred writes
+    /// are done too; it says why
     /// the sink stopped if a round failed meanwhile.
     pub fn commit_gate(&self) -> MutexGuard<'_, Option<String>> {
         lock(&self.commit_gate)
@@ -834,6 +853,7 @@ impl Placer {
                 // its round writes the journal (see `DeferredWrites`).
                 state.deferred_writes += 1;
                 work.deferred.writes.push(DeferredWrite {
+                    count_off: true,
                     slot: slot.clone(),
                     file: file.clone(),
                     row: index,
