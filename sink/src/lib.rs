@@ -41,7 +41,7 @@ use manifest_db::SinkManifest;
 use serde::{Deserialize, Serialize};
 use tonic::Status;
 
-use crate::commit::Committer;
+use crate::commit::{CommitAnswer, Committer};
 use crate::confine::Root;
 use crate::placement::{PlaceError, Placer};
 
@@ -306,34 +306,10 @@ impl Ingest for Sink {
         // instead of leaving written-but-unrecorded ranges others wait on.
         let received = std::time::SystemTime::now();
         let placed = tokio::task::spawn_blocking(move || {
-                let started = std::time::Instant::now();
-                let source_state = placer.source(&source)?;
-                let (mut request, ack, deferred) = placer.place(&source_state, seq, &batch)?;
-                request.place_us = started.elapsed().as_micros() as u64;
-                request.received = Some(received);
-                request.placing_us = received.elapsed().map_or(0, |d| d.as_micros() as u64);
-                let written = (!deferred.is_empty()).then(|| {
-                    let (done, written) = tokio::sync::oneshot::channel();
-                    request.written = Some(written);
-                    done
-                });
-                let answer = committer.submit(request).map_err(PlaceError::Storage)?;
-                if let Some(done) = written {
-                    // The round waits for this, and a failure stops the sink:
-                    // the ranges are recorded, and only the replay of the
-                    // journal at the next start puts them in their files.
-                    let outcome = deferred.write(&batch).map_err(|e| {
-                        format!("batch {seq} of source '{source}', writing its journaled ranges into their files: {e}")
-                    });
-                    if let Err(Err(error)) = done.send(outcome) {
-                        // The round failed before it waited for them.
-                        tracing::error!(%error, "a deferred write failed after its commit round had failed");
-                    }
-                }
-                Ok((answer, ack))
-            })
-            .await
-            .map_err(|e| match e.is_panic() {
+            place_and_submit(&placer, &committer, &source, seq, &batch, received)
+        })
+        .await
+        .map_err(|e| match e.is_panic() {
             true => Status::internal(format!("placing batch {seq} panicked: {e}")),
             false => Status::unavailable(format!("placing batch {seq}: the sink is shutting down")),
         })?;
@@ -369,6 +345,43 @@ impl Ingest for Sink {
             ))),
         }
     }
+}
+
+/// Places a batch, hands its commit to the committer, then does its
+/// deferred writes (the round waits for them). Blocking.
+fn place_and_submit(
+    placer: &Placer,
+    committer: &Committer,
+    source: &str,
+    seq: u64,
+    batch: &RangeBatch,
+    received: std::time::SystemTime,
+) -> Result<(CommitAnswer, Ack), PlaceError> {
+    let started = std::time::Instant::now();
+    let source_state = placer.source(source)?;
+    let (mut request, ack, deferred) = placer.place(&source_state, seq, batch)?;
+    request.place_us = started.elapsed().as_micros() as u64;
+    request.received = Some(received);
+    request.placing_us = received.elapsed().map_or(0, |d| d.as_micros() as u64);
+    let written = (!deferred.is_empty()).then(|| {
+        let (done, written) = tokio::sync::oneshot::channel();
+        request.written = Some(written);
+        done
+    });
+    let answer = committer.submit(request).map_err(PlaceError::Storage)?;
+    if let Some(done) = written {
+        // The round waits for this, and a failure stops the sink: the
+        // ranges are recorded, and only the replay of the journal at the
+        // next start puts them in their files.
+        let outcome = deferred.write(batch).map_err(|e| {
+            format!("batch {seq} of source '{source}', writing its journaled ranges into their files: {e}")
+        });
+        if let Err(Err(error)) = done.send(outcome) {
+            // The round failed before it waited for them.
+            tracing::error!(%error, "a deferred write failed after its commit round had failed");
+        }
+    }
+    Ok((answer, ack))
 }
 
 /// Runs a sink until `shutdown` resolves.
