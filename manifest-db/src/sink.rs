@@ -220,17 +220,21 @@ impl SinkManifest {
         self.prepare(commit)?.write_synced()
     }
 
+    /// Keeps other commits out. The lock guards no data of its own, so a
+    /// panic in another commit leaves nothing inconsistent behind; carry on
+    /// past poisoning.
+    fn commit_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner
+            .commit_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Builds one commit's WriteBatch without writing it. Until the returned
     /// commit is written or dropped, other commits wait: they read the
     /// counters it is about to change.
     pub fn prepare(&self, commit: &SinkCommit) -> Result<PreparedCommit<'_>> {
-        // The lock guards no data of its own, so a panic in another commit leaves nothing
-        // inconsistent behind; carry on past poisoning.
-        let guard = self
-            .inner
-            .commit_lock
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let guard = self.commit_guard();
         let store = self.store();
         let files = store.cf(CF_FILES)?;
         let placements = store.cf(CF_PLACEMENTS)?;
@@ -335,11 +339,7 @@ impl SinkManifest {
     /// from the bytes its [`PreparedCommit::data`] gave (synced). The caller
     /// knows it was lost: applying it again over later commits would undo them.
     pub fn redo(&self, data: &[u8]) -> Result<()> {
-        let _guard = self
-            .inner
-            .commit_lock
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _guard = self.commit_guard();
         self.store()
             .write(WriteBatch::from_data(data), true, "redo a journaled commit")
     }

@@ -578,13 +578,20 @@ async fn run(
     }
 }
 
+/// What a batch's placement said of its deferred writes.
+fn deferred_outcome(
+    answer: Result<Result<(), String>, oneshot::error::RecvError>,
+) -> Result<(), String> {
+    answer.unwrap_or_else(|_| {
+        Err("a batch's placement thread ended before it wrote its journaled ranges into their files (it panicked)".to_string())
+    })
+}
+
 /// Waits until every request's deferred writes are done.
 async fn deferred_writes_done(round: &mut [Queued]) -> Result<(), String> {
     for queued in round.iter_mut() {
         if let Some(deferred) = queued.request.written.take() {
-            deferred.await.unwrap_or_else(|_| {
-                Err("a batch's placement thread ended before it wrote its journaled ranges into their files (it panicked)".to_string())
-            })?;
+            deferred_outcome(deferred.await)?;
         }
     }
     Ok(())
@@ -982,9 +989,7 @@ fn record_round_under_gate(
     // their files by then (they are durable in the journal already).
     let deferring = Instant::now();
     for deferred in deferred_writes {
-        deferred.blocking_recv().unwrap_or_else(|_| {
-            Err("a batch's placement thread ended before it wrote its journaled ranges into their files (it panicked)".to_string())
-        })?;
+        deferred_outcome(deferred.blocking_recv())?;
     }
     let deferred_us = deferring.elapsed().as_micros() as u64;
     for (slot, sealed) in written {

@@ -109,6 +109,23 @@ impl FileCounts {
     }
 }
 
+/// Writes a range at its offset; the error names the destination (asked
+/// for only then).
+fn write_range(
+    file: &File,
+    bytes: &[u8],
+    offset: u64,
+    dest: impl FnOnce() -> String,
+) -> Result<(), String> {
+    file.write_all_at(bytes, offset).map_err(|e| {
+        format!(
+            "writing {} bytes at offset {offset} of {}: {e}",
+            bytes.len(),
+            dest()
+        )
+    })
+}
+
 /// Reads `len` bytes at `offset`, checking first that the file has them
 /// (`len` comes from the manifest and is not trusted to allocate).
 fn read_exact(file: &File, offset: u64, len: u32) -> std::io::Result<Vec<u8>> {
@@ -243,13 +260,8 @@ impl DeferredWrite {
             .data
             .get(self.within.clone())
             .ok_or_else(|| format!("row {} has no bytes {:?}", self.row, self.within))?;
-        self.file.write_all_at(bytes, self.offset).map_err(|err| {
-            format!(
-                "writing {} bytes at offset {} of {}: {err}",
-                bytes.len(),
-                self.offset,
-                lock(&self.slot.state).record.dest_path
-            )
+        write_range(&self.file, bytes, self.offset, || {
+            lock(&self.slot.state).record.dest_path.clone()
         })
     }
 }
@@ -445,12 +457,7 @@ impl Placer {
                     }
                 }
             };
-            file.write_all_at(&bytes, offset).map_err(|e| {
-                storage(format!(
-                    "writing {} bytes at offset {offset} of {dest}: {e}",
-                    bytes.len(),
-                ))
-            })?;
+            write_range(&file, &bytes, offset, || dest.clone()).map_err(storage)?;
             work.request.files_to_sync.push(file);
             replayed += bytes.len() as u64;
         }
@@ -483,6 +490,18 @@ impl Placer {
             .clear_journal()
             .map_err(|e| storage(e.to_string()))?;
         Ok(replayed)
+    }
+
+    /// The commit gate, unless a failed round closed it (then the sink
+    /// refuses work until it is restarted).
+    fn open_gate(&self) -> Result<MutexGuard<'_, Option<String>>, RowError> {
+        let gate = lock(&self.commit_gate);
+        match gate.as_ref() {
+            Some(reason) => Err(RowError::Storage(format!(
+                "sink storage failed earlier, restart it: {reason}"
+            ))),
+            None => Ok(gate),
+        }
     }
 
     /// Destination path of a source-relative path, relative to the root.
@@ -852,6 +871,8 @@ impl Placer {
                 // Written once the batch is handed to the committer, while
                 // its round writes the journal (see `DeferredWrites`).
                 state.deferred_writes += 1;
+                let bytes = row.data[within.clone()].to_vec();
+                work.request.journal.push((slot.id.clone(), s, bytes));
                 work.deferred.writes.push(DeferredWrite {
                     count_off: true,
                     slot: slot.clone(),
@@ -860,15 +881,13 @@ impl Placer {
                     within,
                     offset: s,
                 });
-            } else if let Err(err) = file.write_all_at(&row.data[within], s) {
+            } else if let Err(error) = write_range(&file, &row.data[within], s, || {
+                state.record.dest_path.clone()
+            }) {
                 for &(ws, we) in &to_write[..i] {
                     crate::commit::remove_range(&mut state.pending, ws, we);
                 }
-                return Err(RowError::Storage(format!(
-                    "writing {} bytes at offset {s} of {}: {err}",
-                    e - s,
-                    state.record.dest_path
-                )));
+                return Err(RowError::Storage(error));
             }
             if s < known {
                 work.request.counters.rewritten_bytes += e.min(known) - s;
@@ -878,10 +897,6 @@ impl Placer {
         drop(state);
         work.ack.placed += written;
         if journal {
-            for &(s, e) in &to_write {
-                let bytes = row.data[(s - start) as usize..(e - start) as usize].to_vec();
-                work.request.journal.push((slot.id.clone(), s, bytes));
-            }
             work.request.journal_bytes += written;
             work.request.journaled_files.push(file);
         } else {
@@ -947,12 +962,7 @@ impl Placer {
             // Record the rename before making it: a crash in between leaves a
             // record that knows both names, and settle_rename finishes the
             // move before the file is opened again.
-            let gate = lock(&self.commit_gate);
-            if let Some(reason) = gate.as_ref() {
-                return Err(RowError::Storage(format!(
-                    "sink storage failed earlier, restart it: {reason}"
-                )));
-            }
+            let _gate = self.open_gate()?;
             let mut state = lock(&slot.state);
             self.settle_rename(&slot, &mut state, work)?;
             state.record.dest_path = new_dest.clone();
@@ -1032,12 +1042,7 @@ impl Placer {
             // it held until the slot is locked again, every range the record
             // holds was recorded by a round that has ended.
             drop(state);
-            let gate = lock(&self.commit_gate);
-            if let Some(reason) = gate.as_ref() {
-                return Err(RowError::Storage(format!(
-                    "sink storage failed earlier, restart it: {reason}"
-                )));
-            }
+            let gate = self.open_gate()?;
             state = lock(&slot.state);
             drop(gate);
         }
