@@ -346,7 +346,10 @@ impl Backlog {
     /// Starts a flush of everything waiting, if one is due and none is running.
     fn flush_if_due(&mut self, manifest: &SinkManifest, poisoned: &Arc<Mutex<Option<String>>>) {
         if lock(poisoned).is_some() {
-            // Entries stay for the replay after the restart.
+            // Entries stay for the replay after the restart, and no flush is
+            // due any more: a deadline left behind would wake the committer
+            // again at once, and it would spin.
+            self.since = None;
             return;
         }
         let due = self.bytes >= FLUSH_AT_BYTES
@@ -1110,6 +1113,33 @@ mod tests {
         flush_ended(&mut backlog.flushing).await;
         assert!(lock(&poisoned).is_none());
         assert_eq!(backlog_bytes.load(Ordering::Relaxed), 0);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A stopped sink keeps its journaled files for the replay, and has no
+    /// flush deadline left: one already past would wake the committer's loop
+    /// at once, over and over.
+    #[tokio::test]
+    async fn a_poisoned_backlog_keeps_its_files_and_drops_its_deadline() {
+        let dir = scratch("backlog-poisoned");
+        let root = Root::open(&dir).unwrap();
+        let flusher = Flusher::new(&root, SyncStrategy::Files).unwrap();
+        let manifest = SinkManifest::open(&dir.join("state")).unwrap();
+        let poisoned = Arc::new(Mutex::new(Some("a flush failed".to_string())));
+        let journal = CommitJournal {
+            file: Some(JournalFile::open(&dir.join("journal"), 1 << 20, 1).unwrap()),
+            backlog_bytes: Arc::new(AtomicU64::new(0)),
+            flush_at_files: 100,
+        };
+        let mut backlog = Backlog::new(journal, flusher);
+        let file = Arc::new(File::create(dir.join("a")).unwrap());
+        backlog.add(Some((1, 10)), 10, vec![file]);
+        assert!(backlog.deadline().is_some());
+
+        backlog.flush_if_due(&manifest, &poisoned);
+        assert!(backlog.flushing.is_none());
+        assert_eq!(backlog.files.len(), 1, "kept for the replay");
+        assert!(backlog.deadline().is_none());
         let _ = std::fs::remove_dir_all(dir);
     }
 }
