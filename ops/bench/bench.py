@@ -834,6 +834,31 @@ def burst_widths(writes, gap_ns=2_000_000) -> dict | None:
             "width_p90_ms": widths[int(len(widths) * 0.9)] / 1e6, "size_p50": sizes[len(sizes) // 2]}
 
 
+def tick_profile(timed, gap_ns=2_000_000) -> dict | None:
+    """Latency by a write's place in its tick (burst), and how long a tick
+    lasts from its first write to its last commit: if the first writes of a
+    tick wait as long as the last, the cost is per tick, not a queue of writes."""
+    pairs = sorted(timed)
+    if not pairs:
+        return None
+    ticks, cur = [], [pairs[0]]
+    for prev, item in zip(pairs, pairs[1:]):
+        if item[0] - prev[0] > gap_ns:
+            ticks.append(cur)
+            cur = []
+        cur.append(item)
+    ticks.append(cur)
+    first, last, spans = [], [], []
+    for tick in ticks:
+        n = len(tick)
+        tenth = max(1, n // 10)
+        first += [lat for _, lat in tick[:tenth]]
+        last += [lat for _, lat in tick[n - tenth:]]
+        spans.append(max(t / 1e6 + lat for t, lat in tick) - tick[0][0] / 1e6)
+    return {"ticks": len(ticks), "first_tenth_p50_ms": percentile(sorted(first), 50),
+            "last_tenth_p50_ms": percentile(sorted(last), 50), "span_p50_ms": percentile(sorted(spans), 50)}
+
+
 def latency_windows(writes, lat_by_write, window_s=10.0):
     """p50/p99 per window of write time (does latency drift during the run?)."""
     pairs = sorted(lat_by_write)
@@ -932,6 +957,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     summ = latency_summary(lat, missing)
     summ["way_there"] = latency_summary(way, 0) if way else None
     summ["sim_burst"] = burst_widths(writes)
+    summ["ticks"] = tick_profile(timed)
     summ["windows"] = latency_windows(writes, timed, 10.0 if b.p["p3_seconds"] >= 30 else 1.0)
     ok, _ = b.verify(src, pl.dest)
     m["rounds"] = commit_rounds(pl.sink.log_path)
@@ -951,6 +977,11 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     if summ["sim_burst"]:
         sb = summ["sim_burst"]
         say(f"    the simulator's writes come in bursts of {sb['size_p50']} spread over {fmt(sb['width_p50_ms'], '.2f')} ms (p50)")
+    if summ["ticks"]:
+        tp = summ["ticks"]
+        say(f"    p50 latency of the first tenth of each burst's writes {fmt(tp['first_tenth_p50_ms'], '.2f')} ms, "
+            f"of the last tenth {fmt(tp['last_tenth_p50_ms'], '.2f')} ms; a burst lasts "
+            f"{fmt(tp['span_p50_ms'], '.2f')} ms (p50) from its first write to its last commit")
     say("    p50/p99 per window of the run: " + ", ".join(
         f"{w['from_s']:.0f}s {fmt(w['p50_ms'], '.1f')}/{fmt(w['p99_ms'], '.1f')}" for w in summ["windows"]))
     rmtree(src)
@@ -1910,6 +1941,22 @@ def bounds_analysis(b: Bench) -> list[str]:
                      f"and the sink share those cores"
                      + (", so the way to the sink alone takes half the 2 ms budget. "
                         if ways and way50 is not None and way50 >= 1.0 else ". "))
+        ticks = [r["ticks"] for r in runs if r.get("ticks")]
+        if ticks:
+            span = median([x["span_p50_ms"] for x in ticks])
+            per_tick_cpu = (wus + sus) * bursts[0]["size_p50"] / 1000 if bursts and wus and sus else None
+            head = median([x["first_tenth_p50_ms"] for x in ticks])
+            tail = median([x["last_tenth_p50_ms"] for x in ticks])
+            alike = head and tail and 0.8 <= tail / head <= 1.25
+            text += (f"By a write's place in its burst: p50 {fmt_ms(head)} for the first tenth of a burst's "
+                     f"writes, {fmt_ms(tail)} for the last"
+                     + (" (alike: the cost is per burst rather than a queue of writes). " if alike else ". ")
+                     + f"A burst lasts {fmt_ms(span)} (p50) from its "
+                     f"first write to its last commit"
+                     + (f", and in that time the watcher and the sink spend about {fmt_ms(per_tick_cpu)} of CPU on "
+                        f"it besides the simulator's own writes: while a burst is under way the {ncpu} cores are "
+                        f"busy, and they idle between bursts (which the whole run's average below hides). "
+                        if per_tick_cpu is not None else ". "))
         if fl:
             text += (f"One 4 KiB write + fdatasync takes p50 {fl['p50_ms']:.3f} ms, p99 {fl['p99_ms']:.3f} ms here "
                      f"when the disk is otherwise idle, but flushing a file that grew also commits its new size and "
