@@ -60,7 +60,7 @@ MODES = {
         p7_seconds=8, p7_rate=10.0, p7_kills=3,
     ),
     "full": dict(
-        runs=3, peer_runs=1, ceiling_runs=3,
+        runs=3, peer_runs=3, ceiling_runs=3,
         iperf_seconds=5, fio_mib=2048,
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
@@ -1212,27 +1212,32 @@ def scenario_p3(b: Bench):
         f"tailflight {b.p['runs']} run(s), each peer {b.p['peer_runs']} run(s)")
     extra = tuple(str(b.p["p3_watch"]).split())  # e.g. --set "p3_watch=--linger 250us"
     sink_extra = tuple(str(b.p["p3_sink"]).split())  # e.g. --set "p3_sink=--sync files"
-    tf_runs = [p3_tailflight(b, i + 1, extra, sink_extra=sink_extra) for i in range(b.p["runs"])]
+    wanted = {p.strip() for p in str(b.p["p3_peers"]).split(",")}
+    peer_kinds = [(label, kind, delay) for key, label, kind, delay in (
+        ("rsync", "rsync loop", "rsync", None),
+        ("lsyncd", "lsyncd (defaults: delay 15 s, on close)", "lsyncd", None),
+        ("lsyncd0", "lsyncd (delay 0, on every write)", "lsyncd", 0)) if key in wanted]
+    tf_runs: list[dict] = []
+    peers: dict[str, list[dict]] = {label: [] for label, _, _ in peer_kinds}
+    # Interleaved, a tailflight run then one of each peer: the machine's load
+    # drifts over minutes, and each ratio should compare runs made under it.
+    for i in range(max(b.p["runs"], b.p["peer_runs"])):
+        if i < b.p["runs"]:
+            tf_runs.append(p3_tailflight(b, i + 1, extra, sink_extra=sink_extra))
+        if i >= b.p["peer_runs"]:
+            continue
+        for label, kind, delay in peer_kinds:
+            try:
+                peers[label].append(p3_peer(b, kind, delay))
+            except Exception as e:  # one peer failing must not hide the others
+                say(f"  {label} FAILED: {e}")
+                b.results["errors"][f"P3 {label} run {i + 1}"] = str(e)
     # Diagnostic, not a target: how much of the latency is the watcher's batching linger.
     linger0 = [p3_tailflight(b, i + 1, ("--linger", "0ms"), "tailflight --linger 0ms")
                for i in range(int(b.p["p3_linger0"]))]
     # Diagnostic: without the sink's journal file (every round flushes the files it grew).
     journal = [p3_tailflight(b, i + 1, extra, NO_JOURNAL_LABEL, ("--journal-max-range", "0"))
                for i in range(int(b.p["p3_journal"]))]
-    peers: dict[str, list[dict]] = {}
-    wanted = {p.strip() for p in str(b.p["p3_peers"]).split(",")}
-    for key, label, kind, delay in (("rsync", "rsync loop", "rsync", None),
-                                    ("lsyncd", "lsyncd (defaults: delay 15 s, on close)", "lsyncd", None),
-                                    ("lsyncd0", "lsyncd (delay 0, on every write)", "lsyncd", 0)):
-        if key not in wanted:
-            continue
-        peers[label] = []
-        for _ in range(b.p["peer_runs"]):
-            try:
-                peers[label].append(p3_peer(b, kind, delay))
-            except Exception as e:  # one peer failing must not hide the others
-                say(f"  {label} FAILED: {e}")
-                b.results["errors"][f"P3 {label}"] = str(e)
     p50 = median([r["p50_ms"] for r in tf_runs])
     p99 = median([r["p99_ms"] for r in tf_runs])
     res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "peers": peers, "p50_ms": p50, "p99_ms": p99,
@@ -2139,8 +2144,8 @@ def write_report(b: Bench, started: float | None):
     lines += ["", METHOD.format(
         p5_dest=p5_dest, ncpu=meta["nproc"], mem=f"{meta['mem_gib']:.0f}", kernel=meta["kernel"], shm=b.shm, work=b.work,
         fs=b.results["scenarios"].get("ceilings", {}).get("disk_fs", fs_type(b.work)), rate=b.p["p4_rate"],
-        runs_note=(f"Comparisons use medians of {b.p['runs']} runs of tailflight "
-                   f"({b.p['peer_runs']} per P3 peer, whose latencies are orders of magnitude apart)."
+        runs_note=(f"Comparisons use medians of {b.p['runs']} runs of tailflight and "
+                   f"{b.p['peer_runs']} of each P3 peer, interleaved (a tailflight run, then one of each peer)."
                    if not b.quick else "Quick mode: one run each, tiny sizes: the figures only prove the "
                    "suite works."))]
     lines += ["## Limits", "",
@@ -2271,9 +2276,10 @@ def make_plots(b: Bench, out: Path, stem: str) -> list[str]:
                 pts = r.get("cdf") or []
                 ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "-.", label=NO_JOURNAL_LABEL)
             for label, runs in sc["P3"]["peers"].items():
-                for r in runs:
+                for i, r in enumerate(runs):
                     pts = r.get("cdf") or []
-                    ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "--", label=label)
+                    ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "--",
+                            label=label if i == 0 else None)
             ax.set_xscale("log")
             ax.set_xlabel("append → durable (tailflight) / visible at destination (peers), ms")
             ax.set_ylabel("fraction of writes")
