@@ -1066,23 +1066,32 @@ mod tests {
     use crate::flush::SyncStrategy;
     use crate::test_support::scratch;
 
+    /// A backlog over a scratch directory: it, the manifest its flushes
+    /// write to, and the bytes it tells placement about.
+    fn backlog_in(
+        dir: &std::path::Path,
+        flush_at_files: usize,
+    ) -> (Backlog, SinkManifest, Arc<AtomicU64>) {
+        let root = Root::open(dir).unwrap();
+        let flusher = Flusher::new(&root, SyncStrategy::Files).unwrap();
+        let manifest = SinkManifest::open(&dir.join("state")).unwrap();
+        let backlog_bytes = Arc::new(AtomicU64::new(0));
+        let journal = CommitJournal {
+            file: Some(JournalFile::open(&dir.join("journal"), 1 << 20, 1).unwrap()),
+            backlog_bytes: backlog_bytes.clone(),
+            flush_at_files,
+        };
+        (Backlog::new(journal, flusher), manifest, backlog_bytes)
+    }
+
     /// Each journaled file waiting for the background flush holds a
     /// descriptor: as many as the sink may keep open start the flush, well
     /// before its time or byte limit.
     #[tokio::test]
     async fn a_backlog_of_many_files_is_flushed_before_its_time() {
         let dir = scratch("backlog-files");
-        let root = Root::open(&dir).unwrap();
-        let flusher = Flusher::new(&root, SyncStrategy::Files).unwrap();
-        let manifest = SinkManifest::open(&dir.join("state")).unwrap();
+        let (mut backlog, manifest, backlog_bytes) = backlog_in(&dir, 2);
         let poisoned = Arc::new(Mutex::new(None));
-        let backlog_bytes = Arc::new(AtomicU64::new(0));
-        let journal = CommitJournal {
-            file: Some(JournalFile::open(&dir.join("journal"), 1 << 20, 1).unwrap()),
-            backlog_bytes: backlog_bytes.clone(),
-            flush_at_files: 2,
-        };
-        let mut backlog = Backlog::new(journal, flusher);
         let file = |name: &str| Arc::new(File::create(dir.join(name)).unwrap());
 
         // One file twice (two of its ranges) counts once.
@@ -1122,16 +1131,8 @@ mod tests {
     #[tokio::test]
     async fn a_poisoned_backlog_keeps_its_files_and_drops_its_deadline() {
         let dir = scratch("backlog-poisoned");
-        let root = Root::open(&dir).unwrap();
-        let flusher = Flusher::new(&root, SyncStrategy::Files).unwrap();
-        let manifest = SinkManifest::open(&dir.join("state")).unwrap();
+        let (mut backlog, manifest, _) = backlog_in(&dir, 100);
         let poisoned = Arc::new(Mutex::new(Some("a flush failed".to_string())));
-        let journal = CommitJournal {
-            file: Some(JournalFile::open(&dir.join("journal"), 1 << 20, 1).unwrap()),
-            backlog_bytes: Arc::new(AtomicU64::new(0)),
-            flush_at_files: 100,
-        };
-        let mut backlog = Backlog::new(journal, flusher);
         let file = Arc::new(File::create(dir.join("a")).unwrap());
         backlog.add(Some((1, 10)), 10, vec![file]);
         assert!(backlog.deadline().is_some());
