@@ -814,40 +814,40 @@ def read_write_log(path: Path) -> dict[str, list[tuple[int, int, int]]]:
     return writes
 
 
-def burst_widths(writes, gap_ns=2_000_000) -> dict | None:
-    """How the simulator's writes bunch up: its streams tick together, so each
-    tick is a burst of one write per stream, as long as the machine takes to
-    run them (writes more than 2 ms apart start a new burst)."""
-    times = sorted(t for ws in writes.values() for _, _, t in ws)
-    if not times:
+BURST_GAP_NS = 2_000_000
+
+
+def split_bursts(items):
+    """Splits (write time ns, ...) tuples, sorted by time, into bursts: the
+    simulator's streams tick together, so each tick is a burst of one write
+    per stream, as long as the machine takes to run them (writes more than
+    2 ms apart start a new burst)."""
+    bursts = []
+    for item in items:
+        if not bursts or item[0] - bursts[-1][-1][0] > BURST_GAP_NS:
+            bursts.append([])
+        bursts[-1].append(item)
+    return bursts
+
+
+def burst_widths(writes) -> dict | None:
+    """How the simulator's writes bunch up (see `split_bursts`)."""
+    bursts = split_bursts(sorted((t,) for ws in writes.values() for _, _, t in ws))
+    if not bursts:
         return None
-    bursts, first, count = [], times[0], 1
-    for prev, t in zip(times, times[1:]):
-        if t - prev > gap_ns:
-            bursts.append((prev - first, count))
-            first, count = t, 0
-        count += 1
-    bursts.append((times[-1] - first, count))
-    widths = sorted(w for w, _ in bursts)
-    sizes = sorted(c for _, c in bursts)
+    widths = sorted(b[-1][0] - b[0][0] for b in bursts)
+    sizes = sorted(len(b) for b in bursts)
     return {"bursts": len(bursts), "width_p50_ms": widths[len(widths) // 2] / 1e6,
             "width_p90_ms": widths[int(len(widths) * 0.9)] / 1e6, "size_p50": sizes[len(sizes) // 2]}
 
 
-def tick_profile(timed, gap_ns=2_000_000) -> dict | None:
-    """Latency by a write's place in its tick (burst), and how long a tick
-    lasts from its first write to its last commit: if the first writes of a
-    tick wait as long as the last, the cost is per tick, not a queue of writes."""
-    pairs = sorted(timed)
-    if not pairs:
+def tick_profile(timed) -> dict | None:
+    """Latency by a write's place in its burst (see `split_bursts`), and how
+    long a burst lasts from its first write to its last commit: were the
+    writes queued one behind another, the last of a burst would wait longest."""
+    ticks = split_bursts(sorted(timed))
+    if not ticks:
         return None
-    ticks, cur = [], [pairs[0]]
-    for prev, item in zip(pairs, pairs[1:]):
-        if item[0] - prev[0] > gap_ns:
-            ticks.append(cur)
-            cur = []
-        cur.append(item)
-    ticks.append(cur)
     first, last, spans = [], [], []
     for tick in ticks:
         n = len(tick)
@@ -1107,11 +1107,11 @@ def rsync_args():
     return ["rsync", "-a", "--inplace", "--append-verify"]
 
 
-def p3_peer(b: Bench, kind: str, delay=None) -> dict:
+def p3_peer(b: Bench, kind: str, delay=None, run=1) -> dict:
     """Same writer workload; a peer copies it; the destination is polled for sizes."""
     label = kind if delay is None else f"{kind}-delay{delay}"
-    d = b.fresh("p3", label)
-    src = b.fresh_src("p3", label)
+    d = b.fresh("p3", f"{label}-{run}")
+    src = b.fresh_src("p3", f"{label}-{run}")
     dest = d / "dest"
     dest.mkdir()
     os.sync()
@@ -1220,7 +1220,8 @@ def scenario_p3(b: Bench):
     tf_runs: list[dict] = []
     peers: dict[str, list[dict]] = {label: [] for label, _, _ in peer_kinds}
     # Interleaved, a tailflight run then one of each peer: the machine's load
-    # drifts over minutes, and each ratio should compare runs made under it.
+    # drifts over minutes, and the runs of tailflight and of each peer should
+    # see the same spread of it.
     for i in range(max(b.p["runs"], b.p["peer_runs"])):
         if i < b.p["runs"]:
             tf_runs.append(p3_tailflight(b, i + 1, extra, sink_extra=sink_extra))
@@ -1228,7 +1229,7 @@ def scenario_p3(b: Bench):
             continue
         for label, kind, delay in peer_kinds:
             try:
-                peers[label].append(p3_peer(b, kind, delay))
+                peers[label].append(p3_peer(b, kind, delay, i + 1))
             except Exception as e:  # one peer failing must not hide the others
                 say(f"  {label} FAILED: {e}")
                 b.results["errors"][f"P3 {label} run {i + 1}"] = str(e)
@@ -1952,16 +1953,17 @@ def bounds_analysis(b: Bench) -> list[str]:
             per_tick_cpu = (wus + sus) * bursts[0]["size_p50"] / 1000 if bursts and wus and sus else None
             head = median([x["first_tenth_p50_ms"] for x in ticks])
             tail = median([x["last_tenth_p50_ms"] for x in ticks])
-            alike = head and tail and 0.8 <= tail / head <= 1.25
             text += (f"By a write's place in its burst: p50 {fmt_ms(head)} for the first tenth of a burst's "
                      f"writes, {fmt_ms(tail)} for the last"
-                     + (" (alike: the cost is per burst rather than a queue of writes). " if alike else ". ")
-                     + f"A burst lasts {fmt_ms(span)} (p50) from its "
-                     f"first write to its last commit"
-                     + (f", and in that time the watcher and the sink spend about {fmt_ms(per_tick_cpu)} of CPU on "
-                        f"it besides the simulator's own writes: while a burst is under way the {ncpu} cores are "
-                        f"busy, and they idle between bursts (which the whole run's average below hides). "
-                        if per_tick_cpu is not None else ". "))
+                     + (" (the last wait no longer than the first, so the writes do not queue one behind "
+                        "another). " if head and tail and tail <= head else ". ")
+                     + f"A burst lasts {fmt_ms(span)} (p50) from its first write to its last commit. ")
+            if per_tick_cpu is not None and span:
+                share = per_tick_cpu / (span * ncpu)
+                text += (f"The watcher and the sink use {fmt_ms(per_tick_cpu)} of CPU per burst on average (their "
+                         f"CPU per write, background work included, times {bursts[0]['size_p50']} writes): "
+                         f"{share:.0%} of what {ncpu} cores give in a burst's length, before the simulator's own "
+                         f"writes. ")
         if fl:
             text += (f"One 4 KiB write + fdatasync takes p50 {fl['p50_ms']:.3f} ms, p99 {fl['p99_ms']:.3f} ms here "
                      f"when the disk is otherwise idle, but flushing a file that grew also commits its new size and "
@@ -2276,10 +2278,12 @@ def make_plots(b: Bench, out: Path, stem: str) -> list[str]:
                 pts = r.get("cdf") or []
                 ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "-.", label=NO_JOURNAL_LABEL)
             for label, runs in sc["P3"]["peers"].items():
-                for i, r in enumerate(runs):
+                color = None
+                for r in runs:
                     pts = r.get("cdf") or []
-                    ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "--",
-                            label=label if i == 0 else None)
+                    line, = ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "--", color=color,
+                                    label=label if color is None else None)
+                    color = line.get_color()
             ax.set_xscale("log")
             ax.set_xlabel("append → durable (tailflight) / visible at destination (peers), ms")
             ax.set_ylabel("fraction of writes")
