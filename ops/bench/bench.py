@@ -1986,6 +1986,14 @@ def bounds_analysis(b: Bench) -> list[str]:
                 f"sink's journal file while the round's RocksDB WriteBatch is built, then one write of that batch "
                 f"after them and one fdatasync, while RocksDB applies the batch unsynced; their files a "
                 f"background flush makes durable within 100 ms) and recorded. ")
+        paired = sorted((r["sink_cpu_s"], r["p50_ms"]) for r in runs
+                        if r.get("sink_cpu_s") is not None and r.get("p50_ms") is not None)
+        if len(paired) > 1:
+            follows = all(a[1] <= b_[1] for a, b_ in zip(paired, paired[1:]))
+            text += (f"Run by run, p50 and the sink's CPU time for the same writes: "
+                     + ", ".join(f"{fmt_ms(p50)} with {cpu:.2f} s" for cpu, p50 in paired)
+                     + ("; p50 rose with the CPU time the same work took, which other load on the machine "
+                        "raises. " if follows else ". "))
         ways = [r["way_there"] for r in runs if r.get("way_there")]
         if ways:
             way50 = median([w["p50_ms"] for w in ways])
