@@ -657,6 +657,27 @@ def disk_ceiling(b: Bench, d: Path) -> dict:
         target.unlink(missing_ok=True)
 
 
+def direct_disk_ceiling(b: Bench, d: Path) -> float | None:
+    """The device without the page cache: fio 4 MiB O_DIRECT writes, then an fdatasync, on the sink
+    root's filesystem. The sink writes through the page cache, so this is for information: what the
+    disk itself takes when no new memory has to be filled on the way."""
+    if not shutil.which("fio"):
+        return None
+    target = d / "fio-direct.tmp"
+    try:
+        cp = subprocess.run(["fio", "--name=direct", f"--filename={target}", "--rw=write", "--bs=4M",
+                             f"--size={b.p['fio_mib']}M", "--direct=1", "--end_fsync=1",
+                             "--output-format=json"], capture_output=True, text=True, timeout=600)
+        data = json.loads(cp.stdout[cp.stdout.find("{"):])
+        w = data["jobs"][0]["write"]
+        job_ms = data["jobs"][0].get("job_runtime") or w.get("runtime")
+        return w["io_bytes"] / (job_ms / 1000)
+    except (KeyError, ValueError, ZeroDivisionError, TypeError, subprocess.TimeoutExpired):
+        return None
+    finally:
+        target.unlink(missing_ok=True)
+
+
 def memory_fill_ceiling(b: Bench) -> dict:
     """How fast this machine hands out memory it has not touched lately, and how fast it rewrites memory
     it has: dd of P1's volume into a new tmpfs file, then over the same pages again. On a VM whose host
@@ -712,16 +733,18 @@ def fdatasync_latency(b: Bench, d: Path) -> dict | None:
 def scenario_ceilings(b: Bench):
     d = b.fresh("ceilings")
     runs = b.p["ceiling_runs"]
-    tcp4, tcp1, disk, fill = [], [], [], []
+    tcp4, tcp1, disk, fill, direct = [], [], [], [], []
     for _ in range(runs):
         tcp4.append(iperf_loopback(b, d, 4))
         tcp1.append(iperf_loopback(b, d, 1))
         disk.append(disk_ceiling(b, d)["bytes_per_s"])
         fill.append(memory_fill_ceiling(b))
+        direct.append(direct_disk_ceiling(b, d))
     res = {"tcp4_bytes_per_s": tcp4, "tcp1_bytes_per_s": tcp1, "disk_bytes_per_s": disk,
            "tcp4": median(tcp4), "tcp1": median(tcp1), "disk": median(disk), "memory_fill_runs": fill,
            "memory_first_touch": median([f["first_touch_bytes_per_s"] for f in fill]),
            "memory_rewrite": median([f["rewrite_bytes_per_s"] for f in fill]),
+           "disk_direct_runs": direct, "disk_direct": median([x for x in direct if x]),
            "disk_tool": "fio" if shutil.which("fio") else "dd",
            "disk_fs": fs_type(b.work), "fdatasync": fdatasync_latency(b, d)}
     b.results["scenarios"]["ceilings"] = res
@@ -732,7 +755,9 @@ def scenario_ceilings(b: Bench):
         f"{res['disk'] / 1e6:.0f} MB/s"
         + (f"; 4 KiB write + fdatasync: p50 {fl['p50_ms']:.3f} ms, p99 {fl['p99_ms']:.3f} ms" if fl else "")
         + f"; memory (dd of {b.p['p1_total_mib']} MiB into tmpfs): new pages {res['memory_first_touch'] / 1e6:.0f} "
-          f"MB/s, the same pages again {res['memory_rewrite'] / 1e6:.0f} MB/s")
+          f"MB/s, the same pages again {res['memory_rewrite'] / 1e6:.0f} MB/s"
+        + (f"; disk with O_DIRECT (fio, no page cache): {res['disk_direct'] / 1e6:.0f} MB/s"
+           if res["disk_direct"] else ""))
 
 
 def fs_type(path: Path) -> str:
@@ -832,6 +857,11 @@ def scenario_p1_p2(b: Bench):
     b.row(id="P1", scenario="… vs disk sequential write + fdatasync (same filesystem as the sink root)",
           figure=fmt_mb(v1), peer=fmt_mb(disk), ratio=r_disk, target=f"≥{TARGETS['P1_disk']}× (binding if disk < TCP)",
           met=met(r_disk, TARGETS["P1_disk"]) if binding == "disk" else "not binding")
+    direct = ceil.get("disk_direct")
+    if direct:
+        b.row(id="P1", scenario="… vs the disk with O_DIRECT (fio, no page cache: what the device takes)",
+              figure=fmt_mb(v1), peer=fmt_mb(direct), ratio=ratio(v1, direct),
+              target="(info: the sink writes through the page cache)", met="—")
     b.row(id="P2", scenario="P1 with mutual TLS — vs P1 plaintext", figure=fmt_mb(v2), peer=fmt_mb(v1),
           ratio=r2, target=f"≥{TARGETS['P2']}", met=met(r2, TARGETS["P2"]))
     if not verified:
@@ -1933,7 +1963,10 @@ def memory_text(b: Bench) -> str:
             f"same pages again at {fmt_mb(again)} (dd, ceilings; new pages cost "
             f"{again / first:.1f}× a rewrite"
             + ("; this VM's balloon device reports freed pages to the host, which must back them again when "
-               "they are reused)." if reporting else ")."))
+               "they are reused)." if reporting else ").")
+            + (f" The disk itself takes {fmt_mb(c['disk_direct'])} with O_DIRECT (fio, no page cache), "
+               f"{c['disk_direct'] / c['disk']:.1f}× what it takes through the page cache (the disk ceiling above)."
+               if c.get("disk_direct") and c.get("disk") else ""))
 
 
 def bounds_analysis(b: Bench) -> list[str]:
@@ -2244,7 +2277,10 @@ def details(b: Bench) -> list[str]:
         out += [f"**Ceilings**: loopback TCP {fmt_mb(c['tcp4'])} with 4 streams, {fmt_mb(c['tcp1'])} with 1; "
                 f"disk ({c['disk_tool']}, fdatasync every 32 MiB, {c['disk_fs']}) {fmt_mb(c['disk'])}"
                 + (f"; memory, dd into a new tmpfs file: {fmt_mb(c['memory_first_touch'])}, the same pages again "
-                   f"{fmt_mb(c['memory_rewrite'])}" if c.get("memory_first_touch") else "") + ".", ""]
+                   f"{fmt_mb(c['memory_rewrite'])}" if c.get("memory_first_touch") else "")
+                + (f"; disk with O_DIRECT (fio 4 MiB writes, no page cache; information: the sink writes "
+                   f"through the page cache) {fmt_mb(c['disk_direct'])}" if c.get("disk_direct") else "")
+                + ".", ""]
     for key in ("P1", "P2"):
         if key in sc:
             runs = sc[key]["runs"]
