@@ -29,6 +29,7 @@ use manifest_db::{
 
 use crate::commit::{CommitGate, CommitRequest, Dependency};
 use crate::confine::{ConfineError, Root};
+use crate::direct::{self, DirectFile};
 use crate::{Layout, SupersededPolicy};
 
 /// Why a batch failed as a whole.
@@ -66,6 +67,8 @@ pub(crate) struct SlotState {
     /// a rewrite.
     disk_len: Option<u64>,
     file: Option<Arc<File>>,
+    /// A second descriptor on `file` for direct writes (see [`crate::direct`]).
+    direct: DirectFile,
     /// What the manifest holds of this record, for the file counts: whether
     /// it is recorded at all, and recorded as sealed.
     pub recorded: bool,
@@ -74,6 +77,15 @@ pub(crate) struct SlotState {
     /// recorded already (by a round still in progress) before their bytes
     /// are in the file.
     deferred_writes: u32,
+}
+
+impl SlotState {
+    /// Lets go of the file's descriptors (a commit still holding one keeps
+    /// it open until synced).
+    fn close_file(&mut self) {
+        self.file = None;
+        self.direct = DirectFile::NotOpened;
+    }
 }
 
 /// How many file records the manifest holds, and how many are sealed;
@@ -175,6 +187,10 @@ pub(crate) struct Placer {
     commit_gate: CommitGate,
     max_open_files: usize,
     pub journal: Journal,
+    /// Ranges whose aligned middle holds at least this many bytes write it
+    /// with O_DIRECT (0: never).
+    direct_min: u64,
+    direct_buffers: direct::Buffers,
 }
 
 /// Which ranges go to the manifest's journal.
@@ -286,7 +302,82 @@ impl Placer {
             sources: Mutex::new(HashMap::new()),
             open_files: Mutex::new(VecDeque::new()),
             max_open_files: max_open_files.max(16),
+            direct_min: 0,
+            direct_buffers: direct::Buffers::default(),
         }
+    }
+
+    /// Writes the aligned middle of ranges of at least `min` bytes with
+    /// O_DIRECT (0: never); see [`crate::direct`].
+    pub fn with_direct_writes(mut self, min: u64) -> Self {
+        self.direct_min = min;
+        self
+    }
+
+    /// Writes a range in place: its aligned middle directly when it is
+    /// large enough and the filesystem allows, the rest through the page
+    /// cache. An error names the destination and offset.
+    fn write_in_place(
+        &self,
+        state: &mut SlotState,
+        file: &File,
+        bytes: &[u8],
+        offset: u64,
+    ) -> Result<(), String> {
+        // Journaled ranges of this file still being written through the
+        // page cache (they take no slot lock) could share a page-cache
+        // folio with the middle: write around them the usual way.
+        let middle = match (self.direct_min, state.deferred_writes) {
+            (0, _) | (_, 1..) => None,
+            (min, 0) => direct::aligned_middle(offset, bytes.len() as u64, min),
+        };
+        let direct = match (middle, &state.direct) {
+            (None, _) | (_, DirectFile::Refused) => None,
+            (Some(_), DirectFile::Open(direct)) => Some(direct.clone()),
+            (Some(_), DirectFile::NotOpened) => {
+                match direct::reopen_direct(file, &state.record.dest_path) {
+                    direct::Reopened::Open(direct) => {
+                        let direct = Arc::new(direct);
+                        state.direct = DirectFile::Open(direct.clone());
+                        Some(direct)
+                    }
+                    direct::Reopened::Refused => {
+                        state.direct = DirectFile::Refused;
+                        None
+                    }
+                    direct::Reopened::NotNow => None,
+                }
+            }
+        };
+        let dest = || state.record.dest_path.clone();
+        let (Some((start, end)), Some(direct)) = (middle, direct) else {
+            return write_range(file, bytes, offset, dest);
+        };
+        let at = |o: u64| (o - offset) as usize;
+        write_range(file, &bytes[..at(start)], offset, dest)?;
+        let middle_bytes = &bytes[at(start)..at(end)];
+        match self.direct_buffers.write(&direct, middle_bytes, start) {
+            Ok(true) => {}
+            // Every aligned buffer is busy: this once, the usual way.
+            Ok(false) => write_range(file, middle_bytes, start, dest)?,
+            // An alignment this device does not take after all. Chunks
+            // before the failed one are in the file; writing them again
+            // through the page cache puts the same bytes there.
+            Err(failed) if failed.error.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::debug!(dest = %state.record.dest_path, error = %failed.error, "direct write refused; writing through the page cache");
+                state.direct = DirectFile::Refused;
+                write_range(file, middle_bytes, start, || state.record.dest_path.clone())?;
+            }
+            Err(failed) => {
+                return Err(format!(
+                    "writing {} bytes at offset {} of {} (O_DIRECT): {}",
+                    failed.len, failed.offset, state.record.dest_path, failed.error
+                ));
+            }
+        }
+        write_range(file, &bytes[at(end)..], end, || {
+            state.record.dest_path.clone()
+        })
     }
 
     /// The source's state, loaded from the manifest on first use.
@@ -612,6 +703,7 @@ impl Placer {
                 pending: IntervalSet::new(),
                 disk_len: None,
                 file: None,
+                direct: DirectFile::NotOpened,
             }),
         });
         self.cache(files, cache_key, slot.clone());
@@ -686,6 +778,7 @@ impl Placer {
                 pending: IntervalSet::new(),
                 disk_len,
                 file: Some(Arc::new(opened.file)),
+                direct: DirectFile::NotOpened,
                 recorded: false,
                 recorded_sealed: false,
                 deferred_writes: 0,
@@ -716,7 +809,7 @@ impl Placer {
             return Ok(());
         };
         let mut state = lock(&old.state);
-        state.file = None;
+        state.close_file();
         state.record.superseded = true;
         match self.superseded {
             SupersededPolicy::Mirror => {
@@ -804,7 +897,7 @@ impl Placer {
             }
             let closed = match evicted.state.try_lock() {
                 Ok(mut state) => {
-                    state.file = None;
+                    state.close_file();
                     true
                 }
                 Err(_) => false,
@@ -881,9 +974,8 @@ impl Placer {
                     within,
                     offset: s,
                 });
-            } else if let Err(error) = write_range(&file, &row.data[within], s, || {
-                state.record.dest_path.clone()
-            }) {
+            } else if let Err(error) = self.write_in_place(&mut state, &file, &row.data[within], s)
+            {
                 for &(ws, we) in &to_write[..i] {
                     crate::commit::remove_range(&mut state.pending, ws, we);
                 }
@@ -1107,7 +1199,7 @@ impl Placer {
             digest: digest.to_owned(),
         });
         // A sealed file takes no more writes: give its descriptor back.
-        state.file = None;
+        state.close_file();
         drop(state);
         work.request.touched.push(slot);
         Ok(())
@@ -1281,6 +1373,61 @@ mod tests {
         let seal = batch(&|b| b.push_seal("a.dat", 1, 8, &digest(b"headtail")));
         let (_, ack, _) = placer.place(&source, 4, &seal).unwrap();
         assert!(ack.rejected.is_empty(), "{:?}", ack.rejected[0].error);
+    }
+
+    /// Large ranges written in place put their aligned middle through the
+    /// direct descriptor (where the filesystem allows) and their head and
+    /// tail through the page cache; the file comes out byte-exact, a
+    /// re-delivery writes nothing, and the seal reads it back whole.
+    #[test]
+    fn large_ranges_write_their_aligned_middle_directly_and_land_byte_exact() {
+        let fixture = Fixture::new("direct");
+        let placer = fixture.placer().with_direct_writes(8192);
+        let source = placer.source("s").unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 253) as u8).collect();
+        let batch = |offset: usize, len: usize| {
+            let mut builder = BatchBuilder::with_capacity(4, len + 64);
+            builder.push_data("big.dat", 1, offset as u64, &data[offset..offset + len]);
+            RangeBatch::validate(builder.finish()).unwrap()
+        };
+        // Past the journal's 64 KiB: an aligned start, then two unaligned ones.
+        for (seq, (offset, len)) in [(0, 70_000), (70_000, 100_123), (170_123, 129_877)]
+            .into_iter()
+            .enumerate()
+        {
+            let (request, ack, deferred) = placer
+                .place(&source, seq as u64 + 1, &batch(offset, len))
+                .unwrap();
+            assert!(deferred.is_empty(), "ranges this large are not journaled");
+            assert_eq!(ack.placed, len as u64);
+            for (slot, ranges) in &request.placed {
+                let mut state = lock(&slot.state);
+                for &(start, end) in ranges {
+                    state.record.placed.insert(start, end);
+                    crate::commit::remove_range(&mut state.pending, start, end);
+                }
+            }
+            if seq == 0 {
+                let state = lock(&request.placed[0].0.state);
+                assert!(
+                    !matches!(state.direct, DirectFile::NotOpened),
+                    "the first large range opens the direct descriptor (or finds it refused)"
+                );
+            }
+        }
+        assert!(std::fs::read(fixture.dest("s/big.dat")).unwrap() == data);
+
+        let (_, ack, _) = placer.place(&source, 4, &batch(70_000, 100_123)).unwrap();
+        assert_eq!((ack.placed, ack.duplicate), (0, 100_123));
+        assert!(std::fs::read(fixture.dest("s/big.dat")).unwrap() == data);
+
+        let mut hasher = SealDigest::Crc64Nvme.hasher();
+        hasher.update(&data);
+        let mut builder = BatchBuilder::with_capacity(1, 64);
+        builder.push_seal("big.dat", 1, data.len() as u64, &hasher.finish());
+        let seal = RangeBatch::validate(builder.finish()).unwrap();
+        let (_, ack, _) = placer.place(&source, 5, &seal).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     }
 
     /// A journal file damaged after a crash: a range its file already holds

@@ -1,0 +1,307 @@
+//! Writes the block-aligned middle of large ranges with O_DIRECT, past the
+//! page cache.
+//!
+//! Through the page cache every byte is first copied into page-cache
+//! memory, then written back from it. Where new memory is expensive (a VM
+//! whose host backs guest pages lazily, measured at ~1 GB/s here against
+//! ~2.2 GB/s for the disk itself with O_DIRECT) that copy, not the disk,
+//! bounds bulk throughput. A range's unaligned head and tail still go
+//! through the page cache; only whole blocks in between are written
+//! directly, from a reused aligned buffer. Pages written one way are never
+//! written the other way: a range's middle blocks belong to it alone, and
+//! the blocks it shares with its neighbours are its head and tail.
+//!
+//! Durability is unchanged: the commit round's fdatasync (or syncfs) of the
+//! file makes the new size and block map durable and flushes the device's
+//! write cache, which the directly written blocks may still sit in.
+//! A filesystem that refuses O_DIRECT (tmpfs, some network filesystems) is
+//! written through the page cache as before.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Size of one direct write, and of each aligned buffer.
+const CHUNK: usize = 1 << 20;
+
+/// Aligned buffers one sink uses at most; a writer finding none free
+/// writes through the page cache. Bounds their memory at 8 MiB.
+const MAX_BUFFERS: usize = 8;
+
+/// Alignment of offsets, lengths and memory for direct writes: 4 KiB, or
+/// the page size where pages are larger. A block written directly then
+/// never shares a page with bytes written through the page cache, so no
+/// dirty cached page can later overwrite it. 4 KiB covers the logical
+/// block sizes of the disks and filesystems tailflight targets; a device
+/// that wants more refuses with EINVAL, and the file falls back.
+pub(crate) fn alignment() -> u64 {
+    static ALIGNMENT: OnceLock<u64> = OnceLock::new();
+    *ALIGNMENT.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        u64::try_from(page).unwrap_or(0).max(4096)
+    })
+}
+
+/// Where the sink writes large ranges directly unless told otherwise:
+/// local disk filesystems, whose O_DIRECT is a plain device write. On
+/// network and parallel filesystems a direct write may be a synchronous
+/// round trip per chunk, slower than the client's write-behind, and tmpfs
+/// has no disk to go past.
+const DIRECT_BY_DEFAULT: [i64; 3] = [0xEF53, 0x5846_5342, 0x9123_683E]; // ext2/3/4, xfs, btrfs
+
+/// The smallest aligned middle written directly by default.
+const DEFAULT_MIN: u64 = 1 << 20;
+
+/// `--direct-min auto`: 1 MiB on local disk filesystems, never elsewhere.
+pub(crate) fn default_min(root: &impl std::os::fd::AsFd) -> u64 {
+    match rustix::fs::fstatfs(root) {
+        // f_type is i64 here but narrower or unsigned on other targets.
+        #[allow(clippy::unnecessary_cast)]
+        Ok(stat) if DIRECT_BY_DEFAULT.contains(&(stat.f_type as i64)) => DEFAULT_MIN,
+        _ => 0,
+    }
+}
+
+/// A file's descriptor for direct writes, opened the first time one is due.
+#[derive(Default)]
+pub(crate) enum DirectFile {
+    #[default]
+    NotOpened,
+    Open(Arc<File>),
+    /// The filesystem refused O_DIRECT for this file: write through the
+    /// page cache.
+    Refused,
+}
+
+/// The aligned middle of `len` bytes at `offset`, as (start, end) in file
+/// offsets, if it holds at least `min` bytes.
+pub(crate) fn aligned_middle(offset: u64, len: u64, min: u64) -> Option<(u64, u64)> {
+    let align = alignment();
+    let end = offset.checked_add(len)?;
+    let start = offset.checked_next_multiple_of(align)?;
+    let stop = end - end % align;
+    (stop > start && stop - start >= min.max(align)).then_some((start, stop))
+}
+
+/// What became of an attempt to open a file for direct writes.
+pub(crate) enum Reopened {
+    Open(File),
+    /// The filesystem refuses O_DIRECT for it.
+    Refused,
+    /// Failed for now (no descriptor left, ...): try again later.
+    NotNow,
+}
+
+/// Opens a second descriptor on the same open file, with O_DIRECT. Going
+/// through the descriptor's own /proc entry reaches the very inode already
+/// open, so no path is looked up again.
+pub(crate) fn reopen_direct(file: &File, dest: &str) -> Reopened {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(path);
+    match opened {
+        Ok(direct) => Reopened::Open(direct),
+        Err(e) => {
+            let transient = matches!(
+                e.raw_os_error(),
+                Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+            );
+            let refused = matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP));
+            if refused {
+                tracing::debug!(
+                    dest,
+                    "the filesystem refuses O_DIRECT; writing through the page cache"
+                );
+            } else if !WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(dest, error = %e, "cannot open a file for direct writes (through /proc/self/fd); writing through the page cache");
+            }
+            match transient {
+                true => Reopened::NotNow,
+                false => Reopened::Refused,
+            }
+        }
+    }
+}
+
+/// Page-aligned memory for direct writes.
+struct AlignedBuffer {
+    ptr: std::ptr::NonNull<u8>,
+}
+
+// The buffer is plain bytes owned by whoever holds it.
+unsafe impl Send for AlignedBuffer {}
+
+impl AlignedBuffer {
+    fn layout() -> std::alloc::Layout {
+        // CHUNK is a power of two and a multiple of any page size in use.
+        std::alloc::Layout::from_size_align(CHUNK, alignment() as usize).expect("valid layout")
+    }
+
+    fn new() -> Self {
+        let layout = Self::layout();
+        // SAFETY: the layout has a non-zero size. Zeroed, so the slice
+        // below only ever covers initialised bytes.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds CHUNK initialised bytes, allocated by `new`,
+        // uniquely borrowed through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), CHUNK) }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout()) }
+    }
+}
+
+/// The aligned buffers of one sink: made on demand, kept for reuse (new
+/// memory is what direct writes avoid), at most [`MAX_BUFFERS`].
+#[derive(Default)]
+pub(crate) struct Buffers(Mutex<BufferPool>);
+
+#[derive(Default)]
+struct BufferPool {
+    free: Vec<AlignedBuffer>,
+    made: usize,
+}
+
+/// A direct write that failed: where, and why.
+pub(crate) struct DirectWriteError {
+    pub offset: u64,
+    pub len: usize,
+    pub error: std::io::Error,
+}
+
+impl Buffers {
+    fn take(&self) -> Option<AlignedBuffer> {
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(buffer) = pool.free.pop() {
+            return Some(buffer);
+        }
+        if pool.made < MAX_BUFFERS {
+            pool.made += 1;
+            return Some(AlignedBuffer::new());
+        }
+        None
+    }
+
+    fn give_back(&self, buffer: AlignedBuffer) {
+        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        pool.free.push(buffer);
+    }
+
+    /// Writes `bytes` at `offset` (both aligned) with the direct
+    /// descriptor, a chunk at a time through an aligned buffer, so the
+    /// memory the kernel reads is the same few pages every time. Ok(false):
+    /// every buffer is in use; nothing was written.
+    pub(crate) fn write(
+        &self,
+        direct: &File,
+        bytes: &[u8],
+        offset: u64,
+    ) -> Result<bool, DirectWriteError> {
+        debug_assert!(
+            offset.is_multiple_of(alignment()) && (bytes.len() as u64).is_multiple_of(alignment())
+        );
+        let Some(mut buffer) = self.take() else {
+            return Ok(false);
+        };
+        let mut result = Ok(true);
+        for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
+            let slice = &mut buffer.as_mut_slice()[..chunk.len()];
+            slice.copy_from_slice(chunk);
+            let at = offset + (i * CHUNK) as u64;
+            if let Err(error) = direct.write_all_at(slice, at) {
+                result = Err(DirectWriteError {
+                    offset: at,
+                    len: chunk.len(),
+                    error,
+                });
+                break;
+            }
+        }
+        self.give_back(buffer);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_middle_is_whole_blocks_and_only_when_large_enough() {
+        let a = alignment();
+        assert_eq!(aligned_middle(0, 2 * a, a), Some((0, 2 * a)));
+        assert_eq!(aligned_middle(1, 2 * a, a), Some((a, 2 * a)));
+        assert_eq!(aligned_middle(100, 3 * a, a), Some((a, 3 * a)));
+        assert_eq!(aligned_middle(100, 3 * a, 3 * a), None);
+        assert_eq!(aligned_middle(a - 96, 200, 1), None);
+        assert_eq!(aligned_middle(0, a - 1, 1), None);
+        assert_eq!(aligned_middle(u64::MAX - 10, 5, 1), None);
+        assert_eq!(aligned_middle(u64::MAX - 10, 50, 1), None);
+    }
+
+    #[test]
+    fn buffers_are_bounded_and_reused() {
+        let buffers = Buffers::default();
+        let taken: Vec<_> = (0..MAX_BUFFERS).map(|_| buffers.take().unwrap()).collect();
+        assert!(buffers.take().is_none(), "no more than MAX_BUFFERS at once");
+        for buffer in taken {
+            buffers.give_back(buffer);
+        }
+        assert!(buffers.take().is_some());
+        assert_eq!(lock_pool(&buffers).made, MAX_BUFFERS);
+    }
+
+    fn lock_pool(buffers: &Buffers) -> std::sync::MutexGuard<'_, BufferPool> {
+        buffers.0.lock().unwrap()
+    }
+
+    #[test]
+    fn direct_writes_land_where_buffered_ones_would() {
+        let dir = crate::test_support::scratch("direct-writes");
+        let path = dir.join("f");
+        let file = File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let data: Vec<u8> = (0..3 * CHUNK + 5000).map(|i| (i % 251) as u8).collect();
+        let offset = 777u64;
+        let (start, end) = aligned_middle(offset, data.len() as u64, 1).unwrap();
+        let at = |o: u64| (o - offset) as usize;
+        file.write_all_at(&data[..at(start)], offset).unwrap();
+        match reopen_direct(&file, "f") {
+            Reopened::Open(direct) => {
+                let written = Buffers::default().write(&direct, &data[at(start)..at(end)], start);
+                assert!(matches!(written, Ok(true)));
+            }
+            // This temp directory's filesystem refuses O_DIRECT.
+            Reopened::Refused | Reopened::NotNow => {
+                file.write_all_at(&data[at(start)..at(end)], start).unwrap()
+            }
+        }
+        file.write_all_at(&data[at(end)..], end).unwrap();
+        let mut back = vec![0u8; data.len()];
+        file.read_exact_at(&mut back, offset).unwrap();
+        assert!(back == data);
+        assert_eq!(file.metadata().unwrap().len(), offset + data.len() as u64);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
