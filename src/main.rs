@@ -160,7 +160,7 @@ pub struct SinkArgs {
     journal_max_range: u64,
     /// Ranges whose block-aligned middle holds at least this many bytes
     /// write it with O_DIRECT, past the page cache: bulk data is not copied
-    /// into page-cache memory first. auto: 1MiB on local disk filesystems
+    /// into page-cache memory first. auto: 512KiB on local disk filesystems
     /// (ext4, XFS, btrfs), never on others (network and parallel ones may
     /// make each direct write a synchronous round trip). Files whose
     /// filesystem refuses O_DIRECT are written through the page cache.

@@ -5,6 +5,7 @@
 //! - [`confine`]: keeps destination paths under the root;
 //! - `placement`: writes ranges and applies control rows, exactly once;
 //! - `commit`: group commit (fdatasync, then one synced manifest write);
+//! - `flush`: how a round makes files durable (syncfs or fdatasync each);
 //! - `journal`: the journal file, where small ranges become durable first;
 //! - `direct`: writes the aligned middle of large ranges past the page cache;
 //! - [`verify`]: compares a source tree with a destination tree.
@@ -88,7 +89,7 @@ pub struct SinkConfig {
     /// Ranges up to this many bytes may go to the journal file (0: none).
     pub journal_max_range: u64,
     /// Ranges whose block-aligned middle holds at least this many bytes
-    /// write it with O_DIRECT, past the page cache (0: never; None: 1 MiB
+    /// write it with O_DIRECT, past the page cache (0: never; None: 512 KiB
     /// on local disk filesystems, never elsewhere).
     pub direct_min: Option<u64>,
     /// How commit rounds make their files durable.

@@ -4,8 +4,9 @@
 //!
 //! State per file generation lives in a [`Slot`]: the record as the manifest
 //! will hold it, the ranges written but not yet committed (`pending`), and a
-//! cached file descriptor. A range already placed or pending is never written
-//! again; only the parts nobody wrote are.
+//! cached file descriptor (with a second one for direct writes of large
+//! ranges, see [`crate::direct`]). A range already placed or pending is never
+//! written again; only the parts nobody wrote are.
 //!
 //! Small ranges go to the journal as well: they are durable once the
 //! commit's journal and manifest writes are, and their files are flushed later
