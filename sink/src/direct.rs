@@ -45,27 +45,28 @@ pub(crate) fn alignment() -> u64 {
     })
 }
 
-/// Where the sink writes large ranges directly unless told otherwise:
-/// local disk filesystems, whose O_DIRECT is a plain device write. On
-/// network and parallel filesystems a direct write may be a synchronous
-/// round trip per chunk, slower than the client's write-behind, and tmpfs
-/// has no disk to go past.
-const DIRECT_BY_DEFAULT: [i64; 3] = [0xEF53, 0x5846_5342, 0x9123_683E]; // ext2/3/4, xfs, btrfs
-
 /// The smallest aligned middle written directly by default. Half the
 /// watcher's largest row (1 MiB), so that rows of a file whose end is not
 /// block-aligned qualify too; 64 KiB files written directly were slower
 /// than through the page cache (each is its own synchronous device write).
 const DEFAULT_MIN: u64 = 512 << 10;
 
-/// `--direct-min auto`: 512 KiB on local disk filesystems, never elsewhere.
+/// `--direct-min auto`: 512 KiB on the local filesystems that have a disk
+/// (those of [`crate::flush::LOCAL_FILESYSTEMS`] but tmpfs), whose O_DIRECT
+/// is a plain device write; never elsewhere. On network and parallel
+/// filesystems a direct write may be a synchronous round trip per chunk,
+/// slower than the client's write-behind.
 pub(crate) fn default_min(root: &impl std::os::fd::AsFd) -> u64 {
-    match rustix::fs::fstatfs(root) {
-        // f_type is i64 here but narrower or unsigned on other targets.
-        #[allow(clippy::unnecessary_cast)]
-        Ok(stat) if DIRECT_BY_DEFAULT.contains(&(stat.f_type as i64)) => DEFAULT_MIN,
-        _ => 0,
-    }
+    let Ok(stat) = rustix::fs::fstatfs(root) else {
+        return 0;
+    };
+    // f_type is i64 here but narrower or unsigned on other targets.
+    #[allow(clippy::unnecessary_cast)]
+    let filesystem = stat.f_type as i64;
+    let on_disk = crate::flush::LOCAL_FILESYSTEMS
+        .iter()
+        .any(|&(magic, name)| magic == filesystem && name != "tmpfs");
+    if on_disk { DEFAULT_MIN } else { 0 }
 }
 
 /// A file's descriptor for direct writes, opened the first time one is due.

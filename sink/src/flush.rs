@@ -43,7 +43,7 @@ const AUTO_SYNCFS_FROM: usize = 4;
 /// Filesystems whose `syncfs` is a local journal commit. Network and
 /// parallel filesystems (NFS, Lustre, GPFS, ...) may implement it as a
 /// client-wide flush or not at all, so `Auto` stays with per-file flushes there.
-const LOCAL_FILESYSTEMS: [(i64, &str); 4] = [
+pub(crate) const LOCAL_FILESYSTEMS: [(i64, &str); 4] = [
     (0xEF53, "ext2/3/4"),
     (0x5846_5342, "xfs"),
     (0x9123_683E, "btrfs"),
