@@ -173,6 +173,14 @@ pub struct SinkArgs {
     /// (always syncfs; it also waits for other writers' dirty data there).
     #[arg(long, value_enum, default_value = "auto")]
     sync: sink::SyncStrategy,
+    /// Read each file back from disk when it is sealed and compare its digest
+    /// with the source's. Without it, a CRC-64 seal is compared with the
+    /// checksum of the bytes as the sink wrote them (computed as each range
+    /// is placed), and only files whose ranges this process did not all
+    /// write (after a restart) are read back. Costs a second pass over every
+    /// byte on the destination filesystem.
+    #[arg(long)]
+    seal_read_back: bool,
     /// Append "source key generation offset length durable_unix_nanos received_unix_nanos"
     /// per recorded range (for latency benchmarks).
     #[arg(long)]
@@ -423,6 +431,7 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         journal_max_range: args.journal_max_range,
         direct_min: args.direct_min.0,
         sync: args.sync,
+        seal_read_back: args.seal_read_back,
         commit_log: args.commit_log.clone(),
     }
 }

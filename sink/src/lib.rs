@@ -17,6 +17,7 @@ mod flush;
 mod journal;
 mod placement;
 pub mod verify;
+mod written_crc;
 
 /// Helpers shared by the unit tests of this crate's modules.
 #[cfg(test)]
@@ -94,6 +95,9 @@ pub struct SinkConfig {
     pub direct_min: Option<u64>,
     /// How commit rounds make their files durable.
     pub sync: SyncStrategy,
+    /// Seals read each file back from disk to check its digest (otherwise a
+    /// CRC-64 seal is checked against the bytes as they were written).
+    pub seal_read_back: bool,
     /// Append one line per recorded range with its commit time (benchmarks).
     pub commit_log: Option<PathBuf>,
 }
@@ -113,6 +117,7 @@ impl Default for SinkConfig {
             journal_max_range: 64 << 10,
             direct_min: None,
             sync: SyncStrategy::Auto,
+            seal_read_back: false,
             commit_log: None,
         }
     }
@@ -180,7 +185,8 @@ impl Sink {
                 backlog: journal_backlog.clone(),
             },
         )
-        .with_direct_writes(direct_min);
+        .with_direct_writes(direct_min)
+        .with_seal_read_back(config.seal_read_back);
         let journal_path = config.state_dir.join(journal::JOURNAL_FILE_NAME);
         let replayed = placer.replay_journal(&journal_path)?;
         if replayed > 0 {

@@ -31,6 +31,7 @@ use manifest_db::{
 use crate::commit::{CommitGate, CommitRequest, Dependency};
 use crate::confine::{ConfineError, Root};
 use crate::direct::{self, DirectFile};
+use crate::written_crc::WrittenCrc;
 use crate::{Layout, SupersededPolicy};
 
 /// Why a batch failed as a whole.
@@ -78,6 +79,8 @@ pub(crate) struct SlotState {
     /// recorded already (by a round still in progress) before their bytes
     /// are in the file.
     deferred_writes: u32,
+    /// CRC-64 of the bytes written so far, for the seal.
+    written_crc: WrittenCrc,
 }
 
 impl SlotState {
@@ -192,6 +195,9 @@ pub(crate) struct Placer {
     /// with O_DIRECT (0: never).
     direct_min: u64,
     direct_buffers: direct::Buffers,
+    /// Seals compare the digest of the file read back from disk, even when
+    /// the checksum of the bytes as written is known.
+    seal_read_back: bool,
 }
 
 /// Which ranges go to the manifest's journal.
@@ -305,6 +311,7 @@ impl Placer {
             max_open_files: max_open_files.max(16),
             direct_min: 0,
             direct_buffers: direct::Buffers::default(),
+            seal_read_back: false,
         }
     }
 
@@ -312,6 +319,13 @@ impl Placer {
     /// O_DIRECT (0: never); see [`crate::direct`].
     pub fn with_direct_writes(mut self, min: u64) -> Self {
         self.direct_min = min;
+        self
+    }
+
+    /// Makes seals read every file back from disk to compare its digest,
+    /// instead of trusting the CRC-64 of the bytes as they were written.
+    pub fn with_seal_read_back(mut self, read_back: bool) -> Self {
+        self.seal_read_back = read_back;
         self
     }
 
@@ -700,6 +714,9 @@ impl Placer {
                 recorded: true,
                 recorded_sealed: record.sealed.is_some(),
                 deferred_writes: 0,
+                // Bytes placed by an earlier run are vouched for only by the
+                // file itself.
+                written_crc: WrittenCrc::new(record.placed.is_empty()),
                 record,
                 pending: IntervalSet::new(),
                 disk_len: None,
@@ -783,6 +800,7 @@ impl Placer {
                 recorded: false,
                 recorded_sealed: false,
                 deferred_writes: 0,
+                written_crc: WrittenCrc::new(true),
             }),
         });
         files
@@ -961,6 +979,7 @@ impl Placer {
             && self.journal.backlog.load(Ordering::Relaxed) < JOURNAL_BACKLOG_MAX;
         for (i, &(s, e)) in to_write.iter().enumerate() {
             let within = (s - start) as usize..(e - start) as usize;
+            state.written_crc.add(s, &row.data[within.clone()]);
             if journal {
                 // Written once the batch is handed to the committer, while
                 // its round writes the journal (see `DeferredWrites`).
@@ -980,6 +999,7 @@ impl Placer {
                 for &(ws, we) in &to_write[..i] {
                     crate::commit::remove_range(&mut state.pending, ws, we);
                 }
+                state.written_crc = WrittenCrc::Unknown;
                 return Err(RowError::Storage(error));
             }
             if s < known {
@@ -1189,7 +1209,14 @@ impl Placer {
                 .map_err(|e| RowError::Storage(format!("truncating {dest} to {size}: {e}")))?;
             work.request.files_to_sync.push(file);
         }
-        let actual = self.digest_on_disk(&dest, size, kind)?;
+        let written = match kind {
+            SealDigest::Crc64Nvme if !self.seal_read_back => state.written_crc.of_whole(size),
+            _ => None,
+        };
+        let actual = match written {
+            Some(crc) => checksum::crc64nvme_digest(crc),
+            None => self.digest_on_disk(&dest, size, kind)?,
+        };
         if actual != digest {
             return Err(RowError::Reject(format!(
                 "digest of {dest} is {actual}, the source says {digest}"
@@ -1201,6 +1228,7 @@ impl Placer {
         });
         // A sealed file takes no more writes: give its descriptor back.
         state.close_file();
+        state.written_crc = WrittenCrc::Unknown;
         drop(state);
         work.request.touched.push(slot);
         Ok(())
@@ -1379,11 +1407,14 @@ mod tests {
     /// Large ranges written in place put their aligned middle through the
     /// direct descriptor (where the filesystem allows) and their head and
     /// tail through the page cache; the file comes out byte-exact, a
-    /// re-delivery writes nothing, and the seal reads it back whole.
+    /// re-delivery writes nothing, and the seal (told to) reads it back whole.
     #[test]
     fn large_ranges_write_their_aligned_middle_directly_and_land_byte_exact() {
         let fixture = Fixture::new("direct");
-        let placer = fixture.placer().with_direct_writes(8192);
+        let placer = fixture
+            .placer()
+            .with_direct_writes(8192)
+            .with_seal_read_back(true);
         let source = placer.source("s").unwrap();
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 253) as u8).collect();
         let batch = |offset: usize, len: usize| {
@@ -1429,6 +1460,92 @@ mod tests {
         let seal = RangeBatch::validate(builder.finish()).unwrap();
         let (_, ack, _) = placer.place(&source, 5, &seal).unwrap();
         assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+    }
+
+    /// A seal is checked against the CRC-64 of the bytes as this process
+    /// wrote them; the file is read back when told to, and when its ranges
+    /// were placed by an earlier process. (Damage done to the file behind
+    /// the sink's back shows only in a read-back: the check is on the
+    /// transfer, not on the disk.)
+    #[test]
+    fn seals_check_the_bytes_as_written_and_read_back_what_an_earlier_run_wrote() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 11 + i / 97) as u8).collect();
+        let digest = |bytes: &[u8]| {
+            let mut hasher = SealDigest::Crc64Nvme.hasher();
+            hasher.update(bytes);
+            hasher.finish()
+        };
+        let seal_batch = |digest: &str| {
+            let mut builder = BatchBuilder::with_capacity(1, 64);
+            builder.push_seal("f.dat", 1, data.len() as u64, digest);
+            RangeBatch::validate(builder.finish()).unwrap()
+        };
+        // Places `data` in three ranges, the last one first, and records
+        // them as a commit round would (in the manifest too).
+        let place_all = |placer: &Placer, source: &Source| {
+            for (seq, (start, end)) in [(150_000, 200_000), (0, 70_000), (70_000, 150_000)]
+                .into_iter()
+                .enumerate()
+            {
+                let mut builder = BatchBuilder::with_capacity(1, end - start + 64);
+                builder.push_data("f.dat", 1, start as u64, &data[start..end]);
+                let batch = RangeBatch::validate(builder.finish()).unwrap();
+                let (request, ack, _) = placer.place(source, seq as u64 + 1, &batch).unwrap();
+                assert_eq!(ack.placed, (end - start) as u64);
+                for (slot, ranges) in &request.placed {
+                    let mut state = lock(&slot.state);
+                    for &(s, e) in ranges {
+                        state.record.placed.insert(s, e);
+                        crate::commit::remove_range(&mut state.pending, s, e);
+                    }
+                    let commit = SinkCommit {
+                        records: vec![(slot.id.clone(), state.record.clone())],
+                        ..SinkCommit::default()
+                    };
+                    placer.manifest.commit(&commit).unwrap();
+                }
+            }
+        };
+        let damage = |path: &Path| {
+            let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            file.write_all_at(b"X", 100).unwrap();
+        };
+        let rejected = |placer: &Placer, source: &Source, digest: &str| {
+            let (_, ack, _) = placer.place(source, 10, &seal_batch(digest)).unwrap();
+            ack.rejected.first().map(|r| r.error.clone())
+        };
+
+        // Written here: the seal is checked without reading the file.
+        let fixture = Fixture::new("seal-written");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        place_all(&placer, &source);
+        damage(&fixture.dest("s/f.dat"));
+        let wrong = rejected(&placer, &source, &digest(&data[1..])).expect("a wrong digest");
+        assert!(wrong.contains("the source says"), "{wrong}");
+        assert_eq!(rejected(&placer, &source, &digest(&data)), None);
+
+        // Told to read back: the damage shows.
+        let fixture = Fixture::new("seal-read-back");
+        let placer = fixture.placer().with_seal_read_back(true);
+        let source = placer.source("s").unwrap();
+        place_all(&placer, &source);
+        damage(&fixture.dest("s/f.dat"));
+        assert!(rejected(&placer, &source, &digest(&data)).is_some());
+
+        // Placed by an earlier process: read back, and the damage shows.
+        let fixture = Fixture::new("seal-restarted");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        place_all(&placer, &source);
+        drop((source, placer));
+        damage(&fixture.dest("s/f.dat"));
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let error = rejected(&placer, &source, &digest(&data)).expect("read back");
+        assert!(error.contains("the source says"), "{error}");
+        std::fs::write(fixture.dest("s/f.dat"), &data).unwrap();
+        assert_eq!(rejected(&placer, &source, &digest(&data)), None);
     }
 
     /// A journal file damaged after a crash: a range its file already holds
