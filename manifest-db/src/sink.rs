@@ -713,6 +713,48 @@ mod tests {
         );
     }
 
+    /// Records and counters are overwritten in their memtable entry when the
+    /// new value fits: shorter, equal and longer values all read back as
+    /// last written, from memory and after reopening (the log replayed).
+    #[test]
+    fn records_rewritten_in_place_read_back_as_last_written() {
+        let dir = TempDir::new("sink-inplace");
+        let f = id("src", "k", 1);
+        let shapes: [&[(u64, u64)]; 5] = [
+            &[(0, 10), (20, 30), (40, 50)],
+            &[(0, 1_000_000)],
+            &[(0, 5)],
+            &[(0, 5), (9, 12)],
+            &[(0, 123_456_789), (200_000_000, 200_000_001)],
+        ];
+        let commit = |m: &SinkManifest, ranges: &[(u64, u64)], placed: u64| {
+            m.commit(&SinkCommit {
+                records: vec![(f.clone(), record("k", ranges))],
+                counters: SinkCounters {
+                    placed_bytes: placed,
+                    ..SinkCounters::default()
+                },
+                ..SinkCommit::default()
+            })
+            .unwrap();
+        };
+        {
+            let m = SinkManifest::open(dir.path()).unwrap();
+            for (i, ranges) in shapes.iter().enumerate() {
+                commit(&m, ranges, 1 << (8 * i));
+                assert_eq!(m.get(&f).unwrap(), Some(record("k", ranges)), "{i}");
+            }
+            assert_eq!(m.files_of_source("src").unwrap().len(), 1);
+        }
+        let m = SinkManifest::open(dir.path()).unwrap();
+        assert_eq!(m.get(&f).unwrap(), Some(record("k", shapes[4])));
+        assert_eq!(
+            m.all_files().unwrap(),
+            vec![(f.clone(), record("k", shapes[4]))]
+        );
+        assert_eq!(m.counters().unwrap().placed_bytes, 0x01_0101_0101);
+    }
+
     #[test]
     fn counters_add_and_duplicates_show_in_audit() {
         let dir = TempDir::new("sink-counters");

@@ -397,7 +397,11 @@ impl Placer {
 
     /// The source's state, loaded from the manifest on first use.
     pub fn source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
-        if let Some(source) = lock(&self.sources).get(name) {
+        // Held across the scan: no batch of this source is placed, and so
+        // none of its records rewritten in the manifest (in place, see
+        // manifest_db's store), while they are read.
+        let mut sources = lock(&self.sources);
+        if let Some(source) = sources.get(name) {
             return Ok(source.clone());
         }
         let records = self.manifest.files_of_source(name).map_err(|e| {
@@ -421,10 +425,8 @@ impl Placer {
             name: name.to_owned(),
             files: Mutex::new(files),
         });
-        Ok(lock(&self.sources)
-            .entry(name.to_owned())
-            .or_insert(source)
-            .clone())
+        sources.insert(name.to_owned(), source.clone());
+        Ok(source)
     }
 
     /// Holds off commit rounds while held. A round holds it from before its
