@@ -478,6 +478,11 @@ impl SinkManifest {
         }
     }
 
+    // The scans below read records that commits rewrite in place (see
+    // `REWRITTEN_CFS` in the store): a scan concurrent with a commit to a
+    // record it reads may see that value half written. Callers scan only
+    // what no commit can touch meanwhile.
+
     /// All generations recorded for (source, key), ascending by generation.
     pub fn generations(&self, source: &str, key: &str) -> Result<Vec<(u64, FileRecord)>> {
         let entries =
