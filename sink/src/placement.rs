@@ -1105,6 +1105,17 @@ impl Placer {
         Ok(())
     }
 
+    /// Whether `dest` is still the file `written` describes (the slot's
+    /// descriptor): not replaced or removed behind the sink's back, nor
+    /// taken by another file's rename.
+    fn still_at(&self, dest: &str, written: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(Ok(there)) = self.root.open_for_read(dest).map(|file| file.metadata()) else {
+            return false;
+        };
+        written.nlink() > 0 && there.dev() == written.dev() && there.ino() == written.ino()
+    }
+
     /// Digest of the first `size` bytes of `dest` as they are on disk.
     fn digest_on_disk(&self, dest: &str, size: u64, kind: SealDigest) -> Result<String, RowError> {
         let reader = self.root.open_for_read(dest).map_err(confine_error)?;
@@ -1200,10 +1211,10 @@ impl Placer {
         }
         let file = self.file_of(&slot, &mut state, work)?;
         let dest = state.record.dest_path.clone();
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| RowError::Storage(format!("stat {dest}: {e}")))?
-            .len();
+            .map_err(|e| RowError::Storage(format!("stat {dest}: {e}")))?;
+        let len = meta.len();
         if len > size {
             // Bytes past the final size were never recorded (an earlier crash
             // or an older file): the destination must end where the source does.
@@ -1211,17 +1222,22 @@ impl Placer {
                 .map_err(|e| RowError::Storage(format!("truncating {dest} to {size}: {e}")))?;
             work.request.files_to_sync.push(file);
         }
+        // The checksum of the bytes written vouches for the file they were
+        // written to: only while that is still the file at `dest`, whole.
         let written = match kind {
-            SealDigest::Crc64Nvme if !self.seal_read_back => state.written_crc.of_whole(size),
+            SealDigest::Crc64Nvme if !self.seal_read_back && len >= size => state
+                .written_crc
+                .of_whole(size)
+                .filter(|_| self.still_at(&dest, &meta)),
             _ => None,
         };
-        let actual = match written {
-            Some(crc) => checksum::crc64nvme_digest(crc),
-            None => self.digest_on_disk(&dest, size, kind)?,
+        let (actual, of_what) = match written {
+            Some(crc) => (checksum::crc64nvme_digest(crc), "the bytes written to"),
+            None => (self.digest_on_disk(&dest, size, kind)?, "the file"),
         };
         if actual != digest {
             return Err(RowError::Reject(format!(
-                "digest of {dest} is {actual}, the source says {digest}"
+                "digest of {of_what} {dest} is {actual}, the source says {digest}"
             )));
         }
         state.record.sealed = Some(Sealed {
@@ -1465,9 +1481,10 @@ mod tests {
     }
 
     /// A seal is checked against the CRC-64 of the bytes as this process
-    /// wrote them; the file is read back when told to, and when its ranges
-    /// were placed by an earlier process. (Damage done to the file behind
-    /// the sink's back shows only in a read-back: the check is on the
+    /// wrote them; the file is read back when told to, when its ranges were
+    /// placed by an earlier process, and when the path no longer leads to
+    /// the file they were written to. (Bytes changed inside that file behind
+    /// the sink's back show only in a read-back: the check is on the
     /// transfer, not on the disk.)
     #[test]
     fn seals_check_the_bytes_as_written_and_read_back_what_an_earlier_run_wrote() {
@@ -1534,6 +1551,19 @@ mod tests {
         place_all(&placer, &source);
         damage(&fixture.dest("s/f.dat"));
         assert!(rejected(&placer, &source, &digest(&data)).is_some());
+
+        // Replaced behind the sink's back: the file at the path is read.
+        let fixture = Fixture::new("seal-replaced");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        place_all(&placer, &source);
+        let path = fixture.dest("s/f.dat");
+        std::fs::remove_file(&path).unwrap();
+        let mut other = data.clone();
+        other[5] ^= 1;
+        std::fs::write(&path, &other).unwrap();
+        let error = rejected(&placer, &source, &digest(&data)).expect("read back");
+        assert!(error.contains("digest of the file"), "{error}");
 
         // Placed by an earlier process: read back, and the damage shows.
         let fixture = Fixture::new("seal-restarted");

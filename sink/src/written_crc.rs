@@ -10,6 +10,8 @@
 //! when the gap between them fills. Anything that breaks the picture (an
 //! overlap, too many runs, a slot loaded with bytes already placed by an
 //! earlier process) makes the state `Unknown`, and the seal reads the file.
+//! So does a path that no longer leads to the file the bytes were written to
+//! (checked at the seal).
 
 use std::collections::BTreeMap;
 
