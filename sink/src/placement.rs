@@ -839,7 +839,7 @@ impl Placer {
                 }
             }
             SupersededPolicy::Keep => {
-                let aside = format!("{dest}.gen{generation}");
+                let aside = self.free_aside_name(files, dest, generation)?;
                 let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
                 work.request.add_dirs(dirs);
                 state.record.dest_path = aside;
@@ -849,6 +849,37 @@ impl Placer {
         drop(state);
         work.request.touched.push(old);
         Ok(())
+    }
+
+    /// Where a superseded generation is kept: `<dest>.gen<N>`, or with a
+    /// counter after it when a live file of the source or anything on disk
+    /// has that name already (renaming over it would lose that file).
+    fn free_aside_name(
+        &self,
+        files: &SourceFiles,
+        dest: &str,
+        generation: u64,
+    ) -> Result<String, RowError> {
+        for attempt in 0..1000u32 {
+            let name = match attempt {
+                0 => format!("{dest}.gen{generation}"),
+                n => format!("{dest}.gen{generation}.{n}"),
+            };
+            if files.by_path.contains_key(&name) {
+                continue;
+            }
+            match self.root.open_for_read(&name) {
+                Err(ConfineError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    return Ok(name);
+                }
+                _ => continue,
+            }
+        }
+        Err(RowError::Storage(format!(
+            "no free name to keep generation {generation} of {dest} aside"
+        )))
     }
 
     /// Finishes a rename recorded before a crash (or a failed attempt): the
@@ -1578,6 +1609,52 @@ mod tests {
         assert!(error.contains("the source says"), "{error}");
         std::fs::write(fixture.dest("s/f.dat"), &data).unwrap();
         assert_eq!(rejected(&placer, &source, &digest(&data)), None);
+    }
+
+    /// Keeping a superseded generation aside never renames it over another
+    /// file: a live file of the source named `<dest>.gen<N>` stays, and the
+    /// old generation goes to the next free name.
+    #[test]
+    fn a_kept_generation_goes_aside_without_replacing_a_live_file() {
+        let fixture = Fixture::new("keep-aside");
+        let placer = Placer::new(
+            Root::open(&fixture.dir.join("root")).unwrap(),
+            SinkManifest::open(&fixture.dir.join("state")).unwrap(),
+            Layout::PerSource,
+            SupersededPolicy::Keep,
+            64,
+            CommitGate::default(),
+            Journal {
+                max_range: 0,
+                backlog: Arc::default(),
+            },
+        );
+        let source = placer.source("s").unwrap();
+        let mut builder = BatchBuilder::with_capacity(4, 256);
+        builder.push_data("a.dat", 1, 0, b"old generation");
+        builder.push_data("a.dat.gen1", 1, 0, b"a live file");
+        let (request, ack, _) = placer
+            .place(&source, 1, &RangeBatch::validate(builder.finish()).unwrap())
+            .unwrap();
+        assert!(ack.rejected.is_empty());
+        for (slot, ranges) in &request.placed {
+            let mut state = lock(&slot.state);
+            for &(start, end) in ranges {
+                state.record.placed.insert(start, end);
+                crate::commit::remove_range(&mut state.pending, start, end);
+            }
+        }
+        let mut builder = BatchBuilder::with_capacity(2, 256);
+        builder.push_open("a.dat", 2, "a.dat");
+        builder.push_data("a.dat", 2, 0, b"new");
+        let (_, ack, _) = placer
+            .place(&source, 2, &RangeBatch::validate(builder.finish()).unwrap())
+            .unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        let read = |path: &str| std::fs::read(fixture.dest(path)).unwrap();
+        assert_eq!(read("s/a.dat.gen1"), b"a live file");
+        assert_eq!(read("s/a.dat.gen1.1"), b"old generation");
+        assert_eq!(read("s/a.dat"), b"new");
     }
 
     /// A journal file damaged after a crash: a range its file already holds
