@@ -58,7 +58,8 @@ pub enum Layout {
     /// `<root>/<source>/<relative path>`.
     #[default]
     PerSource,
-    /// `<root>/<relative path>`: for a sink that serves one source.
+    /// `<root>/<relative path>`: for a sink that serves one source (the
+    /// first it sees, in its manifest or on the wire; others are refused).
     Flat,
 }
 

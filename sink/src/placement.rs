@@ -198,6 +198,9 @@ pub(crate) struct Placer {
     /// Seals compare the digest of the file read back from disk, even when
     /// the checksum of the bytes as written is known.
     seal_read_back: bool,
+    /// With the flat layout, the one source this sink serves (the first
+    /// one seen, in the manifest or on the wire).
+    flat_source: Mutex<Option<String>>,
 }
 
 /// Which ranges go to the manifest's journal.
@@ -312,6 +315,7 @@ impl Placer {
             direct_min: 0,
             direct_buffers: direct::Buffers::default(),
             seal_read_back: false,
+            flat_source: Mutex::new(None),
         }
     }
 
@@ -404,6 +408,9 @@ impl Placer {
         if let Some(source) = sources.get(name) {
             return Ok(source.clone());
         }
+        if self.layout == Layout::Flat {
+            self.claim_flat_root(name)?;
+        }
         let records = self.manifest.files_of_source(name).map_err(|e| {
             PlaceError::Storage(format!("loading the manifest of source {name:?}: {e}"))
         })?;
@@ -427,6 +434,33 @@ impl Placer {
         });
         sources.insert(name.to_owned(), source.clone());
         Ok(source)
+    }
+
+    /// The flat layout puts every source's files straight under the root,
+    /// where two sources' files of the same name would be one file: the
+    /// first source (in the manifest, else on the wire) is the only one.
+    fn claim_flat_root(&self, name: &str) -> Result<(), PlaceError> {
+        let mut owner = lock(&self.flat_source);
+        if owner.is_none() {
+            let records = self
+                .manifest
+                .all_files()
+                .map_err(|e| PlaceError::Storage(format!("reading the manifest's sources: {e}")))?;
+            *owner = Some(
+                records
+                    .into_iter()
+                    .map(|(id, _)| id.source)
+                    .find(|recorded| recorded != name)
+                    .unwrap_or_else(|| name.to_owned()),
+            );
+        }
+        match owner.as_deref() {
+            Some(only) if only != name => Err(PlaceError::Peer(format!(
+                "this sink writes the flat layout, which serves one source, {only:?}: \
+                 source {name:?} needs a sink of its own or the per-source layout"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Holds off commit rounds while held. A round holds it from before its
@@ -1655,6 +1689,57 @@ mod tests {
         assert_eq!(read("s/a.dat.gen1"), b"a live file");
         assert_eq!(read("s/a.dat.gen1.1"), b"old generation");
         assert_eq!(read("s/a.dat"), b"new");
+    }
+
+    /// A flat-layout sink serves the first source it sees, also after a
+    /// restart; another one is refused, naming both.
+    #[test]
+    fn a_flat_layout_serves_one_source() {
+        let fixture = Fixture::new("flat-one-source");
+        let placer = |fixture: &Fixture| {
+            Placer::new(
+                Root::open(&fixture.dir.join("root")).unwrap(),
+                SinkManifest::open(&fixture.dir.join("state")).unwrap(),
+                Layout::Flat,
+                SupersededPolicy::Mirror,
+                64,
+                CommitGate::default(),
+                Journal {
+                    max_range: 0,
+                    backlog: Arc::default(),
+                },
+            )
+        };
+        let first = placer(&fixture);
+        let source = first.source("cam").unwrap();
+        let mut builder = BatchBuilder::with_capacity(1, 64);
+        builder.push_data("f.dat", 1, 0, b"bytes");
+        let (request, _, _) = first
+            .place(&source, 1, &RangeBatch::validate(builder.finish()).unwrap())
+            .unwrap();
+        for (slot, _) in &request.placed {
+            let state = lock(&slot.state);
+            let commit = SinkCommit {
+                records: vec![(slot.id.clone(), state.record.clone())],
+                ..SinkCommit::default()
+            };
+            first.manifest.commit(&commit).unwrap();
+        }
+        let refused = |placer: &Placer| match placer.source("other") {
+            Err(PlaceError::Peer(message)) => message,
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a second source was accepted"),
+        };
+        let message = refused(&first);
+        assert!(
+            message.contains("\"cam\"") && message.contains("\"other\""),
+            "{message}"
+        );
+        drop((source, first));
+
+        let restarted = placer(&fixture);
+        refused(&restarted);
+        restarted.source("cam").unwrap();
     }
 
     /// A journal file damaged after a crash: a range its file already holds
