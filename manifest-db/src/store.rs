@@ -39,6 +39,19 @@ pub(crate) const REWRITTEN_CFS: &[&str] = &["files", "counters"];
 /// Write-ahead log kept before the families holding its oldest file are flushed.
 const WAL_LIMIT: u64 = 128 << 20;
 
+/// The smallest key greater than every key starting with `prefix`, if any
+/// (none for an empty prefix or one of all 0xFF bytes).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
 pub(crate) struct Store {
     db: DB,
     path: PathBuf,
@@ -157,12 +170,19 @@ impl Store {
     ) -> Result<Vec<Entry>> {
         let handle = self.cf(cf)?;
         let mut out = Vec::new();
-        // No prefix extractor is configured, so the iterator runs to the end of the family;
-        // stop at the first key past the prefix ourselves.
-        for item in self
-            .db
-            .iterator_cf(handle, IteratorMode::From(prefix, Direction::Forward))
-        {
+        // No prefix extractor is configured: the upper bound ends the scan
+        // before the first key past the prefix, whose value is never read
+        // (it may be another source's record, rewritten in place meanwhile;
+        // see REWRITTEN_CFS).
+        let mut options = rocksdb::ReadOptions::default();
+        if let Some(end) = prefix_end(prefix) {
+            options.set_iterate_upper_bound(end);
+        }
+        for item in self.db.iterator_cf_opt(
+            handle,
+            options,
+            IteratorMode::From(prefix, Direction::Forward),
+        ) {
             let (k, v) = item.map_err(self.db_err(op))?;
             if !k.starts_with(prefix) {
                 break;
@@ -197,4 +217,17 @@ impl Store {
 /// Decodes an 8-byte big-endian integer value, the encoding of every length and counter.
 pub(crate) fn decode_u64(bytes: &[u8]) -> Option<u64> {
     <[u8; 8]>::try_from(bytes).ok().map(u64::from_be_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn a_prefix_ends_at_its_successor() {
+        assert_eq!(prefix_end(b"src\0"), Some(b"src\x01".to_vec()));
+        assert_eq!(prefix_end(b"a\xff\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), None);
+        assert_eq!(prefix_end(b""), None);
+    }
 }

@@ -81,6 +81,22 @@ pub(crate) struct SlotState {
     deferred_writes: u32,
     /// CRC-64 of the bytes written so far, for the seal.
     written_crc: WrittenCrc,
+    /// (device, inode) of the file those bytes went to: a descriptor
+    /// reopened after eviction that finds another file there (replaced
+    /// behind the sink's back) ends what `written_crc` can vouch for.
+    inode: Option<(u64, u64)>,
+}
+
+impl SlotState {
+    /// Notes the file a descriptor just opened on the destination refers to.
+    fn opened(&mut self, file: &File) {
+        use std::os::unix::fs::MetadataExt;
+        let inode = file.metadata().ok().map(|meta| (meta.dev(), meta.ino()));
+        if self.inode.is_some() && self.inode != inode {
+            self.written_crc = WrittenCrc::Unknown;
+        }
+        self.inode = inode;
+    }
 }
 
 impl SlotState {
@@ -753,6 +769,7 @@ impl Placer {
                 // Bytes placed by an earlier run are vouched for only by the
                 // file itself.
                 written_crc: WrittenCrc::new(record.placed.is_empty()),
+                inode: None,
                 record,
                 pending: IntervalSet::new(),
                 disk_len: None,
@@ -818,6 +835,7 @@ impl Placer {
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
         work.request.add_dirs(opened.dirs_to_sync);
+        let file = Arc::new(opened.file);
         let slot = Arc::new(Slot {
             id: FileId {
                 source: source.name.clone(),
@@ -831,14 +849,16 @@ impl Placer {
                 },
                 pending: IntervalSet::new(),
                 disk_len,
-                file: Some(Arc::new(opened.file)),
+                file: Some(file.clone()),
                 direct: DirectFile::NotOpened,
                 recorded: false,
                 recorded_sealed: false,
                 deferred_writes: 0,
                 written_crc: WrittenCrc::new(true),
+                inode: None,
             }),
         });
+        lock(&slot.state).opened(&file);
         files
             .slots
             .insert((key.to_owned(), generation), slot.clone());
@@ -857,15 +877,17 @@ impl Placer {
         dest: &str,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
-        let Some((key, generation)) = files.by_path.remove(dest) else {
+        let Some((key, generation)) = files.by_path.get(dest).cloned() else {
             return Ok(());
         };
         let Some(old) = self.lookup(source, files, &key, generation)? else {
+            files.by_path.remove(dest);
             return Ok(());
         };
+        // Nothing changes in memory until the file is out of the way: a
+        // failure leaves the old generation live at `dest`, and the retried
+        // batch supersedes it again instead of writing into its file.
         let mut state = lock(&old.state);
-        state.close_file();
-        state.record.superseded = true;
         match self.superseded {
             SupersededPolicy::Mirror => {
                 if let Some(dir) = self.root.remove(dest).map_err(confine_error)? {
@@ -880,7 +902,10 @@ impl Placer {
                 state.record.kept = true;
             }
         }
+        state.close_file();
+        state.record.superseded = true;
         drop(state);
+        files.by_path.remove(dest);
         work.request.touched.push(old);
         Ok(())
     }
@@ -957,6 +982,7 @@ impl Placer {
         if state.disk_len.is_none() {
             state.disk_len = opened.file.metadata().map(|m| m.len()).ok();
         }
+        state.opened(&opened.file);
         work.request.add_dirs(opened.dirs_to_sync);
         let file = Arc::new(opened.file);
         state.file = Some(file.clone());
@@ -1627,6 +1653,36 @@ mod tests {
         let mut other = data.clone();
         other[5] ^= 1;
         std::fs::write(&path, &other).unwrap();
+        let error = rejected(&placer, &source, &digest(&data)).expect("read back");
+        assert!(error.contains("digest of the file"), "{error}");
+
+        // Replaced while its descriptor was evicted: the descriptor opened
+        // again reaches another file, and what was written before is not
+        // vouched for any more.
+        let fixture = Fixture::new("seal-reopened");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let mut builder = BatchBuilder::with_capacity(1, 120_064);
+        builder.push_data("f.dat", 1, 0, &data[..120_000]);
+        let batch = RangeBatch::validate(builder.finish()).unwrap();
+        let (request, _, _) = placer.place(&source, 1, &batch).unwrap();
+        let slot = request.placed[0].0.clone();
+        {
+            let mut state = lock(&slot.state);
+            state.record.placed.insert(0, 120_000);
+            crate::commit::remove_range(&mut state.pending, 0, 120_000);
+            state.close_file();
+        }
+        std::fs::remove_file(fixture.dest("s/f.dat")).unwrap();
+        let mut builder = BatchBuilder::with_capacity(1, 80_064);
+        builder.push_data("f.dat", 1, 120_000, &data[120_000..]);
+        let batch = RangeBatch::validate(builder.finish()).unwrap();
+        placer.place(&source, 2, &batch).unwrap();
+        {
+            let mut state = lock(&slot.state);
+            state.record.placed.insert(120_000, 200_000);
+            crate::commit::remove_range(&mut state.pending, 120_000, 200_000);
+        }
         let error = rejected(&placer, &source, &digest(&data)).expect("read back");
         assert!(error.contains("digest of the file"), "{error}");
 
