@@ -1405,15 +1405,24 @@ mod tests {
         }
 
         fn placer(&self) -> Placer {
+            self.placer_with(Layout::PerSource, SupersededPolicy::Mirror, 64 << 10)
+        }
+
+        fn placer_with(
+            &self,
+            layout: Layout,
+            superseded: SupersededPolicy,
+            journal_max_range: u64,
+        ) -> Placer {
             Placer::new(
                 Root::open(&self.dir.join("root")).unwrap(),
                 SinkManifest::open(&self.dir.join("state")).unwrap(),
-                Layout::PerSource,
-                SupersededPolicy::Mirror,
+                layout,
+                superseded,
                 64,
                 CommitGate::default(),
                 Journal {
-                    max_range: 64 << 10,
+                    max_range: journal_max_range,
                     backlog: Arc::default(),
                 },
             )
@@ -1707,18 +1716,7 @@ mod tests {
     #[test]
     fn a_kept_generation_goes_aside_without_replacing_a_live_file() {
         let fixture = Fixture::new("keep-aside");
-        let placer = Placer::new(
-            Root::open(&fixture.dir.join("root")).unwrap(),
-            SinkManifest::open(&fixture.dir.join("state")).unwrap(),
-            Layout::PerSource,
-            SupersededPolicy::Keep,
-            64,
-            CommitGate::default(),
-            Journal {
-                max_range: 0,
-                backlog: Arc::default(),
-            },
-        );
+        let placer = fixture.placer_with(Layout::PerSource, SupersededPolicy::Keep, 0);
         let source = placer.source("s").unwrap();
         let mut builder = BatchBuilder::with_capacity(4, 256);
         builder.push_data("a.dat", 1, 0, b"old generation");
@@ -1752,20 +1750,8 @@ mod tests {
     #[test]
     fn a_flat_layout_serves_one_source() {
         let fixture = Fixture::new("flat-one-source");
-        let placer = |fixture: &Fixture| {
-            Placer::new(
-                Root::open(&fixture.dir.join("root")).unwrap(),
-                SinkManifest::open(&fixture.dir.join("state")).unwrap(),
-                Layout::Flat,
-                SupersededPolicy::Mirror,
-                64,
-                CommitGate::default(),
-                Journal {
-                    max_range: 0,
-                    backlog: Arc::default(),
-                },
-            )
-        };
+        let placer =
+            |fixture: &Fixture| fixture.placer_with(Layout::Flat, SupersededPolicy::Mirror, 0);
         let first = placer(&fixture);
         let source = first.source("cam").unwrap();
         let mut builder = BatchBuilder::with_capacity(1, 64);
