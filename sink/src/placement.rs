@@ -189,6 +189,25 @@ struct SourceFiles {
     slots: HashMap<(String, u64), Arc<Slot>>,
     /// Live (not superseded) generation at each destination path.
     by_path: HashMap<String, (String, u64)>,
+    /// Superseded generations kept aside (`--superseded keep`), by the
+    /// path they were moved to: a new file or a rename there moves them on.
+    kept: HashMap<String, (String, u64)>,
+}
+
+/// Which path index of a source.
+#[derive(Clone, Copy)]
+enum PathIndex {
+    Live,
+    Kept,
+}
+
+impl SourceFiles {
+    fn index(&mut self, which: PathIndex) -> &mut HashMap<String, (String, u64)> {
+        match which {
+            PathIndex::Live => &mut self.by_path,
+            PathIndex::Kept => &mut self.kept,
+        }
+    }
 }
 
 pub(crate) struct Source {
@@ -442,6 +461,8 @@ impl Placer {
                 files
                     .by_path
                     .insert(record.dest_path, (id.key, id.generation));
+            } else if record.kept {
+                files.kept.insert(record.dest_path, (id.key, id.generation));
             }
         }
         let source = Arc::new(Source {
@@ -869,7 +890,9 @@ impl Placer {
     }
 
     /// A new generation or a rename takes `dest`: whatever live generation
-    /// was there is superseded (removed, or kept aside by policy).
+    /// was there is superseded (removed, or kept aside by policy), and a
+    /// generation kept aside there before moves on to `<dest>.<n>` (it is
+    /// kept, not overwritten).
     fn supersede_at(
         &self,
         source: &Source,
@@ -877,11 +900,17 @@ impl Placer {
         dest: &str,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
-        let Some((key, generation)) = files.by_path.get(dest).cloned() else {
-            return Ok(());
-        };
-        let Some(old) = self.lookup(source, files, &key, generation)? else {
-            files.by_path.remove(dest);
+        if let Some((kept, key, generation)) = self.slot_at(source, files, PathIndex::Kept, dest)? {
+            let moved = self.free_name(files, (1..1000).map(|n| format!("{dest}.{n}")))?;
+            let dirs = self.root.rename(dest, &moved).map_err(confine_error)?;
+            work.request.add_dirs(dirs);
+            lock(&kept.state).record.dest_path = moved.clone();
+            files.kept.remove(dest);
+            files.kept.insert(moved, (key, generation));
+            work.request.touched.push(kept);
+        }
+        let Some((old, key, generation)) = self.slot_at(source, files, PathIndex::Live, dest)?
+        else {
             return Ok(());
         };
         // Nothing changes in memory until the file is out of the way: a
@@ -895,11 +924,18 @@ impl Placer {
                 }
             }
             SupersededPolicy::Keep => {
-                let aside = self.free_aside_name(files, dest, generation)?;
+                let aside = self.free_name(
+                    files,
+                    (0..1000).map(|n| match n {
+                        0 => format!("{dest}.gen{generation}"),
+                        n => format!("{dest}.gen{generation}.{n}"),
+                    }),
+                )?;
                 let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
                 work.request.add_dirs(dirs);
-                state.record.dest_path = aside;
+                state.record.dest_path = aside.clone();
                 state.record.kept = true;
+                files.kept.insert(aside, (key.clone(), generation));
             }
         }
         state.close_file();
@@ -910,34 +946,50 @@ impl Placer {
         Ok(())
     }
 
-    /// Where a superseded generation is kept: `<dest>.gen<N>`, or with a
-    /// counter after it when a live file of the source or anything on disk
-    /// has that name already (renaming over it would lose that file).
-    fn free_aside_name(
+    /// The slot a path index names at `dest`, with its key and generation;
+    /// a name whose record is gone is dropped from the index.
+    fn slot_at(
         &self,
-        files: &SourceFiles,
+        source: &Source,
+        files: &mut SourceFiles,
+        which: PathIndex,
         dest: &str,
-        generation: u64,
-    ) -> Result<String, RowError> {
-        for attempt in 0..1000u32 {
-            let name = match attempt {
-                0 => format!("{dest}.gen{generation}"),
-                n => format!("{dest}.gen{generation}.{n}"),
-            };
-            if files.by_path.contains_key(&name) {
-                continue;
-            }
-            match self.root.open_for_read(&name) {
-                Err(ConfineError::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    return Ok(name);
-                }
-                _ => continue,
+    ) -> Result<Option<(Arc<Slot>, String, u64)>, RowError> {
+        let Some((key, generation)) = files.index(which).get(dest).cloned() else {
+            return Ok(None);
+        };
+        match self.lookup(source, files, &key, generation)? {
+            Some(slot) => Ok(Some((slot, key, generation))),
+            None => {
+                files.index(which).remove(dest);
+                Ok(None)
             }
         }
+    }
+
+    /// The first of `names` that no live or kept file of the source has and
+    /// nothing on disk has either (renaming over it would lose that file).
+    fn free_name(
+        &self,
+        files: &SourceFiles,
+        names: impl Iterator<Item = String>,
+    ) -> Result<String, RowError> {
+        let mut last = String::new();
+        for name in names {
+            if !files.by_path.contains_key(&name) && !files.kept.contains_key(&name) {
+                match self.root.open_for_read(&name) {
+                    Err(ConfineError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        return Ok(name);
+                    }
+                    _ => {}
+                }
+            }
+            last = name;
+        }
         Err(RowError::Storage(format!(
-            "no free name to keep generation {generation} of {dest} aside"
+            "no free name to move a superseded file aside (tried up to {last})"
         )))
     }
 
@@ -1712,7 +1764,8 @@ mod tests {
 
     /// Keeping a superseded generation aside never renames it over another
     /// file: a live file of the source named `<dest>.gen<N>` stays, and the
-    /// old generation goes to the next free name.
+    /// old generation goes to the next free name; a file created later under
+    /// the kept name moves the kept one on instead of writing into it.
     #[test]
     fn a_kept_generation_goes_aside_without_replacing_a_live_file() {
         let fixture = Fixture::new("keep-aside");
@@ -1743,6 +1796,23 @@ mod tests {
         assert_eq!(read("s/a.dat.gen1"), b"a live file");
         assert_eq!(read("s/a.dat.gen1.1"), b"old generation");
         assert_eq!(read("s/a.dat"), b"new");
+
+        // A new source file named like the kept one: the kept file moves on
+        // (and its record with it), the new one gets the name.
+        let mut builder = BatchBuilder::with_capacity(1, 256);
+        builder.push_data("a.dat.gen1.1", 1, 0, b"newcomer");
+        let (request, ack, _) = placer
+            .place(&source, 3, &RangeBatch::validate(builder.finish()).unwrap())
+            .unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert_eq!(read("s/a.dat.gen1.1"), b"newcomer");
+        assert_eq!(read("s/a.dat.gen1.1.1"), b"old generation");
+        let moved = request
+            .touched
+            .iter()
+            .find(|slot| slot.id.key == "a.dat" && slot.id.generation == 1)
+            .expect("the kept generation's record is committed");
+        assert_eq!(lock(&moved.state).record.dest_path, "s/a.dat.gen1.1.1");
     }
 
     /// A flat-layout sink serves the first source it sees, also after a
