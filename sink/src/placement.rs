@@ -215,13 +215,18 @@ pub(crate) struct Source {
     files: Mutex<SourceFiles>,
 }
 
+/// A source's state once loaded; locked while it loads.
+type SourceCell = Mutex<Option<Arc<Source>>>;
+
 /// Everything placement needs; shared by all streams.
 pub(crate) struct Placer {
     pub root: Root,
     pub manifest: SinkManifest,
     pub layout: Layout,
     pub superseded: SupersededPolicy,
-    sources: Mutex<HashMap<String, Arc<Source>>>,
+    /// Per source, its state once loaded: each behind a lock of its own,
+    /// so that loading one source holds up only that source's batches.
+    sources: Mutex<HashMap<String, Arc<SourceCell>>>,
     open_files: Mutex<VecDeque<Arc<Slot>>>,
     commit_gate: CommitGate,
     max_open_files: usize,
@@ -436,13 +441,46 @@ impl Placer {
 
     /// The source's state, loaded from the manifest on first use.
     pub fn source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
-        // Held across the scan: no batch of this source is placed, and so
-        // none of its records rewritten in the manifest (in place, see
-        // manifest_db's store), while they are read.
-        let mut sources = lock(&self.sources);
-        if let Some(source) = sources.get(name) {
-            return Ok(source.clone());
+        loop {
+            let cell = lock(&self.sources)
+                .entry(name.to_owned())
+                .or_default()
+                .clone();
+            // Held across the scan: no batch of this source is placed, and so
+            // none of its records rewritten in the manifest (in place, see
+            // manifest_db's store), while they are read. Other sources go on:
+            // the scan reads no key past this source's.
+            let mut loaded = lock(&cell);
+            if let Some(source) = loaded.as_ref() {
+                return Ok(source.clone());
+            }
+            let current = |sources: &HashMap<_, Arc<_>>| {
+                sources.get(name).is_some_and(|c| Arc::ptr_eq(c, &cell))
+            };
+            if !current(&lock(&self.sources)) {
+                // Its load failed and it left the map: one state per source,
+                // so start over with the map's.
+                continue;
+            }
+            return match self.load_source(name) {
+                Ok(source) => {
+                    *loaded = Some(source.clone());
+                    Ok(source)
+                }
+                Err(error) => {
+                    // Names that fail (refused, unreadable) keep no entry:
+                    // the map holds only sources being served.
+                    let mut sources = lock(&self.sources);
+                    if current(&sources) {
+                        sources.remove(name);
+                    }
+                    Err(error)
+                }
+            };
         }
+    }
+
+    fn load_source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
         if self.layout == Layout::Flat {
             self.claim_flat_root(name)?;
         }
@@ -465,12 +503,10 @@ impl Placer {
                 files.kept.insert(record.dest_path, (id.key, id.generation));
             }
         }
-        let source = Arc::new(Source {
+        Ok(Arc::new(Source {
             name: name.to_owned(),
             files: Mutex::new(files),
-        });
-        sources.insert(name.to_owned(), source.clone());
-        Ok(source)
+        }))
     }
 
     /// The flat layout puts every source's files straight under the root,
@@ -1847,11 +1883,45 @@ mod tests {
             message.contains("\"cam\"") && message.contains("\"other\""),
             "{message}"
         );
+        // A refused name keeps no state: peers cannot grow the map.
+        assert!(!lock(&first.sources).contains_key("other"));
         drop((source, first));
 
         let restarted = placer(&fixture);
         refused(&restarted);
         restarted.source("cam").unwrap();
+    }
+
+    /// Loading a source (a scan of its records, long for a long history)
+    /// holds up that source's batches only: others are served meanwhile.
+    #[test]
+    fn loading_one_source_holds_up_no_other() {
+        let fixture = Fixture::new("source-loading");
+        let placer = Arc::new(fixture.placer());
+        let served = placer.source("served").unwrap();
+        // As if "slow" were being loaded by another stream right now.
+        let loading = lock(&placer.sources)
+            .entry("slow".to_owned())
+            .or_default()
+            .clone();
+        let scan = lock(&loading);
+        let (answer, answered) = std::sync::mpsc::channel();
+        let other = placer.clone();
+        let asker = std::thread::spawn(move || {
+            let again = other.source("served").map(|s| s.name.clone());
+            let fresh = other.source("fresh").map(|s| s.name.clone());
+            let _ = answer.send((again, fresh));
+        });
+        // A guard against a hang, not a measure of speed.
+        let (again, fresh) = answered
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("other sources waited for the one being loaded");
+        assert_eq!(again.unwrap(), served.name);
+        assert_eq!(fresh.unwrap(), "fresh");
+        asker.join().unwrap();
+        drop(scan);
+        assert_eq!(placer.source("slow").unwrap().name, "slow");
+        assert!(Arc::ptr_eq(&placer.source("served").unwrap(), &served));
     }
 
     /// A journal file damaged after a crash: a range its file already holds
