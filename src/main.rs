@@ -48,7 +48,7 @@ enum Command {
     Certs(CertsArgs),
     /// Ask a running sink for its counters.
     Status(StatusArgs),
-    /// Check a sink manifest: no byte range recorded twice; prints counters.
+    /// Check a sink manifest (after redoing journal rounds a machine crash lost): no byte range recorded twice; prints counters.
     Audit(AuditArgs),
     /// Run simulator, watcher and sink on loopback with live progress, then verify.
     Demo(demo::DemoArgs),

@@ -611,9 +611,11 @@ mod tests {
     fn manifest_writes_a_crash_lost_are_redone_from_the_journal() {
         use manifest_db::{FileId, FileRecord, IntervalSet, SinkCommit, SinkCounters};
         let dir = scratch("journal-redo");
-        let path = dir.join(JOURNAL_FILE_NAME);
-        // What survived the crash, and what every write made.
-        let survived = SinkManifest::open(&dir.join("survived")).unwrap();
+        // What survived the crash (a sink's state: manifest and journal),
+        // and what every write made.
+        let state = dir.join("survived");
+        let path = state.join(JOURNAL_FILE_NAME);
+        let survived = SinkManifest::open(&state).unwrap();
         let whole = SinkManifest::open(&dir.join("whole")).unwrap();
         survived.clear_journal().unwrap();
         let epoch = survived.journal_state().unwrap().epoch;
@@ -672,7 +674,13 @@ mod tests {
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(b"?", end - 1).unwrap();
 
-        assert_eq!(redo_lost_rounds(&survived, &path), Ok(2));
+        // An audit of the stopped sink redoes them first, as its start would.
+        drop(survived);
+        let audit = crate::audit(&state, false).unwrap();
+        assert_eq!(audit.redone_journal_rounds, 2);
+        assert_eq!((audit.placements, audit.placed_bytes), (3, 12));
+        assert_eq!(audit.overlapping_placements + audit.record_mismatches, 0);
+        let survived = SinkManifest::open(&state).unwrap();
         assert_eq!(snapshot(&survived), before_the_last);
         assert_eq!(survived.counters().unwrap().placed_bytes, 12);
         let last = survived.journal_state().unwrap().last;
