@@ -215,6 +215,11 @@ pub(crate) struct Source {
     files: Mutex<SourceFiles>,
 }
 
+/// Most sources one sink serves: each keeps some state for the life of the
+/// process, and a peer must not make that grow without end. Far more than
+/// the beamlines and hutches one sink serves.
+const MAX_SOURCES: usize = 4096;
+
 /// A source's state once loaded; locked while it loads.
 type SourceCell = Mutex<Option<Arc<Source>>>;
 
@@ -241,6 +246,8 @@ pub(crate) struct Placer {
     /// With the flat layout, the one source this sink serves (the first
     /// one seen, in the manifest or on the wire).
     flat_source: Mutex<Option<String>>,
+    /// Most sources served at once (their state stays for the process).
+    max_sources: usize,
 }
 
 /// Which ranges go to the manifest's journal.
@@ -356,6 +363,7 @@ impl Placer {
             direct_buffers: direct::Buffers::default(),
             seal_read_back: false,
             flat_source: Mutex::new(None),
+            max_sources: MAX_SOURCES,
         }
     }
 
@@ -442,10 +450,16 @@ impl Placer {
     /// The source's state, loaded from the manifest on first use.
     pub fn source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
         loop {
-            let cell = lock(&self.sources)
-                .entry(name.to_owned())
-                .or_default()
-                .clone();
+            let cell = {
+                let mut sources = lock(&self.sources);
+                if sources.len() >= self.max_sources && !sources.contains_key(name) {
+                    return Err(PlaceError::Peer(format!(
+                        "this sink serves at most {} sources, and source {name:?} is not one of them",
+                        self.max_sources
+                    )));
+                }
+                sources.entry(name.to_owned()).or_default().clone()
+            };
             // Held across the scan: no batch of this source is placed, and so
             // none of its records rewritten in the manifest (in place, see
             // manifest_db's store), while they are read. Other sources go on:
@@ -1922,6 +1936,24 @@ mod tests {
         drop(scan);
         assert_eq!(placer.source("slow").unwrap().name, "slow");
         assert!(Arc::ptr_eq(&placer.source("served").unwrap(), &served));
+    }
+
+    /// Sources are capped: a peer cannot grow the sink's state by naming
+    /// new ones; those already served go on.
+    #[test]
+    fn sources_past_the_cap_are_refused() {
+        let fixture = Fixture::new("source-cap");
+        let mut placer = fixture.placer();
+        placer.max_sources = 2;
+        placer.source("a").unwrap();
+        placer.source("b").unwrap();
+        match placer.source("c") {
+            Err(PlaceError::Peer(message)) => assert!(message.contains("\"c\""), "{message}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a source past the cap was served"),
+        }
+        assert_eq!(lock(&placer.sources).len(), 2);
+        placer.source("a").unwrap();
     }
 
     /// A journal file damaged after a crash: a range its file already holds
