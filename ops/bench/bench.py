@@ -2035,9 +2035,10 @@ def bounds_analysis(b: Bench) -> list[str]:
                          f"{aes['seal_bytes_per_s'] / 1e9:.1f} GB/s, open {aes['open_bytes_per_s'] / 1e9:.1f} GB/s) "
                          f"costs {cipher:.2f} CPU s/GB, encrypting at the watcher and decrypting at the sink; TLS "
                          f"added {c2 - c1:.2f} s/GB in all"
-                         + ("; the rest is mostly rustls copying each record (a profile, 2026-11-24: into its own "
-                            "buffer to encrypt; on receipt out of the read buffer, then into a plaintext queue, "
-                            "then out to HTTP/2)." if c2 - c1 > 1.2 * cipher else
+                         + ("; the rest is rustls's own work per record (a profile of an 8 GiB run, 2026-11-24: at "
+                            "the sink its copies out of the read buffer, into a plaintext queue and out to HTTP/2 "
+                            "are ~7% of the sink's samples, decryption ~7%; at the watcher encryption is ~8%; "
+                            "kernel TLS, which would save the copies, is not in this kernel)." if c2 - c1 > 1.2 * cipher else
                             ", about the cipher's cost." if c2 - c1 >= 0.8 * cipher else
                             ", less than the cipher's own cost: the runs' spread is larger than it."))
                 if sim1:
@@ -2175,13 +2176,15 @@ def bounds_analysis(b: Bench) -> list[str]:
             out.append(f"- **P6**: per file the watcher spent {w / n * 1e6:.0f} µs CPU and the sink "
                        f"{s / n * 1e6:.0f} µs ({(w + s) / wall:.2f} cores busy); each new file costs the sink a "
                        f"confined create (openat per path component), a pwrite, its share of a round's syncfs, "
-                       f"manifest records and a seal (read back, CRC-64), and the "
+                       f"manifest records and a seal (CRC-64 of the bytes as written), and the "
                        f"watcher an open, a read, a checksum and a seal: about {(w + s) / n * 1e6:.0f} µs of CPU per file "
-                       f"on {ncpu} cores, the bound on files/s here (one perf profile of a 60000-file run, 2026-11-24: about "
-                       f"half of the sink's CPU is the kernel copying each file's bytes into new page-cache pages, "
-                       f"copy_folio_from_iter_atomic, which runs at the machine's rate for new memory; then "
-                       f"clearing new pages, HTTP/2, ext4's directory and inode work; no hot spot in tailflight's "
-                       f"own code).{memory_text(b, sink_direct=False)} Whereas the rsync loop writes into the page "
+                       f"on {ncpu} cores, the bound on files/s here (a perf profile of a 60000-file run puts about "
+                       f"half of the sink's CPU in the kernel's copy into new page-cache pages, "
+                       f"copy_folio_from_iter_atomic, then clearing new pages, HTTP/2, ext4's directory and inode "
+                       f"work, and no hot spot in tailflight's own code; but perf on this VM charges stalls to that "
+                       f"copy: a test build that first copied each range into a hot buffer took the symbol out of a "
+                       f"P3 profile without lowering the sink's CPU).{memory_text(b, sink_direct=False)} "
+                       f"Whereas the rsync loop writes into the page "
                        f"cache without any sync (rsync --fsync: "
                        f"{fmt(p6.get('rsync_fsync_files_per_s'), '.0f')} files/s). " + p6_ceiling_text(b, p6) +
                        f"Peak RSS: watcher "
