@@ -498,6 +498,11 @@ impl Placer {
         if self.layout == Layout::Flat {
             self.claim_flat_root(name)?;
         }
+        self.read_source(name)
+    }
+
+    /// A source's state as the manifest has it (no claim on a flat root).
+    fn read_source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
         let records = self.manifest.files_of_source(name).map_err(|e| {
             PlaceError::Storage(format!("loading the manifest of source {name:?}: {e}"))
         })?;
@@ -525,7 +530,8 @@ impl Placer {
 
     /// The flat layout puts every source's files straight under the root,
     /// where two sources' files of the same name would be one file: the
-    /// first source (in the manifest, else on the wire) is the only one.
+    /// first source (in the manifest's order, else on the wire) is the only
+    /// one, whichever connects first.
     fn claim_flat_root(&self, name: &str) -> Result<(), PlaceError> {
         let mut owner = lock(&self.flat_source);
         if owner.is_none() {
@@ -537,7 +543,7 @@ impl Placer {
                 records
                     .into_iter()
                     .map(|(id, _)| id.source)
-                    .find(|recorded| recorded != name)
+                    .next()
                     .unwrap_or_else(|| name.to_owned()),
             );
         }
@@ -593,8 +599,24 @@ impl Placer {
         let mut withdrawn = Vec::new();
         let mut journal_file = None;
         let mut replayed = 0u64;
+        // Sources a flat sink refuses whose acknowledged ranges the journal
+        // still holds (a manifest from before the flat layout served one).
+        let mut refused: HashMap<String, Arc<Source>> = HashMap::new();
         for (id, offset, stored) in entries {
-            let source = self.source(&id.source)?;
+            let source = match self.source(&id.source) {
+                Err(PlaceError::Peer(why)) if self.layout == Layout::Flat => {
+                    match refused.get(&id.source) {
+                        Some(source) => source.clone(),
+                        None => {
+                            tracing::warn!(source = %id.source, %why, "writing the acknowledged ranges the journal holds of a source this sink no longer serves");
+                            let source = self.read_source(&id.source)?;
+                            refused.insert(id.source.clone(), source.clone());
+                            source
+                        }
+                    }
+                }
+                loaded => loaded?,
+            };
             let slot = {
                 let mut files = lock(&source.files);
                 self.lookup(&source, &mut files, &id.key, id.generation)
@@ -2157,6 +2179,54 @@ mod tests {
             placed: IntervalSet::from_ranges([(0, end)]),
             ..FileRecord::default()
         }
+    }
+
+    /// A flat manifest from before a flat sink served one source, with
+    /// acknowledged ranges of two sources in its journal: the start writes
+    /// both back, and then serves the first source in the manifest only,
+    /// whichever connects first.
+    #[test]
+    fn a_flat_replay_writes_back_a_refused_sources_ranges() {
+        let fixture = Fixture::new("flat-replay");
+        let placer = fixture.placer_with(Layout::Flat, SupersededPolicy::Mirror, 0);
+        let of = |source: &str, key: &str| FileId {
+            source: source.into(),
+            key: key.into(),
+            generation: 1,
+        };
+        placer
+            .manifest
+            .commit(&SinkCommit {
+                records: vec![
+                    (of("alpha", "a.dat"), record("a.dat", 4)),
+                    (of("beta", "b.dat"), record("b.dat", 4)),
+                ],
+                journal: vec![
+                    (
+                        of("alpha", "a.dat"),
+                        0,
+                        JournalBytes::Inline(b"AAAA".to_vec()),
+                    ),
+                    (
+                        of("beta", "b.dat"),
+                        0,
+                        JournalBytes::Inline(b"BBBB".to_vec()),
+                    ),
+                ],
+                ..SinkCommit::default()
+            })
+            .unwrap();
+
+        assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 8);
+        assert_eq!(std::fs::read(fixture.dest("a.dat")).unwrap(), b"AAAA");
+        assert_eq!(std::fs::read(fixture.dest("b.dat")).unwrap(), b"BBBB");
+        assert!(matches!(placer.source("beta"), Err(PlaceError::Peer(_))));
+        placer.source("alpha").unwrap();
+        // The same source wins when the other one asks first.
+        drop(placer);
+        let restarted = fixture.placer_with(Layout::Flat, SupersededPolicy::Mirror, 0);
+        assert!(matches!(restarted.source("beta"), Err(PlaceError::Peer(_))));
+        restarted.source("alpha").unwrap();
     }
 
     /// A machine crash after the ack: the bytes are in the journal, the
