@@ -45,6 +45,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::flush::{Flusher, SyncTarget, flush_now};
 use crate::journal::{JournalFile, JournalSpace, RoundWrite};
 use crate::placement::{FileCounts, Slot, lock};
+use crate::stage_cpu::{Stage, StageTimer};
 
 /// Ranges of a file another batch already placed or is placing.
 pub(crate) struct Dependency {
@@ -281,7 +282,10 @@ impl JournalWriter {
             .name("tailflight-journal".into())
             .spawn(move || {
                 for job in queue {
-                    let _ = job.done.send(write_journal_round(&job));
+                    let timer = StageTimer::start(Stage::Journal);
+                    let written = write_journal_round(&job);
+                    drop(timer);
+                    let _ = job.done.send(written);
                 }
             })?;
         Ok(Self { jobs })
@@ -503,6 +507,7 @@ async fn run(
         let round_poisoned = poisoned.clone();
         let complete = backlog.complete;
         let outcome = tokio::task::spawn_blocking(move || {
+            let _timer = StageTimer::start(Stage::Round);
             let mut round = round;
             let result = journal.and_then(|journal| {
                 let sink = RoundSink {
@@ -541,6 +546,7 @@ async fn run(
             deferred_us = result.as_ref().map_or(0, |r| r.deferred_us),
             manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
             total_us = started.elapsed().as_micros() as u64,
+            cpu_totals_us = ?crate::stage_cpu::totals_us(),
             "commit round"
         );
         let recorded = match result {

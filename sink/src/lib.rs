@@ -16,6 +16,7 @@ mod direct;
 mod flush;
 mod journal;
 mod placement;
+mod stage_cpu;
 pub mod verify;
 mod written_crc;
 
@@ -382,7 +383,9 @@ fn place_and_submit(
 ) -> Result<(CommitAnswer, Ack), PlaceError> {
     let started = std::time::Instant::now();
     let source_state = placer.source(source)?;
+    let placing = stage_cpu::StageTimer::start(stage_cpu::Stage::Place);
     let (mut request, ack, deferred) = placer.place(&source_state, seq, batch)?;
+    drop(placing);
     request.place_us = started.elapsed().as_micros() as u64;
     request.received = Some(received);
     request.placing_us = received.elapsed().map_or(0, |d| d.as_micros() as u64);
@@ -396,9 +399,11 @@ fn place_and_submit(
         // The round waits for this, and a failure stops the sink: the
         // ranges are recorded, and only the replay of the journal at the
         // next start puts them in their files.
+        let writing = stage_cpu::StageTimer::start(stage_cpu::Stage::FileWrite);
         let outcome = deferred.write(batch).map_err(|e| {
             format!("batch {seq} of source '{source}', writing its journaled ranges into their files: {e}")
         });
+        drop(writing);
         if let Err(Err(error)) = done.send(outcome) {
             // The round failed before it waited for them.
             tracing::error!(%error, "a deferred write failed after its commit round had failed");
