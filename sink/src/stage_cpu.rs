@@ -15,8 +15,9 @@ pub(crate) enum Stage {
     Place,
     /// Writing a batch's journaled ranges into their files.
     FileWrite,
-    /// A commit round on its blocking thread: folding, the manifest write,
-    /// waiting for nothing else.
+    /// A commit round on its blocking thread: folding the ranges into the
+    /// records and writing the manifest batch. Its waits for the journal
+    /// write take no CPU time, so they do not count.
     Round,
     /// The journal thread's writes and fdatasyncs.
     Journal,
