@@ -504,6 +504,18 @@ impl SinkManifest {
     }
 
     /// Every file record of every source.
+    /// The source of the first file record in key order, if there is one.
+    /// Reads one key: cheap however many records there are.
+    pub fn first_source(&self) -> Result<Option<String>> {
+        let store = self.store();
+        let Some(key) = store.first_key(CF_FILES, "read the first file record")? else {
+            return Ok(None);
+        };
+        let id = decode_file_key(&key)
+            .ok_or_else(|| store.corrupt(CF_FILES, &key, "key is not source\\0key\\0generation"))?;
+        Ok(Some(id.source))
+    }
+
     pub fn all_files(&self) -> Result<Vec<(FileId, FileRecord)>> {
         let entries = self.store().scan_prefix(CF_FILES, &[], "scan all files")?;
         self.decode_files(entries)
@@ -662,6 +674,7 @@ mod tests {
         sealed.superseded = true;
         {
             let m = SinkManifest::open(dir.path()).unwrap();
+            assert_eq!(m.first_source().unwrap(), None);
             m.commit(&SinkCommit {
                 journal: Vec::new(),
                 journal_round: 0,
@@ -705,6 +718,7 @@ mod tests {
         assert_eq!(of_source, vec![a1.clone(), a2.clone(), b1.clone()]);
         assert!(m.files_of_source("de").unwrap().is_empty());
         assert_eq!(m.all_files().unwrap().len(), 4);
+        assert_eq!(m.first_source().unwrap().as_deref(), Some("det"));
         assert_eq!(m.placements(&a1).unwrap(), vec![(0, 50), (50, 50)]);
         assert_eq!(m.placements(&a2).unwrap(), vec![(0, 10)]);
         assert!(m.placements(&b1).unwrap().is_empty());

@@ -193,10 +193,19 @@ impl Store {
     }
 
     pub(crate) fn is_cf_empty(&self, cf: &'static str, op: &'static str) -> Result<bool> {
+        Ok(self.first_key(cf, op)?.is_none())
+    }
+
+    /// The lowest key of a column family, if any; no other key is read.
+    pub(crate) fn first_key(
+        &self,
+        cf: &'static str,
+        op: &'static str,
+    ) -> Result<Option<Box<[u8]>>> {
         let handle = self.cf(cf)?;
         match self.db.iterator_cf(handle, IteratorMode::Start).next() {
-            None => Ok(true),
-            Some(Ok(_)) => Ok(false),
+            None => Ok(None),
+            Some(Ok((key, _))) => Ok(Some(key)),
             Some(Err(source)) => Err(self.db_err(op)(source)),
         }
     }

@@ -535,17 +535,11 @@ impl Placer {
     fn claim_flat_root(&self, name: &str) -> Result<(), PlaceError> {
         let mut owner = lock(&self.flat_source);
         if owner.is_none() {
-            let records = self
+            let first = self
                 .manifest
-                .all_files()
+                .first_source()
                 .map_err(|e| PlaceError::Storage(format!("reading the manifest's sources: {e}")))?;
-            *owner = Some(
-                records
-                    .into_iter()
-                    .map(|(id, _)| id.source)
-                    .next()
-                    .unwrap_or_else(|| name.to_owned()),
-            );
+            *owner = Some(first.unwrap_or_else(|| name.to_owned()));
         }
         match owner.as_deref() {
             Some(only) if only != name => Err(PlaceError::Peer(format!(
