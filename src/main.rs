@@ -258,6 +258,10 @@ pub struct SimArgs {
     /// Files written in parallel.
     #[arg(long, default_value_t = 4)]
     streams: usize,
+    /// Threads making the writes, each serving an equal share of the streams
+    /// (default: one per stream).
+    #[arg(long)]
+    writer_threads: Option<usize>,
     /// Writes per second per stream (0: as fast as possible).
     #[arg(long, default_value_t = 120.0)]
     rate: f64,
@@ -466,6 +470,7 @@ fn sim_config(args: &SimArgs) -> detector_sim::SimConfig {
         dir: args.dir.clone(),
         run: args.run.clone(),
         streams: args.streams,
+        writer_threads: args.writer_threads,
         rate_hz: args.rate,
         frame_bytes: args.frame as usize,
         events_per_write: args.events_per_write,

@@ -33,8 +33,12 @@ pub struct SimConfig {
     pub dir: PathBuf,
     /// Run name, e.g. "r0001"; files are "{run}-s{stream:02}-c{chunk:03}.xtc2".
     pub run: String,
-    /// Files written in parallel, one thread each.
+    /// Files written in parallel.
     pub streams: usize,
+    /// Threads that make the writes, each serving every `writer_threads`-th stream;
+    /// `None` gives each stream its own thread. Fewer threads wake less often, so a
+    /// writer sharing a small machine with what it feeds takes less of its CPU.
+    pub writer_threads: Option<usize>,
     /// Writes (frames, or blocks of `events_per_write` events) per second per stream;
     /// 0 writes back to back.
     pub rate_hz: f64,
@@ -69,6 +73,7 @@ impl Default for SimConfig {
             dir: PathBuf::from("sim-data"),
             run: "r0001".to_string(),
             streams: 4,
+            writer_threads: None,
             rate_hz: 120.0,
             frame_bytes: 1 << 20,
             events_per_write: 1,
@@ -156,15 +161,24 @@ pub fn run(cfg: &SimConfig, stop: &AtomicBool) -> Result<SimReport> {
         })
         .collect();
 
-    let results: Vec<Result<StreamOutput>> = std::thread::scope(|scope| {
-        let mut started = Vec::with_capacity(cfg.streams);
-        for (i, quota) in quotas.iter().copied().enumerate() {
+    let threads = cfg.writer_threads.unwrap_or(cfg.streams).min(cfg.streams);
+    let groups: Vec<Vec<(usize, Option<u64>)>> = (0..threads)
+        .map(|t| {
+            (t..cfg.streams)
+                .step_by(threads)
+                .map(|i| (i, quotas[i]))
+                .collect()
+        })
+        .collect();
+
+    let results: Vec<Result<Vec<StreamOutput>>> = std::thread::scope(|scope| {
+        let mut started = Vec::with_capacity(threads);
+        for (t, members) in groups.iter().enumerate() {
             let shared = &shared;
             let spawned = std::thread::Builder::new()
-                .name(format!("sim-s{i:02}"))
+                .name(format!("sim-w{t:02}"))
                 .spawn_scoped(scope, move || {
-                    let r = stream::run_stream(shared, i, quota)
-                        .with_context(|| format!("stream {i} of run {}", shared.cfg.run));
+                    let r = stream::run_streams(shared, members);
                     if r.is_err() {
                         shared.abort.store(true, Ordering::Relaxed);
                     }
@@ -174,9 +188,9 @@ pub fn run(cfg: &SimConfig, stop: &AtomicBool) -> Result<SimReport> {
                 Ok(handle) => started.push(Ok(handle)),
                 Err(e) => {
                     abort.store(true, Ordering::Relaxed);
-                    started
-                        .push(Err(anyhow::Error::new(e)
-                            .context(format!("starting the thread of stream {i}"))));
+                    started.push(Err(
+                        anyhow::Error::new(e).context(format!("starting writer thread {t}"))
+                    ));
                     break;
                 }
             }
@@ -184,10 +198,11 @@ pub fn run(cfg: &SimConfig, stop: &AtomicBool) -> Result<SimReport> {
         started
             .into_iter()
             .enumerate()
-            .map(|(i, s)| {
+            .map(|(t, s)| {
                 s.and_then(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow!("stream {i} of run {} panicked", cfg.run)))
+                    h.join().unwrap_or_else(|_| {
+                        Err(anyhow!("writer thread {t} of run {} panicked", cfg.run))
+                    })
                 })
             })
             .collect()
@@ -199,9 +214,11 @@ pub fn run(cfg: &SimConfig, stop: &AtomicBool) -> Result<SimReport> {
     let mut first_err = None;
     for r in results {
         match r {
-            Ok(out) => {
-                files.extend(out.files);
-                bytes += out.bytes;
+            Ok(outputs) => {
+                for out in outputs {
+                    files.extend(out.files);
+                    bytes += out.bytes;
+                }
             }
             Err(e) if first_err.is_none() => first_err = Some(e),
             Err(e) => tracing::error!("{e:#}"),
@@ -246,6 +263,10 @@ fn validate(cfg: &SimConfig) -> Result<usize> {
         cfg.streams
     );
     // The name ends up in file names and in the space-separated write log.
+    ensure!(
+        cfg.writer_threads != Some(0),
+        "writer_threads must be at least 1 when set"
+    );
     ensure!(
         !cfg.run.is_empty()
             && !cfg

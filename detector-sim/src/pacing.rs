@@ -66,6 +66,11 @@ impl Pacer {
         }
     }
 
+    /// When the next write is due; `None` when writing back to back (always due).
+    pub fn due(&self) -> Option<Instant> {
+        self.rate_hz.map(|_| self.next)
+    }
+
     /// Waits until the next write is due. Returns `Stop` instead of sleeping past
     /// `end` or once `stopping()` says so.
     pub fn wait(&self, end: Option<Instant>, stopping: impl Fn() -> bool) -> Wait {

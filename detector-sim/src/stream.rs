@@ -47,62 +47,128 @@ pub(crate) struct StreamOutput {
     pub bytes: u64,
 }
 
-/// Writes frames for one stream until its byte quota, the end time or a stop.
-pub(crate) fn run_stream(
-    sh: &Shared<'_>,
-    stream: usize,
+/// One stream between writes: its schedule, its open chunk and what it has written.
+struct StreamWriter<'a> {
+    sh: &'a Shared<'a>,
     quota: Option<u64>,
-) -> Result<StreamOutput> {
-    let cfg = sh.cfg;
-    let burst = match (cfg.burst_every, cfg.burst_len) {
-        (Some(every), Some(len)) => Some(Burst {
-            every,
-            len,
-            factor: cfg.burst_factor,
-        }),
-        _ => None,
-    };
-    let mut pacer = Pacer::new(sh.start, cfg.rate_hz, burst);
-    let buf_len = match quota {
-        Some(q) => (sh.write_size as u64).min(q) as usize,
-        None => sh.write_size,
-    };
-    let mut buf = vec![0u8; buf_len];
-    let mut chunks = Chunks {
-        sh,
-        stream,
-        next_chunk: 0,
-        open: None,
-        done: Vec::new(),
-    };
-    let mut written = 0u64;
+    pacer: Pacer,
+    buf: Vec<u8>,
+    chunks: Chunks<'a>,
+    written: u64,
+}
 
-    loop {
-        let len = match quota {
-            Some(q) if written >= q => break,
-            // The last write is cut short so the run's total comes out exact.
-            Some(q) => (q - written).min(sh.write_size as u64) as usize,
+impl<'a> StreamWriter<'a> {
+    fn new(sh: &'a Shared<'a>, stream: usize, quota: Option<u64>) -> Self {
+        let cfg = sh.cfg;
+        let burst = match (cfg.burst_every, cfg.burst_len) {
+            (Some(every), Some(len)) => Some(Burst {
+                every,
+                len,
+                factor: cfg.burst_factor,
+            }),
+            _ => None,
+        };
+        let buf_len = match quota {
+            Some(q) => (sh.write_size as u64).min(q) as usize,
             None => sh.write_size,
         };
-        if pacer.wait(sh.end, || sh.stopping()) == Wait::Stop {
-            break;
+        StreamWriter {
+            sh,
+            quota,
+            pacer: Pacer::new(sh.start, cfg.rate_hz, burst),
+            buf: vec![0u8; buf_len],
+            chunks: Chunks {
+                sh,
+                stream,
+                next_chunk: 0,
+                open: None,
+                done: Vec::new(),
+            },
+            written: 0,
         }
-        chunks.write_frame(&mut buf[..len])?;
-        written += len as u64;
-        pacer.advance();
     }
-    chunks.finish_open()?;
-    if pacer.dropped_schedule > 0 {
-        tracing::warn!(
-            stream,
-            skipped = pacer.dropped_schedule,
-            "stream skipped scheduled writes"
-        );
+
+    /// Waits until this stream's next write is due and makes it. `Ok(false)` once the
+    /// stream has reached its quota, the end time or a stop.
+    fn step(&mut self) -> Result<bool> {
+        let len = match self.quota {
+            Some(q) if self.written >= q => return Ok(false),
+            // The last write is cut short so the run's total comes out exact.
+            Some(q) => (q - self.written).min(self.sh.write_size as u64) as usize,
+            None => self.sh.write_size,
+        };
+        if self.pacer.wait(self.sh.end, || self.sh.stopping()) == Wait::Stop {
+            return Ok(false);
+        }
+        self.chunks.write_frame(&mut self.buf[..len])?;
+        self.written += len as u64;
+        self.pacer.advance();
+        Ok(true)
     }
-    Ok(StreamOutput {
-        files: chunks.done,
-        bytes: written,
-    })
+
+    /// Renames the open chunk and reports what the stream wrote.
+    fn finish(mut self) -> Result<StreamOutput> {
+        self.chunks.finish_open()?;
+        if self.pacer.dropped_schedule > 0 {
+            tracing::warn!(
+                stream = self.chunks.stream,
+                skipped = self.pacer.dropped_schedule,
+                "stream skipped scheduled writes"
+            );
+        }
+        Ok(StreamOutput {
+            files: self.chunks.done,
+            bytes: self.written,
+        })
+    }
+}
+
+/// Writes frames for a group of streams on the calling thread until each reaches its
+/// byte quota, the end time or a stop. The stream whose write is due first goes next;
+/// streams due at the same moment (or written back to back) take turns.
+pub(crate) fn run_streams(
+    sh: &Shared<'_>,
+    members: &[(usize, Option<u64>)],
+) -> Result<Vec<StreamOutput>> {
+    let mut active: Vec<StreamWriter<'_>> = members
+        .iter()
+        .map(|&(stream, quota)| StreamWriter::new(sh, stream, quota))
+        .collect();
+    let mut outputs = Vec::with_capacity(active.len());
+    let mut turn = 0;
+    while !active.is_empty() {
+        let pick = next_due(&active, turn);
+        let stream = active[pick].chunks.stream;
+        let more = active[pick]
+            .step()
+            .with_context(|| format!("stream {stream} of run {}", sh.cfg.run))?;
+        if more {
+            turn = pick + 1;
+        } else {
+            let finished = active.remove(pick);
+            outputs.push(
+                finished
+                    .finish()
+                    .with_context(|| format!("stream {stream} of run {}", sh.cfg.run))?,
+            );
+            turn = pick;
+        }
+    }
+    Ok(outputs)
+}
+
+/// Index of the stream due first, searching from `turn` so that ties rotate.
+/// A stream without a schedule (back to back) is always due.
+fn next_due(active: &[StreamWriter<'_>], turn: usize) -> usize {
+    let n = active.len();
+    let mut best = turn % n;
+    for k in 1..n {
+        let i = (turn + k) % n;
+        if active[i].pacer.due() < active[best].pacer.due() {
+            best = i;
+        }
+    }
+    best
 }
 
 struct Chunk {

@@ -172,6 +172,68 @@ fn paced_run_holds_rate_and_duration() {
 }
 
 #[test]
+fn fewer_writer_threads_write_the_same_files() {
+    let scratch = Scratch::new("threads");
+    let one_each = SimConfig {
+        dir: scratch.0.join("one-each"),
+        streams: 5,
+        ..config(&scratch.0)
+    };
+    let shared = SimConfig {
+        dir: scratch.0.join("shared"),
+        writer_threads: Some(2),
+        write_log: Some(scratch.0.join("shared.log")),
+        ..one_each.clone()
+    };
+    let expected = run(&one_each, &AtomicBool::new(false)).expect("one thread per stream");
+    let report = run(&shared, &AtomicBool::new(false)).expect("two writer threads");
+    assert_eq!(report.files, expected.files);
+    assert_eq!(report.bytes, 5001);
+    assert_eq!(listing(&shared.dir), listing(&one_each.dir));
+    for (name, size) in &report.files {
+        let data = std::fs::read(shared.dir.join(name)).expect("read chunk");
+        assert_eq!(data.len() as u64, *size, "{name}");
+        assert_eq!(first_mismatch(shared.seed, name, 0, &data), None, "{name}");
+    }
+    // Every stream's writes are still sequential within its files.
+    let log = std::fs::read_to_string(scratch.0.join("shared.log")).expect("read write log");
+    let mut covered: BTreeMap<String, u64> = BTreeMap::new();
+    for line in log.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (offset, len): (u64, u64) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+        let end = covered.entry(f[0].to_string()).or_insert(0);
+        assert_eq!(*end, offset, "writes to {} are sequential", f[0]);
+        *end += len;
+    }
+    assert_eq!(covered.into_iter().collect::<Vec<_>>(), report.files);
+}
+
+#[test]
+fn one_writer_thread_keeps_every_streams_schedule() {
+    let scratch = Scratch::new("one-writer");
+    let cfg = SimConfig {
+        streams: 3,
+        writer_threads: Some(1),
+        rate_hz: 200.0,
+        frame_bytes: 10,
+        chunk_bytes: 1 << 20,
+        duration: Some(Duration::from_millis(300)),
+        total_bytes: None,
+        ..config(&scratch.0)
+    };
+    let report = run(&cfg, &AtomicBool::new(false)).expect("run");
+    assert_eq!(report.files.len(), 3, "{:?}", report.files);
+    let sizes: Vec<u64> = report.files.iter().map(|(_, s)| *s).collect();
+    let (least, most) = (sizes.iter().min(), sizes.iter().max());
+    // The streams share one schedule; the end can fall between two streams' turns
+    // within one tick, so they may differ by that one write and no more.
+    assert!(
+        matches!((least, most), (Some(l), Some(m)) if m - l <= 10 && *l > 0),
+        "{sizes:?}"
+    );
+}
+
+#[test]
 fn bursts_raise_the_rate() {
     let scratch = Scratch::new("burst");
     let cfg = SimConfig {
@@ -260,6 +322,10 @@ fn rejects_bad_configs() {
         },
         SimConfig {
             frame_bytes: 0,
+            ..base.clone()
+        },
+        SimConfig {
+            writer_threads: Some(0),
             ..base.clone()
         },
         SimConfig {
