@@ -44,6 +44,19 @@ fn config(dir: &Path) -> SimConfig {
     }
 }
 
+/// One stream of 10-byte frames at 200 Hz for 300 ms: 60 writes are due.
+fn paced_config(dir: &Path) -> SimConfig {
+    SimConfig {
+        streams: 1,
+        rate_hz: 200.0,
+        frame_bytes: 10,
+        chunk_bytes: 1 << 20,
+        duration: Some(Duration::from_millis(300)),
+        total_bytes: None,
+        ..config(dir)
+    }
+}
+
 fn listing(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("read dir")
@@ -151,15 +164,7 @@ fn events_are_batched_into_writes() {
 #[test]
 fn paced_run_holds_rate_and_duration() {
     let scratch = Scratch::new("paced");
-    let cfg = SimConfig {
-        streams: 1,
-        rate_hz: 200.0,
-        frame_bytes: 10,
-        chunk_bytes: 1 << 20,
-        duration: Some(Duration::from_millis(300)),
-        total_bytes: None,
-        ..config(&scratch.0)
-    };
+    let cfg = paced_config(&scratch.0);
     let report = run(&cfg, &AtomicBool::new(false)).expect("run");
     let writes = report.bytes / 10;
     // 60 are due; the schedule never runs ahead, and a busy machine may lose a few.
@@ -214,12 +219,7 @@ fn one_writer_thread_keeps_every_streams_schedule() {
     let cfg = SimConfig {
         streams: 3,
         writer_threads: Some(1),
-        rate_hz: 200.0,
-        frame_bytes: 10,
-        chunk_bytes: 1 << 20,
-        duration: Some(Duration::from_millis(300)),
-        total_bytes: None,
-        ..config(&scratch.0)
+        ..paced_config(&scratch.0)
     };
     let report = run(&cfg, &AtomicBool::new(false)).expect("run");
     assert_eq!(report.files.len(), 3, "{:?}", report.files);
