@@ -56,7 +56,7 @@ MODES = {
         p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
-        p6_files=2000, p6_size=65536,
+        p6_files=2000, p6_size=65536, p6_sink="", p6_settle_s=0, p6_peers=1,
         p7_seconds=8, p7_rate=10.0, p7_kills=3,
     ),
     "full": dict(
@@ -67,7 +67,7 @@ MODES = {
         p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
-        p6_files=100000, p6_size=65536,
+        p6_files=100000, p6_size=65536, p6_sink="", p6_settle_s=40, p6_peers=1,
         p7_seconds=20, p7_rate=10.0, p7_kills=3,
     ),
 }
@@ -159,8 +159,28 @@ def dir_bytes(path: Path) -> tuple[int, int]:
 KEPT_SUFFIXES = {".log", ".json", ".md", ".csv", ".txt"}
 
 
+LAST_DELETE = [0.0]  # time.monotonic() of the last rmtree that removed anything
+
+
 def rmtree(path: Path) -> None:
+    if path.exists():
+        LAST_DELETE[0] = time.monotonic()
     shutil.rmtree(path, ignore_errors=True)
+
+
+def settle_deletes(seconds: float) -> None:
+    """Waits until `seconds` have passed since the last deletion, after a sync.
+
+    On ext4 without a journal (this machine's disk) the inode allocator skips
+    every free inode deleted in the last 5 s, or 35 s while its inode-table
+    block is dirty, testing each one: creating files right after thousands were
+    deleted then costs a scan per create. Scenarios that create many files
+    wait this out so that they measure creating files, not the previous run's
+    deletion."""
+    os.sync()
+    wait = LAST_DELETE[0] + seconds - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -1233,7 +1253,7 @@ def p3_peer(b: Bench, kind: str, delay=None, run=1) -> dict:
     src = b.fresh_src("p3", f"{label}-{run}")
     dest = d / "dest"
     dest.mkdir()
-    os.sync()
+    settle_deletes(float(b.p.get("p6_settle_s", 0)))
     stop = threading.Event()
     passes = []
     lsyncd = None
@@ -1755,23 +1775,42 @@ def run_creator(b: Bench, src: Path) -> dict:
     return json.loads(cp.stdout)
 
 
+def disk_written_bytes() -> int | None:
+    """Bytes written so far to the machine's whole disks (/proc/diskstats, 512-byte sectors)."""
+    try:
+        total = 0
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            f = line.split()
+            if len(f) > 9 and Path(f"/sys/block/{f[2]}/device").exists():
+                total += int(f[9]) * 512
+        return total
+    except (OSError, ValueError):
+        return None
+
+
 def p6_tailflight(b: Bench, i: int) -> dict:
     d = b.fresh("p6", f"tailflight-{i}")
     src = b.fresh_src("p6", f"tailflight-{i}")
-    os.sync()
+    settle_deletes(float(b.p.get("p6_settle_s", 0)))
     # Files are written once and closed: seal them 1 s after the close instead of 60 s, so that
     # each file's seal (final size and digest) falls inside the measured run, as it would in a
     # steady stream of new files.
-    pl = Pipeline(b, d, src, watch_extra=["--seal-idle", "1s"])
+    pl = Pipeline(b, d, src, watch_extra=["--seal-idle", "1s"], sink_extra=str(b.p.get("p6_sink", "")).split(),
+                  trace_rounds=True)
     try:
         pl.start_watcher()
         time.sleep(1.0)
+        disk_before = disk_written_bytes()
         c = run_creator(b, src)
         total, nfiles = dir_bytes(src)
         wait_commits(pl.cl, total, 1200, "P6 files to arrive", (pl.sink, pl.watcher))
+        disk_after = disk_written_bytes()
         m = pl.finish(total)
     finally:
         pl.kill_all()
+    # Everything the disk took while the files arrived: the files, the journal, RocksDB, metadata.
+    m["disk_write_bytes"] = disk_after - disk_before if disk_before is not None and disk_after is not None else None
+    m["rounds"] = commit_rounds(pl.sink.log_path)
     elapsed = (pl.cl.last_ns - c["start"]) / 1e9
     ok, text = b.verify(src, pl.dest)
     m.update({"files": nfiles, "seconds": elapsed, "files_per_s": nfiles / elapsed,
@@ -1779,7 +1818,10 @@ def p6_tailflight(b: Bench, i: int) -> dict:
               "verify_report": None if ok else text})
     say(f"  tailflight run {i}: {nfiles} files in {elapsed:.2f}s = {nfiles / elapsed:.0f} files/s "
         f"(created at {m['create_files_per_s']:.0f} files/s); verify {'identical' if ok else 'DIFFERENT'}; "
-        + cpu_line(m))
+        + cpu_line(m)
+        + (f"; the disk took {m['disk_write_bytes'] / total:.2f} bytes per file byte" if m["disk_write_bytes"] and total
+           else "")
+        + (f"; {100 * m['rounds']['journaled_share']:.0f}% of commit rounds journaled" if m.get("rounds") else ""))
     rmtree(src)
     rmtree(pl.dest_root)
     return m
@@ -1791,7 +1833,7 @@ def p6_rsync(b: Bench, i: int, extra=()) -> dict:
     src = b.fresh_src("p6", f"{label}-{i}")
     dest = d / "dest"
     dest.mkdir()
-    os.sync()
+    settle_deletes(float(b.p.get("p6_settle_s", 0)))
     stop = threading.Event()
     passes: list[tuple[int, int]] = []
 
@@ -1831,10 +1873,13 @@ def scenario_p6(b: Bench):
     say(f"[P6] {n} new {b.p['p6_size'] // 1024} KiB files created as fast as possible (1000 per new "
         f"subfolder); {b.p['runs']} run(s) each")
     tf, rs, rsf = [], [], []
+    peers = int(b.p.get("p6_peers", 1))  # 0: tailflight alone, for A/B runs
     for i in range(b.p["runs"]):
         tf.append(p6_tailflight(b, i + 1))
-        rs.append(p6_rsync(b, i + 1))
-    rsf.append(p6_rsync(b, 1, ("--fsync",)))
+        if peers:
+            rs.append(p6_rsync(b, i + 1))
+    if peers:
+        rsf.append(p6_rsync(b, 1, ("--fsync",)))
     v, vr, vf = (median([r["files_per_s"] for r in x]) for x in (tf, rs, rsf))
     r = ratio(v, vr)
     trouble_note(b, "P6", tf)
@@ -2244,7 +2289,10 @@ def bounds_analysis(b: Bench) -> list[str]:
                        f"{fmt(p6.get('rsync_fsync_files_per_s'), '.0f')} files/s). " + p6_ceiling_text(b, p6) +
                        f"Peak RSS: watcher "
                        f"{fmt(median([r['watcher_rss_mib'] for r in runs]), '.0f')} MiB, sink "
-                       f"{fmt(median([r['sink_rss_mib'] for r in runs]), '.0f')} MiB for {n:.0f} files.")
+                       f"{fmt(median([r['sink_rss_mib'] for r in runs]), '.0f')} MiB for {n:.0f} files."
+                       + (f" The disk took {median([r.get('disk_write_bytes') for r in runs]) / (n * b.p['p6_size']):.2f} "
+                          f"bytes per file byte while the files arrived (the files, RocksDB, metadata)."
+                          if median([r.get("disk_write_bytes") for r in runs]) else ""))
     if "P4" in sc and sc["P4"].get("medians"):
         p4 = sc["P4"]
         lo, hi = min(p4["rtts"]), max(p4["rtts"])
@@ -2298,7 +2346,7 @@ METHOD = """\
 - **P5** uses one Python process that keeps every file open and appends one block to each file per second
   in 100 slots of 10 ms (the simulator uses a thread per stream, which does not scale to 10k files).{p5_dest}
 - **P6** creates the files with one Python process (open, one 64 KiB write, close; 1000 files per new
-  subfolder). The watcher runs with `--seal-idle 1s`, so that each file's seal (final size and digest)
+  subfolder).{p6_settle} The watcher runs with `--seal-idle 1s`, so that each file's seal (final size and digest)
   falls inside the measured run; with the default 60 s it would come after it. Its open descriptors stay
   bounded either way: past `--max-open-files` (4096) it closes those of idle, fully read files (100,000
   files at the default seal delay: at most ~4800 descriptors, 2026-11-24). rsync loops run back to
@@ -2364,7 +2412,11 @@ def write_report(b: Bench, started: float | None):
                "many minutes." if (b.results["scenarios"].get("P5") or {}).get("dest_on_tmpfs") else "")
     lines += ["", METHOD.format(
         p5_dest=p5_dest, p3_writers=(f"{int(b.p.get('p3_writer_threads', 0))} writer threads" if 0 < int(b.p.get("p3_writer_threads", 0))
-                    < b.p["p3_streams"] else "a writer thread per file"), p3_files=b.p["p3_streams"],
+                    < b.p["p3_streams"] else "a writer thread per file"), p3_files=b.p["p3_streams"], p6_settle=(f" Each run, tailflight's or a loop's, starts {b.p['p6_settle_s']} s after the suite last deleted "
+                   "files, and after a sync: on ext4 without a journal (this disk) the inode allocator tests every "
+                   "inode freed in the last 5–35 s before it reuses one, so creating files right after a run's files "
+                   "were deleted measured that scan (75% of the sink's CPU in one profile, 2026-11-24)."
+                   if b.p.get("p6_settle_s") else ""),
         ncpu=meta["nproc"], mem=f"{meta['mem_gib']:.0f}", kernel=meta["kernel"], shm=b.shm, work=b.work,
         fs=b.results["scenarios"].get("ceilings", {}).get("disk_fs", fs_type(b.work)), rate=b.p["p4_rate"],
         runs_note=(f"Comparisons use medians of {b.p['runs']} runs of tailflight and "
