@@ -258,7 +258,7 @@ pub struct SimArgs {
     /// Files written in parallel.
     #[arg(long, default_value_t = 4)]
     streams: usize,
-    /// Threads making the writes, each serving an equal share of the streams
+    /// Threads making the writes, the streams dealt out among them in turn
     /// (default: one per stream).
     #[arg(long)]
     writer_threads: Option<usize>,

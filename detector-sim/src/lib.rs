@@ -201,7 +201,11 @@ pub fn run(cfg: &SimConfig, stop: &AtomicBool) -> Result<SimReport> {
             .map(|(t, s)| {
                 s.and_then(|h| {
                     h.join().unwrap_or_else(|_| {
-                        Err(anyhow!("writer thread {t} of run {} panicked", cfg.run))
+                        let streams: Vec<usize> = groups[t].iter().map(|&(i, _)| i).collect();
+                        Err(anyhow!(
+                            "the writer thread of streams {streams:?} of run {} panicked",
+                            cfg.run
+                        ))
                     })
                 })
             })
@@ -262,11 +266,11 @@ fn validate(cfg: &SimConfig) -> Result<usize> {
         "streams must be between 1 and 1024, got {}",
         cfg.streams
     );
-    // The name ends up in file names and in the space-separated write log.
     ensure!(
         cfg.writer_threads != Some(0),
         "writer_threads must be at least 1 when set"
     );
+    // The name ends up in file names and in the space-separated write log.
     ensure!(
         !cfg.run.is_empty()
             && !cfg

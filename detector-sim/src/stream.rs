@@ -139,20 +139,33 @@ pub(crate) fn run_streams(
     while !active.is_empty() {
         let pick = next_due(&active, turn);
         let stream = active[pick].chunks.stream;
-        let more = active[pick]
-            .step()
-            .with_context(|| format!("stream {stream} of run {}", sh.cfg.run))?;
-        if more {
-            turn = pick + 1;
-        } else {
-            let finished = active.remove(pick);
-            outputs.push(
-                finished
-                    .finish()
-                    .with_context(|| format!("stream {stream} of run {}", sh.cfg.run))?,
-            );
-            turn = pick;
+        let stepped = match active[pick].step() {
+            Ok(true) => {
+                turn = pick + 1;
+                continue;
+            }
+            Ok(false) => active.remove(pick).finish(),
+            Err(e) => {
+                active.remove(pick);
+                Err(e)
+            }
+        };
+        match stepped {
+            Ok(output) => outputs.push(output),
+            Err(e) => {
+                // The run is over: the other streams of this thread close and
+                // rename their chunks, as the streams of other threads do.
+                sh.abort.store(true, Ordering::Relaxed);
+                for writer in active {
+                    let other = writer.chunks.stream;
+                    if let Err(e) = writer.finish() {
+                        tracing::error!("stream {other} of run {}: {e:#}", sh.cfg.run);
+                    }
+                }
+                return Err(e.context(format!("stream {stream} of run {}", sh.cfg.run)));
+            }
         }
+        turn = pick;
     }
     Ok(outputs)
 }

@@ -214,6 +214,33 @@ fn fewer_writer_threads_write_the_same_files() {
 }
 
 #[test]
+fn a_failing_stream_ends_the_run_and_its_thread_mates_close_their_chunks() {
+    let scratch = Scratch::new("thread-mate");
+    let cfg = SimConfig {
+        writer_threads: Some(1),
+        ..config(&scratch.0)
+    };
+    // Stream 1 cannot open its second chunk: that name is taken.
+    std::fs::create_dir_all(&cfg.dir).expect("create data dir");
+    std::fs::write(cfg.dir.join("r0042-s01-c001.xtc2"), b"taken").expect("take the name");
+    let err = run(&cfg, &AtomicBool::new(false)).expect_err("stream 1 fails");
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("stream 1 of run r0042") && message.contains("already exists"),
+        "{message}"
+    );
+    let names = listing(&cfg.dir);
+    assert!(
+        !names.iter().any(|n| n.ends_with(".inprogress")),
+        "stream 0 shares the failed stream's thread and still renames its chunk: {names:?}"
+    );
+    assert!(
+        names.contains(&"r0042-s00-c000.xtc2".to_string()),
+        "{names:?}"
+    );
+}
+
+#[test]
 fn one_writer_thread_keeps_every_streams_schedule() {
     let scratch = Scratch::new("one-writer");
     let cfg = SimConfig {
