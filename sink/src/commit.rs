@@ -32,7 +32,7 @@
 //! sink refuses further work until it is restarted and recovers from its
 //! manifest.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,26 +89,81 @@ pub(crate) struct CommitRequest {
     /// in their files after it was submitted) are done: no round ends, and
     /// no file of it is flushed, before that.
     pub written: Option<oneshot::Receiver<Result<(), String>>>,
-    /// (device, inode) of the directories already in `dirs_to_sync`.
-    dirs_seen: std::collections::HashSet<(u64, u64)>,
+    /// The directories in `dirs_to_sync`, by (device, inode).
+    dirs_seen: HashMap<(u64, u64), Arc<OwnedFd>>,
 }
 
 impl CommitRequest {
-    /// Whether its round must flush files or directories anyway: then the
-    /// journal saves nothing for its small ranges.
+    /// Whether its round must flush files anyway: then the journal saves
+    /// nothing for its small ranges. Directories alone (a renamed or removed
+    /// file) do not count: a round fsyncs those on their own, a few small
+    /// writes, and its ranges still go to the journal instead of making it
+    /// flush every file they touched.
     pub fn flushes_anyway(&self) -> bool {
-        !self.files_to_sync.is_empty() || !self.dirs_to_sync.is_empty()
+        !self.files_to_sync.is_empty()
     }
 
-    /// Adds directories to fsync, once each: a batch creating thousands of
-    /// files in one directory holds one descriptor for it, not thousands.
-    pub fn add_dirs(&mut self, dirs: impl IntoIterator<Item = OwnedFd>) {
+    /// Adds a directory to fsync, once: a batch creating thousands of files
+    /// in one directory holds one descriptor for it, not thousands.
+    fn add_dir(&mut self, dir: OwnedFd) -> Arc<OwnedFd> {
+        let Ok(st) = rustix::fs::fstat(&dir) else {
+            let dir = Arc::new(dir);
+            self.dirs_to_sync.push(dir.clone());
+            return dir;
+        };
+        let identity = (st.st_dev, st.st_ino);
+        if let Some(known) = self.dirs_seen.get(&identity) {
+            return known.clone();
+        }
+        let dir = Arc::new(dir);
+        self.dirs_seen.insert(identity, dir.clone());
+        self.dirs_to_sync.push(dir.clone());
+        dir
+    }
+
+    /// What a change to a file's name, existence or size needs flushed
+    /// before any record of that file may be written: its directories, and
+    /// the file itself when it is new (fsyncing a directory makes the entry
+    /// durable, not the inode the entry names) or was cut short. They go to this request, and to the
+    /// file's own `unsynced` list (`Slot::unsynced`): a round that writes
+    /// the file's record flushes what is still there first, even when this
+    /// request never reaches a round (its batch failed) or another batch's
+    /// round records the file before this one.
+    pub fn flush_before_record(
+        &mut self,
+        unsynced: &mut Vec<Pending>,
+        file: Option<&Arc<File>>,
+        dirs: impl IntoIterator<Item = OwnedFd>,
+    ) {
+        if let Some(file) = file {
+            self.files_to_sync.push(file.clone());
+            unsynced.push(Pending::new(SyncTarget::File(file.clone())));
+        }
         for dir in dirs {
-            let identity = rustix::fs::fstat(&dir).map(|st| (st.st_dev, st.st_ino));
-            match identity {
-                Ok(identity) if !self.dirs_seen.insert(identity) => {}
-                _ => self.dirs_to_sync.push(Arc::new(dir)),
-            }
+            let dir = self.add_dir(dir);
+            unsynced.push(Pending::new(SyncTarget::Dir(dir)));
+        }
+    }
+}
+
+/// A flush one change to a file still needs before the file's record may
+/// be written. Its token tells it apart from a later change that needs the
+/// same directory flushed again: a round forgets only what it flushed.
+pub(crate) struct Pending {
+    token: u64,
+    pub target: SyncTarget,
+}
+
+impl Pending {
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    fn new(target: SyncTarget) -> Self {
+        static TOKENS: AtomicU64 = AtomicU64::new(0);
+        Self {
+            token: TOKENS.fetch_add(1, Ordering::Relaxed),
+            target,
         }
     }
 }
@@ -481,7 +536,7 @@ async fn run(
             .max()
             .unwrap_or(0);
         let journaling = journal_or_flush(&mut round, backlog.journal_for_round());
-        let targets = sync_targets(&round);
+        let (targets, pending_flushed) = sync_targets(&round);
         let flushed = targets.len();
         // A flush must find the bytes in the files.
         let synced = match journaling {
@@ -492,6 +547,9 @@ async fn run(
             Ok(()) => flusher.flush(targets, SYNC_PARALLELISM).await,
             Err(e) => Err(e),
         };
+        if synced.is_ok() {
+            forget_flushed(&round, &pending_flushed);
+        }
         let synced_after = started.elapsed();
         // The journal region is reserved now: the manifest's entries then
         // know where the bytes go and their CRC.
@@ -709,23 +767,41 @@ fn unix_nanos(time: std::time::SystemTime) -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
-/// Every distinct file and directory the round touched.
-fn sync_targets(round: &[Queued]) -> Vec<SyncTarget> {
-    let mut files: HashMap<*const File, &Arc<File>> = HashMap::new();
-    let mut dirs: HashMap<*const OwnedFd, &Arc<OwnedFd>> = HashMap::new();
+/// Every distinct file and directory the round must flush: those its
+/// batches touched, and what earlier changes to the files it records still
+/// wait for (see [`CommitRequest::flush_before_record`]); and the tokens of
+/// those pending flushes, to forget once they are done.
+pub(crate) fn sync_targets(round: &[Queued]) -> (Vec<SyncTarget>, HashSet<u64>) {
+    let mut targets: HashMap<usize, SyncTarget> = HashMap::new();
+    let mut tokens = HashSet::new();
     for queued in round {
-        for file in &queued.request.files_to_sync {
-            files.insert(Arc::as_ptr(file), file);
+        let request = &queued.request;
+        for file in &request.files_to_sync {
+            let target = SyncTarget::File(file.clone());
+            targets.insert(target.address(), target);
         }
-        for dir in &queued.request.dirs_to_sync {
-            dirs.insert(Arc::as_ptr(dir), dir);
+        for dir in &request.dirs_to_sync {
+            let target = SyncTarget::Dir(dir.clone());
+            targets.insert(target.address(), target);
+        }
+        for slot in &request.touched {
+            for pending in lock(&slot.unsynced).iter() {
+                tokens.insert(pending.token);
+                targets.insert(pending.target.address(), pending.target.clone());
+            }
         }
     }
-    files
-        .into_values()
-        .map(|f| SyncTarget::File(f.clone()))
-        .chain(dirs.into_values().map(|d| SyncTarget::Dir(d.clone())))
-        .collect()
+    (targets.into_values().collect(), tokens)
+}
+
+/// After a round's flush: the pending flushes it covered are done. Later
+/// ones (a move made while it flushed) stay, even in the same directory.
+pub(crate) fn forget_flushed(round: &[Queued], flushed: &HashSet<u64>) {
+    for queued in round {
+        for slot in &queued.request.touched {
+            lock(&slot.unsynced).retain(|pending| !flushed.contains(&pending.token));
+        }
+    }
 }
 
 /// What a round recorded.
@@ -875,6 +951,10 @@ fn record_round(
     // (renames, watermarks) never sees ranges whose bytes may still be lost
     // or not yet in their files.
     let mut gate = lock(sink.gate);
+    if let Some(reason) = gate.clone() {
+        // Placement stopped the sink (a failed flush) while this round ran.
+        return Err(format!("the sink stopped: {reason}"));
+    }
     let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         record_round_under_gate(sink, round, journal, journal_complete)
     }))
@@ -950,7 +1030,19 @@ fn record_round_under_gate(
     }
     let mut written = Vec::with_capacity(touched.len());
     for slot in touched.values() {
-        let record = lock(&slot.state).record.clone();
+        let state = lock(&slot.state);
+        // Whatever the round's flush did not cover (a move made since, by a
+        // batch that has not reached a round): the record must not outrun
+        // it. Under the slot's state, which every move holds while it makes
+        // its change and queues its flush.
+        let mut unsynced = lock(&slot.unsynced);
+        while let Some(pending) = unsynced.first() {
+            pending.target.sync()?;
+            unsynced.remove(0);
+        }
+        drop(unsynced);
+        let record = state.record.clone();
+        drop(state);
         written.push((*slot, record.sealed.is_some()));
         commit.records.push((slot.id.clone(), record));
     }

@@ -222,6 +222,23 @@ impl Root {
         Ok(dirs)
     }
 
+    /// Whether a rename to `path` needs no new directory and finds no
+    /// directory in its way (nothing there, or a file it would replace).
+    pub fn can_move_to(&self, path: &str) -> bool {
+        let Ok(parts) = components(path) else {
+            return false;
+        };
+        let Ok(dir) = self.parent(path, &parts, false, &mut Vec::new()) else {
+            return false;
+        };
+        match rustix::fs::statat(&dir, parts[parts.len() - 1], AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory
+            }
+            Err(errno) => errno == Errno::NOENT,
+        }
+    }
+
     /// Removes `path` if it exists; returns its directory to fsync.
     pub fn remove(&self, path: &str) -> Result<Option<OwnedFd>, ConfineError> {
         let parts = components(path)?;

@@ -51,13 +51,22 @@ pub(crate) const LOCAL_FILESYSTEMS: [(i64, &str); 4] = [
 ];
 
 /// A file or directory a round must make durable.
+#[derive(Clone)]
 pub(crate) enum SyncTarget {
     File(Arc<File>),
     Dir(Arc<OwnedFd>),
 }
 
 impl SyncTarget {
-    fn sync(&self) -> Result<(), String> {
+    /// Which open file or directory this is (two targets may share one).
+    pub(crate) fn address(&self) -> usize {
+        match self {
+            SyncTarget::File(file) => Arc::as_ptr(file) as usize,
+            SyncTarget::Dir(dir) => Arc::as_ptr(dir) as usize,
+        }
+    }
+
+    pub(crate) fn sync(&self) -> Result<(), String> {
         match self {
             SyncTarget::File(file) => file
                 .sync_data()

@@ -28,7 +28,7 @@ use manifest_db::{
     FileId, FileRecord, IntervalSet, JournalBytes, Sealed, SinkCommit, SinkManifest,
 };
 
-use crate::commit::{CommitGate, CommitRequest, Dependency};
+use crate::commit::{CommitGate, CommitRequest, Dependency, Pending};
 use crate::confine::{ConfineError, Root};
 use crate::direct::{self, DirectFile};
 use crate::written_crc::WrittenCrc;
@@ -55,6 +55,12 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Slot {
     pub id: FileId,
     pub state: Mutex<SlotState>,
+    /// Flushes a change to this file's name or existence still needs
+    /// before its record may be written (see
+    /// [`CommitRequest::flush_before_record`]). Locked after `state`, never
+    /// before it, and never held across other work, so the committer can
+    /// read it without waiting for placement.
+    pub unsynced: Mutex<Vec<Pending>>,
 }
 
 pub(crate) struct SlotState {
@@ -263,6 +269,8 @@ struct BatchWork {
     request: CommitRequest,
     ack: Ack,
     deferred: DeferredWrites,
+    /// Slots (by address) this batch moved ahead of their Rename rows.
+    renamed: std::collections::HashSet<usize>,
 }
 
 /// A batch's journaled ranges, placed in their files only after the batch is
@@ -581,6 +589,7 @@ impl Placer {
             request: CommitRequest::default(),
             ack: Ack::default(),
             deferred: DeferredWrites::default(),
+            renamed: Default::default(),
         };
         // The round a crash may have cut short, if any: its entries were
         // written while its bytes were, and none of its ranges was acknowledged.
@@ -708,6 +717,9 @@ impl Placer {
         }
         let request = work.request;
         crate::commit::sync_now(&request).map_err(storage)?;
+        for slot in &request.touched {
+            lock(&slot.unsynced).clear();
+        }
         let records: Vec<_> = request
             .touched
             .iter()
@@ -773,6 +785,7 @@ impl Placer {
                 ..Ack::default()
             },
             deferred: DeferredWrites::default(),
+            renamed: Default::default(),
         };
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
@@ -784,7 +797,9 @@ impl Placer {
             let result = match row.kind {
                 RowKind::Data => self.place_data(source, &row, index, &mut work),
                 RowKind::Open => self.open_generation(source, &row, &mut work),
-                RowKind::Rename => self.rename(source, &row, &mut work),
+                RowKind::Rename => self
+                    .rename_run_at(source, batch, index, &mut work)
+                    .and_then(|()| self.rename(source, &row, &mut work)),
                 RowKind::Seal => self.seal(source, &row, &mut work),
             };
             let failure = match result {
@@ -863,6 +878,7 @@ impl Placer {
                 file: None,
                 direct: DirectFile::NotOpened,
             }),
+            unsynced: Mutex::new(Vec::new()),
         });
         self.cache(files, cache_key, slot.clone());
         Ok(Some(slot))
@@ -877,7 +893,11 @@ impl Placer {
                 let idle_and_sealed = Arc::strong_count(slot) == 1
                     && slot.state.try_lock().is_ok_and(|state| {
                         state.record.sealed.is_some() && state.pending.is_empty()
-                    });
+                    })
+                    && slot
+                        .unsynced
+                        .try_lock()
+                        .is_ok_and(|unsynced| unsynced.is_empty());
                 !idle_and_sealed
             });
             files.sweep_above = files.slots.len() * 2;
@@ -921,8 +941,12 @@ impl Placer {
         self.supersede_at(source, files, &dest, work)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
-        work.request.add_dirs(opened.dirs_to_sync);
         let file = Arc::new(opened.file);
+        let mut unsynced = Vec::new();
+        if !opened.dirs_to_sync.is_empty() {
+            work.request
+                .flush_before_record(&mut unsynced, Some(&file), opened.dirs_to_sync);
+        }
         let slot = Arc::new(Slot {
             id: FileId {
                 source: source.name.clone(),
@@ -944,6 +968,7 @@ impl Placer {
                 written_crc: WrittenCrc::new(true),
                 inode: None,
             }),
+            unsynced: Mutex::new(unsynced),
         });
         lock(&slot.state).opened(&file);
         files
@@ -969,8 +994,11 @@ impl Placer {
         if let Some((kept, key, generation)) = self.slot_at(source, files, PathIndex::Kept, dest)? {
             let moved = self.free_name(files, (1..1000).map(|n| format!("{dest}.{n}")))?;
             let dirs = self.root.rename(dest, &moved).map_err(confine_error)?;
-            work.request.add_dirs(dirs);
-            lock(&kept.state).record.dest_path = moved.clone();
+            let mut kept_state = lock(&kept.state);
+            work.request
+                .flush_before_record(&mut lock(&kept.unsynced), None, dirs);
+            kept_state.record.dest_path = moved.clone();
+            drop(kept_state);
             files.kept.remove(dest);
             files.kept.insert(moved, (key, generation));
             work.request.touched.push(kept);
@@ -986,7 +1014,8 @@ impl Placer {
         match self.superseded {
             SupersededPolicy::Mirror => {
                 if let Some(dir) = self.root.remove(dest).map_err(confine_error)? {
-                    work.request.add_dirs([dir]);
+                    work.request
+                        .flush_before_record(&mut lock(&old.unsynced), None, [dir]);
                 }
             }
             SupersededPolicy::Keep => {
@@ -998,7 +1027,8 @@ impl Placer {
                     }),
                 )?;
                 let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
-                work.request.add_dirs(dirs);
+                work.request
+                    .flush_before_record(&mut lock(&old.unsynced), None, dirs);
                 state.record.dest_path = aside.clone();
                 state.record.kept = true;
                 files.kept.insert(aside, (key.clone(), generation));
@@ -1072,7 +1102,9 @@ impl Placer {
             return Ok(());
         };
         match self.root.rename(&from, &state.record.dest_path) {
-            Ok(dirs) => work.request.add_dirs(dirs),
+            Ok(dirs) => work
+                .request
+                .flush_before_record(&mut lock(&slot.unsynced), None, dirs),
             // Neither name exists: nothing to move.
             Err(ConfineError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound => {}
@@ -1080,6 +1112,64 @@ impl Placer {
         }
         state.record.renamed_from = None;
         work.request.touched.push(slot.clone());
+        Ok(())
+    }
+
+    /// Flushes what earlier changes to this file still wait for, at once:
+    /// a record written outside a round (an intent) is about to take the
+    /// place of the one they lead up to. The caller holds the gate (and the
+    /// slot's state). A failed flush stops the sink, as a round's does: the
+    /// page cache proves nothing after one.
+    fn flush_unsynced_now(slot: &Slot, gate: &mut Option<String>) -> Result<(), RowError> {
+        // Not holding `unsynced` across a flush: the committer reads it. No
+        // move of this file can queue more meanwhile (the caller holds its
+        // state), and a round can only take some off.
+        loop {
+            let Some((token, target)) = lock(&slot.unsynced)
+                .first()
+                .map(|pending| (pending.token(), pending.target.clone()))
+            else {
+                return Ok(());
+            };
+            if let Err(error) = target.sync() {
+                let reason = format!(
+                    "flushing a change to {:?} before recording it again: {error}",
+                    slot.id.key
+                );
+                *gate = Some(reason.clone());
+                return Err(RowError::Storage(reason));
+            }
+            lock(&slot.unsynced).retain(|pending| pending.token() != token);
+        }
+    }
+
+    /// Finishes a recorded move and makes it durable at once: a new intent
+    /// is about to take the place of its record.
+    fn settle_rename_now(
+        &self,
+        state: &mut SlotState,
+        gate: &mut Option<String>,
+    ) -> Result<(), RowError> {
+        let Some(from) = state.record.renamed_from.clone() else {
+            return Ok(());
+        };
+        let dest = &state.record.dest_path;
+        match self.root.rename(&from, dest) {
+            Ok(dirs) => {
+                for dir in &dirs {
+                    if let Err(e) = crate::confine::sync_dir(dir) {
+                        // As after any failed flush: stop (see `flush_unsynced_now`).
+                        let reason = format!("fsync after moving {from} to {dest}: {e}");
+                        *gate = Some(reason.clone());
+                        return Err(RowError::Storage(reason));
+                    }
+                }
+            }
+            Err(ConfineError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(confine_error(e)),
+        }
+        state.record.renamed_from = None;
         Ok(())
     }
 
@@ -1101,8 +1191,15 @@ impl Placer {
             state.disk_len = opened.file.metadata().map(|m| m.len()).ok();
         }
         state.opened(&opened.file);
-        work.request.add_dirs(opened.dirs_to_sync);
         let file = Arc::new(opened.file);
+        if !opened.dirs_to_sync.is_empty() {
+            // Created again (it was missing).
+            work.request.flush_before_record(
+                &mut lock(&slot.unsynced),
+                Some(&file),
+                opened.dirs_to_sync,
+            );
+        }
         state.file = Some(file.clone());
         self.remember_open(slot);
         Ok(file)
@@ -1269,10 +1366,24 @@ impl Placer {
             (state.record.dest_path.clone(), state.record.superseded)
         };
         if old_dest == new_dest {
+            if work.renamed.contains(&(Arc::as_ptr(&slot) as usize)) {
+                // Moved by this batch, ahead of this row.
+                return Ok(());
+            }
             // Done before (perhaps only recorded, before a crash): make sure.
             let mut state = lock(&slot.state);
+            let unsettled = state.record.renamed_from.clone();
             self.settle_rename(&slot, &mut state, work)?;
             drop(state);
+            if let Some(from) = unsettled {
+                // A move an earlier delivery recorded (or made) and did not
+                // see through: its row finishes it, and this round fsyncs it.
+                let this = (row.file_key.to_owned(), row.generation);
+                if files.by_path.get(&from) == Some(&this) {
+                    files.by_path.remove(&from);
+                }
+                files.by_path.insert(new_dest, this);
+            }
             work.request.touched.push(slot);
             return Ok(());
         }
@@ -1286,9 +1397,10 @@ impl Placer {
             // Record the rename before making it: a crash in between leaves a
             // record that knows both names, and settle_rename finishes the
             // move before the file is opened again.
-            let _gate = self.open_gate()?;
+            let mut gate = self.open_gate()?;
             let mut state = lock(&slot.state);
-            self.settle_rename(&slot, &mut state, work)?;
+            self.settle_rename_now(&mut state, &mut gate)?;
+            Self::flush_unsynced_now(&slot, &mut gate)?;
             state.record.dest_path = new_dest.clone();
             state.record.renamed_from = Some(old_dest.clone());
             let intent = SinkCommit {
@@ -1303,8 +1415,12 @@ impl Placer {
             .root
             .rename(&old_dest, &new_dest)
             .map_err(confine_error)?;
-        work.request.add_dirs(dirs);
-        lock(&slot.state).record.renamed_from = None;
+        {
+            let mut state = lock(&slot.state);
+            work.request
+                .flush_before_record(&mut lock(&slot.unsynced), None, dirs);
+            state.record.renamed_from = None;
+        }
         files.by_path.remove(&old_dest);
         files
             .by_path
@@ -1312,6 +1428,152 @@ impl Placer {
         drop(files);
         work.request.touched.push(slot);
         Ok(())
+    }
+
+    /// At the first row of a run of consecutive Rename rows, makes the
+    /// run's plain renames with one synced manifest write for all their
+    /// intents, instead of one each.
+    ///
+    /// A writer that rotates its chunks renames a hundred files at once, and
+    /// each rename's intent must be durable before its file moves (see
+    /// [`Self::rename`]): one after another, those synced writes held up
+    /// every batch behind them for tens of milliseconds.
+    ///
+    /// The renames of a run may be made in any order when no two of them
+    /// name the same path, or one inside the other, and no file is renamed
+    /// twice. Then those whose file is known, lives at its recorded path and
+    /// goes where no file lives or is kept are made here, at the run's place
+    /// in the batch; their rows find them done. The others, and every rename
+    /// of a run that does not qualify, are left to their rows.
+    fn rename_run_at(
+        &self,
+        source: &Source,
+        batch: &RangeBatch,
+        start: usize,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        let is_rename = |i: usize| batch.row(i).kind == RowKind::Rename;
+        if start > 0 && is_rename(start - 1) {
+            return Ok(());
+        }
+        let end = (start..batch.len())
+            .find(|&i| !is_rename(i))
+            .unwrap_or(batch.len());
+        if end - start < 2 {
+            return Ok(());
+        }
+        struct Move {
+            slot: Arc<Slot>,
+            from: String,
+            to: String,
+        }
+        // Renames of one source are serialised (see `rename`).
+        let mut files = lock(&source.files);
+        let mut named: Vec<String> = Vec::new();
+        let mut files_renamed = std::collections::HashSet::new();
+        let mut moves = Vec::new();
+        // Only the plain renames ahead of any other in the run: one left to
+        // its row may fail, and what follows it must not have happened.
+        let mut in_order = true;
+        for row in (start..end).map(|i| batch.row(i)) {
+            let Some(path) = row.path else {
+                return Ok(());
+            };
+            if crate::confine::components(path).is_err()
+                || !files_renamed.insert((row.file_key, row.generation))
+            {
+                return Ok(());
+            }
+            let to = self.dest(source, path);
+            let Some(slot) = self.lookup(source, &mut files, row.file_key, row.generation)? else {
+                // Its row creates it at its key's path, then moves it; or
+                // refuses it, and then nothing after it may happen first.
+                if row.generation != 1 || crate::confine::components(row.file_key).is_err() {
+                    return Ok(());
+                }
+                named.push(self.dest(source, row.file_key));
+                named.push(to);
+                in_order = false;
+                continue;
+            };
+            let state = lock(&slot.state);
+            let from = state.record.dest_path.clone();
+            // Into a directory that is there, onto no directory: a move that
+            // would have to make one, or could fail, is left to its row.
+            let plain = !state.record.superseded
+                && state.record.renamed_from.is_none()
+                && from != to
+                && !files.by_path.contains_key(&to)
+                && !files.kept.contains_key(&to)
+                && self.root.can_move_to(&to);
+            named.extend(state.record.renamed_from.clone());
+            drop(state);
+            named.push(from.clone());
+            named.push(to.clone());
+            in_order &= plain;
+            if in_order {
+                moves.push(Move { slot, from, to });
+            }
+        }
+        if moves.len() < 2 || paths_overlap(&named) {
+            return Ok(());
+        }
+        {
+            // As in `rename`: the intents are durable before any file moves,
+            // and no round writes these records meanwhile.
+            let mut gate = self.open_gate()?;
+            let mut records = Vec::with_capacity(moves.len());
+            for m in &moves {
+                let state = lock(&m.slot.state);
+                Self::flush_unsynced_now(&m.slot, &mut gate)?;
+                let mut record = state.record.clone();
+                record.dest_path = m.to.clone();
+                record.renamed_from = Some(m.from.clone());
+                records.push((m.slot.id.clone(), record));
+            }
+            let intents = SinkCommit {
+                records,
+                ..SinkCommit::default()
+            };
+            self.manifest.commit(&intents).map_err(|e| {
+                RowError::Storage(format!(
+                    "recording the renames of {} files: {e}",
+                    moves.len()
+                ))
+            })?;
+            for m in &moves {
+                let mut state = lock(&m.slot.state);
+                state.record.dest_path = m.to.clone();
+                state.record.renamed_from = Some(m.from.clone());
+            }
+        }
+        let mut first_failure = None;
+        for m in moves {
+            // A failure leaves this file recorded with both names, as
+            // `rename` leaves its one: its row, when the batch comes again,
+            // or whoever opens it next finishes the move (`settle_rename`).
+            // The other moves go on.
+            let dirs = match self.root.rename(&m.from, &m.to) {
+                Ok(dirs) => dirs,
+                Err(error) => {
+                    first_failure.get_or_insert(confine_error(error));
+                    continue;
+                }
+            };
+            {
+                let mut state = lock(&m.slot.state);
+                work.request
+                    .flush_before_record(&mut lock(&m.slot.unsynced), None, dirs);
+                state.record.renamed_from = None;
+            }
+            files.by_path.remove(&m.from);
+            files
+                .by_path
+                .insert(m.to, (m.slot.id.key.clone(), m.slot.id.generation));
+            work.renamed.insert(Arc::as_ptr(&m.slot) as usize);
+            work.request.touched.push(m.slot);
+        }
+        first_failure.map_or(Ok(()), Err)
     }
 
     /// Whether `dest` is still the file `written` describes (the slot's
@@ -1429,7 +1691,8 @@ impl Placer {
             // or an older file): the destination must end where the source does.
             file.set_len(size)
                 .map_err(|e| RowError::Storage(format!("truncating {dest} to {size}: {e}")))?;
-            work.request.files_to_sync.push(file);
+            work.request
+                .flush_before_record(&mut lock(&slot.unsynced), Some(&file), []);
         }
         // The checksum of the bytes written vouches for the file they were
         // written to: only while that is still the file at `dest`, whole.
@@ -1485,6 +1748,18 @@ impl RowError {
     }
 }
 
+/// Whether two of `paths` are the same, or one lies inside the other.
+fn paths_overlap(paths: &[String]) -> bool {
+    let mut seen = std::collections::HashSet::with_capacity(paths.len());
+    if !paths.iter().all(|path| seen.insert(path.as_str())) {
+        return true;
+    }
+    paths.iter().any(|path| {
+        path.match_indices('/')
+            .any(|(slash, _)| seen.contains(&path[..slash]))
+    })
+}
+
 fn confine_error(e: ConfineError) -> RowError {
     if e.is_peer_error() {
         RowError::Peer(e.to_string())
@@ -1504,6 +1779,7 @@ pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flush::SyncTarget;
     use flight_server::BatchBuilder;
 
     /// A scratch root and state directory, removed on drop.
@@ -1555,6 +1831,17 @@ mod tests {
         }
     }
 
+    /// What a commit round does to the records of a batch it recorded.
+    fn record_placed(request: &CommitRequest) {
+        for (slot, ranges) in &request.placed {
+            let mut state = lock(&slot.state);
+            for &(start, end) in ranges {
+                state.record.placed.insert(start, end);
+                crate::commit::remove_range(&mut state.pending, start, end);
+            }
+        }
+    }
+
     /// Where `bytes` are in a journal file written as the concatenation of
     /// "head", "tail", "gone".
     fn in_journal(bytes: &[u8]) -> JournalBytes {
@@ -1585,16 +1872,7 @@ mod tests {
             build(&mut builder);
             RangeBatch::validate(builder.finish()).unwrap()
         };
-        // What a commit round does to the records of a batch it recorded.
-        let record = |request: &CommitRequest| {
-            for (slot, ranges) in &request.placed {
-                let mut state = lock(&slot.state);
-                for &(start, end) in ranges {
-                    state.record.placed.insert(start, end);
-                    crate::commit::remove_range(&mut state.pending, start, end);
-                }
-            }
-        };
+        let record = record_placed;
         let digest = |bytes: &[u8]| {
             let mut hasher = SealDigest::Crc64Nvme.hasher();
             hasher.update(bytes);
@@ -1668,13 +1946,7 @@ mod tests {
                 .unwrap();
             assert!(deferred.is_empty(), "ranges this large are not journaled");
             assert_eq!(ack.placed, len as u64);
-            for (slot, ranges) in &request.placed {
-                let mut state = lock(&slot.state);
-                for &(start, end) in ranges {
-                    state.record.placed.insert(start, end);
-                    crate::commit::remove_range(&mut state.pending, start, end);
-                }
-            }
+            record_placed(&request);
             if seq == 0 {
                 let state = lock(&request.placed[0].0.state);
                 assert!(
@@ -1844,13 +2116,7 @@ mod tests {
             .place(&source, 1, &RangeBatch::validate(builder.finish()).unwrap())
             .unwrap();
         assert!(ack.rejected.is_empty());
-        for (slot, ranges) in &request.placed {
-            let mut state = lock(&slot.state);
-            for &(start, end) in ranges {
-                state.record.placed.insert(start, end);
-                crate::commit::remove_range(&mut state.pending, start, end);
-            }
-        }
+        record_placed(&request);
         let mut builder = BatchBuilder::with_capacity(2, 256);
         builder.push_open("a.dat", 2, "a.dat");
         builder.push_data("a.dat", 2, 0, b"new");
@@ -1879,6 +2145,278 @@ mod tests {
             .find(|slot| slot.id.key == "a.dat" && slot.id.generation == 1)
             .expect("the kept generation's record is committed");
         assert_eq!(lock(&moved.state).record.dest_path, "s/a.dat.gen1.1.1");
+    }
+
+    /// Every file under a fixture's root, with its bytes.
+    fn tree(fixture: &Fixture) -> std::collections::BTreeMap<String, Vec<u8>> {
+        fn walk(dir: &Path, prefix: &str, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let entry = entry.unwrap();
+                let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+                if entry.file_type().unwrap().is_dir() {
+                    walk(&entry.path(), &format!("{name}/"), out);
+                } else {
+                    out.insert(name, std::fs::read(entry.path()).unwrap());
+                }
+            }
+        }
+        let mut out = std::collections::BTreeMap::new();
+        walk(&fixture.dir.join("root"), "", &mut out);
+        out
+    }
+
+    /// A writer rotating its chunks renames many files in one batch. A run
+    /// of Rename rows that name no path twice has its plain renames made
+    /// together, with one manifest write, at the run's place in the batch;
+    /// one over a live file waits for its row, and so do those after it.
+    /// Every file ends up where placing the rows one by one puts it, also
+    /// when the batch comes again.
+    #[test]
+    fn a_run_of_renames_is_made_together() {
+        enum Step {
+            Data(&'static str),
+            Rename(&'static str, &'static str),
+        }
+        use Step::{Data, Rename};
+        let steps = [
+            Data("x"),
+            Rename("a.tmp", "a"),
+            Rename("b.tmp", "b"),
+            Data("z"),
+            Rename("d.tmp", "d"),
+            Rename("e.tmp", "e"),
+            Rename("c.tmp", "c"),
+            Rename("f.tmp", "f"),
+        ];
+        let batch_of = |steps: &[Step]| {
+            let mut builder = BatchBuilder::with_capacity(steps.len(), 256);
+            for step in steps {
+                match step {
+                    Data(key) => builder.push_data(key, 1, 0, format!("bytes of {key}").as_bytes()),
+                    Rename(key, to) => builder.push_rename(key, 1, to),
+                }
+            }
+            RangeBatch::validate(builder.finish()).unwrap()
+        };
+        let start = |name: &str| {
+            let fixture = Fixture::new(name);
+            let placer = fixture.placer();
+            let source = placer.source("s").unwrap();
+            let setup = ["a.tmp", "b.tmp", "c.tmp", "d.tmp", "e.tmp", "f.tmp", "c"].map(Data);
+            let (request, ack, _) = placer.place(&source, 1, &batch_of(&setup)).unwrap();
+            assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+            record_placed(&request);
+            (fixture, placer, source)
+        };
+
+        // One row per batch: the order the batch's rows ask for.
+        let (one_by_one, placer, source) = start("renames-one-by-one");
+        for (seq, step) in steps.iter().enumerate() {
+            let batch = batch_of(std::slice::from_ref(step));
+            let (_, ack, _) = placer.place(&source, seq as u64 + 2, &batch).unwrap();
+            assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        }
+        let expected = tree(&one_by_one);
+        assert_eq!(
+            expected["s/c"], b"bytes of c.tmp",
+            "the live c was superseded"
+        );
+        assert_eq!(expected["s/e"], b"bytes of e.tmp");
+        assert!(!expected.contains_key("s/a.tmp"));
+
+        // The whole batch at once.
+        let (together, placer, source) = start("renames-together");
+        let (request, ack, _) = placer.place(&source, 2, &batch_of(&steps)).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert_eq!(tree(&together), expected);
+        // Each moved file waits for its directories to be flushed before any
+        // round may write its record: this batch's, or another's first.
+        let to_flush: std::collections::HashSet<usize> = request
+            .dirs_to_sync
+            .iter()
+            .map(|dir| Arc::as_ptr(dir) as usize)
+            .collect();
+        let mut moved = 0;
+        for slot in &request.touched {
+            let state = lock(&slot.state);
+            if state.record.renamed_from.is_none() && slot.id.key.ends_with(".tmp") {
+                moved += 1;
+                let unsynced = lock(&slot.unsynced);
+                assert!(
+                    !unsynced.is_empty(),
+                    "{} waits for its directories",
+                    slot.id.key
+                );
+                for pending in unsynced.iter() {
+                    assert!(matches!(pending.target, SyncTarget::Dir(_)));
+                    assert!(to_flush.contains(&pending.target.address()));
+                }
+            }
+        }
+        assert_eq!(moved, 6);
+
+        // The runs alone, then the batch again (as a re-delivery would).
+        let (runs, placer, source) = start("renames-runs");
+        let batch = batch_of(&steps);
+        let mut work = BatchWork {
+            request: CommitRequest::default(),
+            ack: Ack::default(),
+            deferred: DeferredWrites::default(),
+            renamed: Default::default(),
+        };
+        for first in [1, 4] {
+            if let Err(e) = placer.rename_run_at(&source, &batch, first, &mut work) {
+                panic!("{}", e.into_message());
+            }
+        }
+        let moved = tree(&runs);
+        for (key, to) in [
+            ("a.tmp", "s/a"),
+            ("b.tmp", "s/b"),
+            ("d.tmp", "s/d"),
+            ("e.tmp", "s/e"),
+        ] {
+            assert!(
+                moved.contains_key(to) && !moved.contains_key(&format!("s/{key}")),
+                "{key} moved"
+            );
+            let id = FileId {
+                source: "s".into(),
+                key: key.into(),
+                generation: 1,
+            };
+            // Its intent was durable before it moved.
+            let recorded = placer.manifest.get(&id).unwrap().unwrap();
+            assert_eq!(recorded.dest_path, to);
+            assert_eq!(recorded.renamed_from, Some(format!("s/{key}")));
+        }
+        assert_eq!(
+            moved["s/c"], b"bytes of c",
+            "the rename over a live file waits for its row"
+        );
+        assert!(
+            moved.contains_key("s/f.tmp"),
+            "and so does every rename after it in the run"
+        );
+        assert!(!moved.contains_key("s/x"), "no other row ran");
+        assert_eq!(work.request.touched.len(), 4);
+        let (_, ack, _) = placer.place(&source, 2, &batch).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert_eq!(tree(&runs), expected);
+    }
+
+    /// A batch that moved a file and then failed never reaches a round, and
+    /// its request held the directories to fsync: the file keeps them, and
+    /// the next round that records it (any batch's) flushes them first.
+    #[test]
+    fn a_failed_batchs_move_is_flushed_by_the_next_round_recording_the_file() {
+        let fixture = Fixture::new("failed-move");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let place = |seq, build: &dyn Fn(&mut BatchBuilder)| {
+            let mut builder = BatchBuilder::with_capacity(2, 64);
+            build(&mut builder);
+            placer.place(
+                &source,
+                seq,
+                &RangeBatch::validate(builder.finish()).unwrap(),
+            )
+        };
+        let (request, _, _) = place(1, &|b| b.push_data("a.tmp", 1, 0, b"first")).unwrap();
+        record_placed(&request);
+        let failed = place(2, &|b| {
+            b.push_rename("a.tmp", 1, "a");
+            b.push_data("never-opened", 5, 0, b"refused");
+        });
+        assert!(matches!(failed, Err(PlaceError::Peer(_))));
+        assert!(
+            fixture.dest("s/a").exists(),
+            "moved before the batch failed"
+        );
+
+        let (request, _, _) = place(3, &|b| b.push_data("a.tmp", 1, 5, b" more")).unwrap();
+        assert!(request.dirs_to_sync.is_empty(), "this batch moved nothing");
+        let round = [crate::commit::Queued {
+            request,
+            queued: std::time::Instant::now(),
+            reply: tokio::sync::oneshot::channel().0,
+        }];
+        let slot = round[0].request.touched[0].clone();
+        let waiting: Vec<usize> = lock(&slot.unsynced)
+            .iter()
+            .map(|pending| pending.target.address())
+            .collect();
+        assert!(!waiting.is_empty());
+        let (targets, tokens) = crate::commit::sync_targets(&round);
+        let targets: std::collections::HashSet<usize> =
+            targets.iter().map(SyncTarget::address).collect();
+        assert!(
+            waiting.iter().all(|w| targets.contains(w)),
+            "the round flushes the move"
+        );
+
+        // The file moves again while the round flushes: that move waits for
+        // a flush of its own, though the directory is the same.
+        let (_, ack, _) = place(4, &|b| b.push_rename("a.tmp", 1, "a2")).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        crate::commit::forget_flushed(&round, &tokens);
+        assert_eq!(
+            lock(&slot.unsynced).len(),
+            2,
+            "the second move's directories"
+        );
+        let (_, tokens) = crate::commit::sync_targets(&round);
+        crate::commit::forget_flushed(&round, &tokens);
+        assert!(lock(&slot.unsynced).is_empty());
+    }
+
+    /// Runs that name a path twice, or one inside another, keep their order.
+    #[test]
+    fn overlapping_paths_are_told_apart() {
+        let paths = |list: &[&str]| list.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        assert!(!paths_overlap(&paths(&[
+            "s/a", "s/a.tmp", "s/a-b", "s/ab/c"
+        ])));
+        assert!(paths_overlap(&paths(&["s/a", "s/b", "s/a"])));
+        assert!(paths_overlap(&paths(&["s/a-b", "s/a/c", "s/a"])));
+        assert!(paths_overlap(&paths(&["s/d/e/f", "s/d"])));
+    }
+
+    /// Renaming a file only needs its directory fsynced: the small ranges
+    /// of the same batch still go to the journal rather than flushing every
+    /// file they touch. A file a batch creates is flushed itself, not just
+    /// its directory entry.
+    #[test]
+    fn a_rename_leaves_the_batchs_small_ranges_journaled() {
+        let fixture = Fixture::new("rename-journaled");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let mut builder = BatchBuilder::with_capacity(2, 64);
+        builder.push_data("a.tmp", 1, 0, b"first");
+        builder.push_data("b", 1, 0, b"first");
+        let (request, _, deferred) = placer
+            .place(&source, 1, &RangeBatch::validate(builder.finish()).unwrap())
+            .unwrap();
+        let flushed: std::collections::HashSet<_> =
+            request.files_to_sync.iter().map(Arc::as_ptr).collect();
+        assert_eq!(flushed.len(), 2, "new files are flushed");
+        assert!(request.journal.is_empty() && deferred.is_empty());
+        record_placed(&request);
+
+        let mut builder = BatchBuilder::with_capacity(3, 64);
+        builder.push_data("a.tmp", 1, 5, b" more");
+        builder.push_rename("a.tmp", 1, "a");
+        builder.push_data("b", 1, 5, b" more");
+        let batch = RangeBatch::validate(builder.finish()).unwrap();
+        let (request, ack, deferred) = placer.place(&source, 2, &batch).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert!(!request.dirs_to_sync.is_empty(), "the rename's directory");
+        assert!(request.files_to_sync.is_empty(), "no file flushed");
+        assert!(!request.flushes_anyway());
+        assert_eq!(request.journal.len(), 2, "both small ranges journaled");
+        deferred.write(&batch).unwrap();
+        assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"first more");
+        assert_eq!(std::fs::read(fixture.dest("s/b")).unwrap(), b"first more");
     }
 
     /// A flat-layout sink serves the first source it sees, also after a
