@@ -35,7 +35,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -563,6 +563,7 @@ async fn run(
         let round_gate = gate.clone();
         let counts = counts.clone();
         let round_poisoned = poisoned.clone();
+        let flush_failed = flusher.failures();
         let complete = backlog.complete;
         let outcome = tokio::task::spawn_blocking(move || {
             let _timer = StageTimer::start(Stage::Round);
@@ -573,6 +574,7 @@ async fn run(
                     gate: &round_gate,
                     counts: &counts,
                     poisoned: &round_poisoned,
+                    flush_failed: &flush_failed,
                 };
                 record_round(&sink, &mut round, journal, complete)
             });
@@ -772,22 +774,32 @@ fn unix_nanos(time: std::time::SystemTime) -> u128 {
 /// wait for (see [`CommitRequest::flush_before_record`]); and the tokens of
 /// those pending flushes, to forget once they are done.
 pub(crate) fn sync_targets(round: &[Queued]) -> (Vec<SyncTarget>, HashSet<u64>) {
-    let mut targets: HashMap<usize, SyncTarget> = HashMap::new();
+    // Each batch opens the directories it changed on its own: one fsync
+    // each is enough (and a few more would tip `Auto` into a syncfs).
+    let mut targets: HashMap<(u64, u64), SyncTarget> = HashMap::new();
+    let mut add = |target: SyncTarget| {
+        let identity = match &target {
+            SyncTarget::Dir(dir) => rustix::fs::fstat(dir.as_ref())
+                .map_or((u64::MAX, target.address() as u64), |st| {
+                    (st.st_dev, st.st_ino)
+                }),
+            SyncTarget::File(_) => (u64::MAX, target.address() as u64),
+        };
+        targets.entry(identity).or_insert(target);
+    };
     let mut tokens = HashSet::new();
     for queued in round {
         let request = &queued.request;
         for file in &request.files_to_sync {
-            let target = SyncTarget::File(file.clone());
-            targets.insert(target.address(), target);
+            add(SyncTarget::File(file.clone()));
         }
         for dir in &request.dirs_to_sync {
-            let target = SyncTarget::Dir(dir.clone());
-            targets.insert(target.address(), target);
+            add(SyncTarget::Dir(dir.clone()));
         }
         for slot in &request.touched {
             for pending in lock(&slot.unsynced).iter() {
                 tokens.insert(pending.token);
-                targets.insert(pending.target.address(), pending.target.clone());
+                add(pending.target.clone());
             }
         }
     }
@@ -933,6 +945,8 @@ struct RoundSink<'a> {
     gate: &'a CommitGate,
     counts: &'a FileCounts,
     poisoned: &'a Mutex<Option<String>>,
+    /// The flusher's failure flag (see [`Flusher::failures`]).
+    flush_failed: &'a AtomicBool,
 }
 
 /// Records a round whose bytes are durable (flushed), or become durable in
@@ -1037,7 +1051,10 @@ fn record_round_under_gate(
         // its change and queues its flush.
         let mut unsynced = lock(&slot.unsynced);
         while let Some(pending) = unsynced.first() {
-            pending.target.sync()?;
+            pending
+                .target
+                .sync()
+                .inspect_err(|_| sink.flush_failed.store(true, Ordering::SeqCst))?;
             unsynced.remove(0);
         }
         drop(unsynced);

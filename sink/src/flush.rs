@@ -164,6 +164,12 @@ impl Flusher {
         })
     }
 
+    /// The flag a failed flush sets, for flushes made elsewhere (placement,
+    /// a round's leftovers) to set too.
+    pub fn failures(&self) -> Arc<AtomicBool> {
+        self.failed.clone()
+    }
+
     /// Whether any flush has failed since the sink started.
     pub fn has_failed(&self) -> bool {
         self.failed.load(Ordering::SeqCst)

@@ -188,7 +188,8 @@ impl Sink {
             },
         )
         .with_direct_writes(direct_min)
-        .with_seal_read_back(config.seal_read_back);
+        .with_seal_read_back(config.seal_read_back)
+        .with_flush_failures(flusher.failures());
         let journal_path = config.state_dir.join(journal::JOURNAL_FILE_NAME);
         let replayed = placer.replay_journal(&journal_path)?;
         if replayed > 0 {

@@ -249,6 +249,8 @@ pub(crate) struct Placer {
     /// Seals compare the digest of the file read back from disk, even when
     /// the checksum of the bytes as written is known.
     seal_read_back: bool,
+    /// Set by a flush placement makes itself that fails (see [`crate::flush::Flusher::failures`]).
+    flush_failed: Arc<std::sync::atomic::AtomicBool>,
     /// With the flat layout, the one source this sink serves (the first
     /// one seen, in the manifest or on the wire).
     flat_source: Mutex<Option<String>>,
@@ -370,6 +372,7 @@ impl Placer {
             direct_min: 0,
             direct_buffers: direct::Buffers::default(),
             seal_read_back: false,
+            flush_failed: Arc::default(),
             flat_source: Mutex::new(None),
             max_sources: MAX_SOURCES,
         }
@@ -379,6 +382,13 @@ impl Placer {
     /// O_DIRECT (0: never); see [`crate::direct`].
     pub fn with_direct_writes(mut self, min: u64) -> Self {
         self.direct_min = min;
+        self
+    }
+
+    /// Shares the flusher's failure flag: after a failed flush, the
+    /// background flush must not trust a later successful one.
+    pub fn with_flush_failures(mut self, failed: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.flush_failed = failed;
         self
     }
 
@@ -1120,7 +1130,7 @@ impl Placer {
     /// place of the one they lead up to. The caller holds the gate (and the
     /// slot's state). A failed flush stops the sink, as a round's does: the
     /// page cache proves nothing after one.
-    fn flush_unsynced_now(slot: &Slot, gate: &mut Option<String>) -> Result<(), RowError> {
+    fn flush_unsynced_now(&self, slot: &Slot, gate: &mut Option<String>) -> Result<(), RowError> {
         // Not holding `unsynced` across a flush: the committer reads it. No
         // move of this file can queue more meanwhile (the caller holds its
         // state), and a round can only take some off.
@@ -1136,6 +1146,7 @@ impl Placer {
                     "flushing a change to {:?} before recording it again: {error}",
                     slot.id.key
                 );
+                self.flush_failed.store(true, Ordering::SeqCst);
                 *gate = Some(reason.clone());
                 return Err(RowError::Storage(reason));
             }
@@ -1160,6 +1171,7 @@ impl Placer {
                     if let Err(e) = crate::confine::sync_dir(dir) {
                         // As after any failed flush: stop (see `flush_unsynced_now`).
                         let reason = format!("fsync after moving {from} to {dest}: {e}");
+                        self.flush_failed.store(true, Ordering::SeqCst);
                         *gate = Some(reason.clone());
                         return Err(RowError::Storage(reason));
                     }
@@ -1400,7 +1412,7 @@ impl Placer {
             let mut gate = self.open_gate()?;
             let mut state = lock(&slot.state);
             self.settle_rename_now(&mut state, &mut gate)?;
-            Self::flush_unsynced_now(&slot, &mut gate)?;
+            self.flush_unsynced_now(&slot, &mut gate)?;
             state.record.dest_path = new_dest.clone();
             state.record.renamed_from = Some(old_dest.clone());
             let intent = SinkCommit {
@@ -1515,9 +1527,12 @@ impl Placer {
                 moves.push(Move { slot, from, to });
             }
         }
+        let run = end - start;
         if moves.len() < 2 || paths_overlap(&named) {
+            tracing::debug!(run, "renames left to their rows");
             return Ok(());
         }
+        tracing::debug!(run, together = moves.len(), "renames made together");
         {
             // As in `rename`: the intents are durable before any file moves,
             // and no round writes these records meanwhile.
@@ -1525,7 +1540,7 @@ impl Placer {
             let mut records = Vec::with_capacity(moves.len());
             for m in &moves {
                 let state = lock(&m.slot.state);
-                Self::flush_unsynced_now(&m.slot, &mut gate)?;
+                self.flush_unsynced_now(&m.slot, &mut gate)?;
                 let mut record = state.record.clone();
                 record.dest_path = m.to.clone();
                 record.renamed_from = Some(m.from.clone());
@@ -2347,7 +2362,7 @@ mod tests {
             .map(|pending| pending.target.address())
             .collect();
         assert!(!waiting.is_empty());
-        let (targets, tokens) = crate::commit::sync_targets(&round);
+        let (targets, _) = crate::commit::sync_targets(&round);
         let targets: std::collections::HashSet<usize> =
             targets.iter().map(SyncTarget::address).collect();
         assert!(
@@ -2355,19 +2370,28 @@ mod tests {
             "the round flushes the move"
         );
 
-        // The file moves again while the round flushes: that move waits for
-        // a flush of its own, though the directory is the same.
-        let (_, ack, _) = place(4, &|b| b.push_rename("a.tmp", 1, "a2")).unwrap();
-        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
-        crate::commit::forget_flushed(&round, &tokens);
-        assert_eq!(
-            lock(&slot.unsynced).len(),
-            2,
-            "the second move's directories"
-        );
+        // A later change queued meanwhile, through the same directory handle
+        // (one request opens a directory once): it waits for a flush of its
+        // own, though the round flushed that very handle.
+        let open_dir = || {
+            rustix::fs::open(
+                fixture.dest("s"),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap()
+        };
+        let mut other = CommitRequest::default();
+        other.flush_before_record(&mut lock(&slot.unsynced), None, [open_dir()]);
         let (_, tokens) = crate::commit::sync_targets(&round);
+        other.flush_before_record(&mut lock(&slot.unsynced), None, [open_dir()]);
+        assert_eq!(other.dirs_to_sync.len(), 1, "one handle for the directory");
         crate::commit::forget_flushed(&round, &tokens);
-        assert!(lock(&slot.unsynced).is_empty());
+        let left: Vec<usize> = lock(&slot.unsynced)
+            .iter()
+            .map(|pending| pending.target.address())
+            .collect();
+        assert_eq!(left, [Arc::as_ptr(&other.dirs_to_sync[0]) as usize]);
     }
 
     /// Runs that name a path twice, or one inside another, keep their order.
