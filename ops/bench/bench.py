@@ -54,6 +54,7 @@ MODES = {
         p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
+        p3_rotate_chunk="1MiB",
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536, p6_sink="", p6_settle_s=0, p6_peers=1,
@@ -65,6 +66,7 @@ MODES = {
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
+        p3_rotate_chunk="4MiB",
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536, p6_sink="", p6_settle_s=40, p6_peers=1,
@@ -1053,15 +1055,17 @@ def cdf_points(lat: list[float], points=400):
     return [(s[i], (i + 1) / n) for i in idx]
 
 
-def p3_sim_args(b: Bench, threads=None):
-    """The P3 workload; `threads` writer threads (0: one per file), by default the mode's."""
+def p3_sim_args(b: Bench, threads=None, chunk="1GiB"):
+    """The P3 workload; `threads` writer threads (0: one per file), by default the mode's;
+    each file rotates to a new chunk every `chunk` bytes (by default never, in the run)."""
     threads = int(b.p["p3_writer_threads"] if threads is None else threads)
     return ["--streams", b.p["p3_streams"], "--rate", b.p["p3_rate"], "--frame", "4KiB",
-            "--chunk", "1GiB", "--duration", f"{b.p['p3_seconds']}s",
+            "--chunk", chunk, "--duration", f"{b.p['p3_seconds']}s",
             *(["--writer-threads", threads] if threads > 0 else [])]
 
 
-def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_extra=(), sim_threads=None) -> dict:
+def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_extra=(), sim_threads=None,
+                  chunk="1GiB") -> dict:
     d = b.fresh("p3", f"{label}-{i}".replace(" ", "_"))
     src = b.fresh_src("p3", f"{label}-{i}".replace(" ", "_"))
     os.sync()
@@ -1071,7 +1075,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
         time.sleep(1.0)
         # The simulator is the only child reaped while it runs (as in P1).
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        sim = b.sim(d, "sim", src, *p3_sim_args(b, sim_threads), "--write-log", d / "writes.log")
+        sim = b.sim(d, "sim", src, *p3_sim_args(b, sim_threads, chunk), "--write-log", d / "writes.log")
         if sim.wait(b.p["p3_seconds"] + 60) != 0:
             raise BenchError(f"sim failed: {sim.log_tail()}")
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -1391,14 +1395,25 @@ def scenario_p3(b: Bench):
         except Exception as e:  # a diagnostic failing must not lose the scenario's results
             say(f"  2 writer threads FAILED: {e}")
             b.results["errors"][f"P3 2 writer threads run {i + 1}"] = str(e)
+    # Diagnostic: every file rotates to a new chunk at the same moment, as a DAQ writer's
+    # streams do: each rotation renames all the files and creates as many.
+    rotating = []
+    chunk = str(b.p.get("p3_rotate_chunk") or "")
+    if chunk:
+        try:
+            rotating.append(p3_tailflight(b, 1, extra, f"tailflight, {chunk} chunks", sink_extra, chunk=chunk))
+        except Exception as e:  # a diagnostic failing must not lose the scenario's results
+            say(f"  rotating chunks FAILED: {e}")
+            b.results["errors"]["P3 rotating chunks"] = str(e)
     p50 = median([r["p50_ms"] for r in tf_runs])
     p99 = median([r["p99_ms"] for r in tf_runs])
-    res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "two_writers": two_writers, "peers": peers, "p50_ms": p50, "p99_ms": p99,
+    res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "two_writers": two_writers,
+           "rotating": rotating, "peers": peers, "p50_ms": p50, "p99_ms": p99,
            "p90_ms": median([r["p90_ms"] for r in tf_runs]),
            "p999_ms": median([r["p999_ms"] for r in tf_runs]),
            "max_ms": median([r["max_ms"] for r in tf_runs])}
     b.results["scenarios"]["P3"] = res
-    trouble_note(b, "P3", tf_runs + linger0 + journal + two_writers)
+    trouble_note(b, "P3", tf_runs + linger0 + journal + two_writers + rotating)
     say(f"[P3] tailflight p50 {fmt(p50, '.2f')} ms (target ≤{TARGETS['P3_p50_ms']}), "
         f"p99 {fmt(p99, '.2f')} ms (target ≤{TARGETS['P3_p99_ms']})")
     b.row(id="P3", scenario=f"append→durable latency p50, {n} files × {rate:.0f}/s × 4 KiB, {secs}s",
@@ -1421,6 +1436,13 @@ def scenario_p3(b: Bench):
         f99 = median([r["p99_ms"] for r in two_writers])
         b.row(id="P3", scenario="… diagnostic: the simulator's writes made by 2 threads, p50 (p99)",
               figure=f"{fmt_ms(f50)} ({fmt_ms(f99)})", peer="—", ratio=None, target="(info)", met="—")
+    if rotating:
+        r = rotating[0]
+        every = parse_size(chunk) / (rate * 4096)
+        b.row(id="P3", scenario=f"… diagnostic: all {n} files rotate to a new {chunk} chunk every {every:.1f} s, "
+                                 f"at once: p99 (p99.9 / max)",
+              figure=f"{fmt_ms(r['p99_ms'])} ({fmt_ms(r['p999_ms'])} / {fmt_ms(r['max_ms'])})", peer="—",
+              ratio=None, target="(info)", met="—")
     for label, runs in peers.items():
         pp50 = median([r["p50_ms"] for r in runs])
         pp99 = median([r["p99_ms"] for r in runs])
@@ -2008,6 +2030,15 @@ def fmt_mb(v):
     return "?" if v is None else f"{v / 1e6:.0f} MB/s"
 
 
+def parse_size(text: str) -> int:
+    """Bytes in a size such as `4MiB`, as the simulator reads it."""
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
 def fmt_ms(v):
     if v is None:
         return "?"
@@ -2271,6 +2302,15 @@ def bounds_analysis(b: Bench) -> list[str]:
             else:
                 text += (f": the writer's wake-ups cost the pipeline about {fmt_ms(p3['p50_ms'] - t50)} of p50 on "
                          f"the shared cores. ")
+        rot = p3.get("rotating") or []
+        if rot and rot[0].get("p50_ms") is not None:
+            r = rot[0]
+            text += (f"With every file rotating to a new chunk at the same moment ({r.get('label')}; each rotation "
+                     f"renames all {b.p['p3_streams']} files and creates as many), p50 is {fmt_ms(r['p50_ms'])}, p99 "
+                     f"{fmt_ms(r['p99_ms'])}, p99.9 {fmt_ms(r['p999_ms'])} and the max {fmt_ms(r['max_ms'])} (one run): "
+                     f"a run of renames records all its intents with one synced manifest write, a round that only "
+                     f"moves files fsyncs their directory and still journals, and the new files are flushed by the "
+                     f"rounds that create them. ")
         mach = (b.results.get("machine") or {}).get("P3")
         if mach:
             text += (f"The whole machine was {mach['busy_cores']:.2f} of {ncpu} cores busy during P3 (load average "
@@ -2485,7 +2525,7 @@ def details(b: Bench) -> list[str]:
                 "| who | run | writes | p50 | p90 | p99 | p99.9 | max | missing | to sink |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for i, r in enumerate(p3["tailflight"] + p3.get("linger0", []) + p3.get("journal", [])
-                              + p3.get("two_writers", [])):
+                              + p3.get("two_writers", []) + p3.get("rotating", [])):
             wt = r.get("way_there") or {}
             out.append(f"| {r.get('label', 'tailflight')} | {i + 1} | {r['n']} | {fmt(r['p50_ms'], '.2f')} | {fmt(r['p90_ms'], '.2f')} | "
                        f"{fmt(r['p99_ms'], '.2f')} | {fmt(r['p999_ms'], '.2f')} | {fmt(r['max_ms'], '.1f')} | {r['missing']} | "
@@ -2571,7 +2611,7 @@ def make_plots(b: Bench, out: Path, stem: str) -> list[str]:
             for r in sc["P3"].get("journal", []):
                 pts = r.get("cdf") or []
                 ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "-.", label=NO_JOURNAL_LABEL)
-            for r in sc["P3"].get("two_writers", []):
+            for r in sc["P3"].get("two_writers", []) + sc["P3"].get("rotating", []):
                 pts = r.get("cdf") or []
                 ax.plot([max(x, 1e-3) for x, _ in pts], [y for _, y in pts], "--", label=r.get("label"))
             for label, runs in sc["P3"]["peers"].items():
