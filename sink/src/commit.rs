@@ -565,7 +565,9 @@ async fn run(
         let round_poisoned = poisoned.clone();
         let flush_failed = flusher.failures();
         let complete = backlog.complete;
+        let handed = Instant::now();
         let outcome = tokio::task::spawn_blocking(move || {
+            let blocking_us = handed.elapsed().as_micros() as u64;
             let _timer = StageTimer::start(Stage::Round);
             let mut round = round;
             let result = journal.and_then(|journal| {
@@ -576,7 +578,10 @@ async fn run(
                     poisoned: &round_poisoned,
                     flush_failed: &flush_failed,
                 };
-                record_round(&sink, &mut round, journal, complete)
+                record_round(&sink, &mut round, journal, complete).map(|mut recorded| {
+                    recorded.blocking_us = blocking_us;
+                    recorded
+                })
             });
             (round, result)
         })
@@ -604,6 +609,8 @@ async fn run(
             fold_us = result.as_ref().map_or(0, |r| r.fold_us),
             prepare_us = result.as_ref().map_or(0, |r| r.prepare_us),
             deferred_us = result.as_ref().map_or(0, |r| r.deferred_us),
+            blocking_us = result.as_ref().map_or(0, |r| r.blocking_us),
+            gate_us = result.as_ref().map_or(0, |r| r.gate_us),
             manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
             total_us = started.elapsed().as_micros() as u64,
             cpu_totals_us = ?crate::stage_cpu::totals_us(),
@@ -832,6 +839,10 @@ struct Recorded {
     fold_us: u64,
     /// Waiting for the batches' deferred writes, after the journal write.
     deferred_us: u64,
+    /// Before all that: from the hand-off to the blocking pool until the
+    /// round ran there, then waiting for the commit gate.
+    blocking_us: u64,
+    gate_us: u64,
     /// The journal round written, if any (its number, where it starts and
     /// ends in the journal), and its bytes.
     journal_round: Option<(u64, u64, u64)>,
@@ -964,7 +975,9 @@ fn record_round(
     // before it is let go: whoever writes or reads records under it
     // (renames, watermarks) never sees ranges whose bytes may still be lost
     // or not yet in their files.
+    let asking = Instant::now();
     let mut gate = lock(sink.gate);
+    let gate_us = asking.elapsed().as_micros() as u64;
     if let Some(reason) = gate.clone() {
         // Placement stopped the sink (a failed flush) while this round ran.
         return Err(format!("the sink stopped: {reason}"));
@@ -984,7 +997,10 @@ fn record_round(
         *gate = Some(reason.clone());
         *lock(sink.poisoned) = Some(reason.clone());
     }
-    recorded
+    recorded.map(|mut recorded| {
+        recorded.gate_us = gate_us;
+        recorded
+    })
 }
 
 fn record_round_under_gate(
@@ -1130,6 +1146,8 @@ fn record_round_under_gate(
         prepare_us,
         fold_us,
         deferred_us,
+        blocking_us: 0,
+        gate_us: 0,
         journal_round,
         journal_bytes,
     })
