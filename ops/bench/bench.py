@@ -1421,21 +1421,14 @@ def scenario_p3(b: Bench):
           met=met_le(p50, TARGETS["P3_p50_ms"]))
     b.row(id="P3", scenario="… p99 (p99.9 / max in the details)", figure=fmt_ms(p99), peer="—", ratio=None,
           target=f"≤{TARGETS['P3_p99_ms']} ms", met=met_le(p99, TARGETS["P3_p99_ms"]))
-    if linger0:
-        l50 = median([r["p50_ms"] for r in linger0])
-        l99 = median([r["p99_ms"] for r in linger0])
-        b.row(id="P3", scenario="… diagnostic: watcher `--linger 0ms`, p50 (p99)",
-              figure=f"{fmt_ms(l50)} ({fmt_ms(l99)})", peer="—", ratio=None, target="(info)", met="—")
-    if journal:
-        j50 = median([r["p50_ms"] for r in journal])
-        j99 = median([r["p99_ms"] for r in journal])
-        b.row(id="P3", scenario="… diagnostic: sink `--journal-max-range 0` (no journal file), p50 (p99)",
-              figure=f"{fmt_ms(j50)} ({fmt_ms(j99)})", peer="—", ratio=None, target="(info)", met="—")
-    if two_writers:
-        f50 = median([r["p50_ms"] for r in two_writers])
-        f99 = median([r["p99_ms"] for r in two_writers])
-        b.row(id="P3", scenario="… diagnostic: the simulator's writes made by 2 threads, p50 (p99)",
-              figure=f"{fmt_ms(f50)} ({fmt_ms(f99)})", peer="—", ratio=None, target="(info)", met="—")
+    for runs, what in ((linger0, "watcher `--linger 0ms`"),
+                       (journal, "sink `--journal-max-range 0` (no journal file)"),
+                       (two_writers, "the simulator's writes made by 2 threads")):
+        if runs:
+            d50 = median([r["p50_ms"] for r in runs])
+            d99 = median([r["p99_ms"] for r in runs])
+            b.row(id="P3", scenario=f"… diagnostic: {what}, p50 (p99)",
+                  figure=f"{fmt_ms(d50)} ({fmt_ms(d99)})", peer="—", ratio=None, target="(info)", met="—")
     if rotating:
         r = rotating[0]
         every = parse_size(chunk) / (rate * 4096)
