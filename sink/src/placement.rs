@@ -1154,37 +1154,6 @@ impl Placer {
         }
     }
 
-    /// Finishes a recorded move and makes it durable at once: a new intent
-    /// is about to take the place of its record.
-    fn settle_rename_now(
-        &self,
-        state: &mut SlotState,
-        gate: &mut Option<String>,
-    ) -> Result<(), RowError> {
-        let Some(from) = state.record.renamed_from.clone() else {
-            return Ok(());
-        };
-        let dest = &state.record.dest_path;
-        match self.root.rename(&from, dest) {
-            Ok(dirs) => {
-                for dir in &dirs {
-                    if let Err(e) = crate::confine::sync_dir(dir) {
-                        // As after any failed flush: stop (see `flush_unsynced_now`).
-                        let reason = format!("fsync after moving {from} to {dest}: {e}");
-                        self.flush_failed.store(true, Ordering::SeqCst);
-                        *gate = Some(reason.clone());
-                        return Err(RowError::Storage(reason));
-                    }
-                }
-            }
-            Err(ConfineError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(confine_error(e)),
-        }
-        state.record.renamed_from = None;
-        Ok(())
-    }
-
     fn file_of(
         &self,
         slot: &Arc<Slot>,
@@ -1411,7 +1380,9 @@ impl Placer {
             // move before the file is opened again.
             let mut gate = self.open_gate()?;
             let mut state = lock(&slot.state);
-            self.settle_rename_now(&mut state, &mut gate)?;
+            // A move recorded before and not seen through is finished, and
+            // made durable, before this intent takes the place of its record.
+            self.settle_rename(&slot, &mut state, work)?;
             self.flush_unsynced_now(&slot, &mut gate)?;
             state.record.dest_path = new_dest.clone();
             state.record.renamed_from = Some(old_dest.clone());
