@@ -213,8 +213,21 @@ impl Root {
         let to_name = to_parts[to_parts.len() - 1];
         match rustix::fs::renameat(&from_dir, from_name, &to_dir, to_name) {
             Ok(()) => {}
+            // Done before: only a file at `to` is one this rename made.
             Err(Errno::NOENT)
-                if rustix::fs::statat(&to_dir, to_name, AtFlags::SYMLINK_NOFOLLOW).is_ok() => {}
+                if rustix::fs::statat(&to_dir, to_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
+                    |st| {
+                        rustix::fs::FileType::from_raw_mode(st.st_mode)
+                            != rustix::fs::FileType::Directory
+                    },
+                ) => {}
+            // The peer named a path where a directory lives.
+            Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST) => {
+                return Err(ConfineError::Refused {
+                    path: to.to_owned(),
+                    reason: "a directory is in the way of the rename",
+                });
+            }
             Err(e) => return Err(self.io_error(from, "rename", e)),
         }
         dirs.push(from_dir);

@@ -993,14 +993,15 @@ impl Placer {
     /// A new generation or a rename takes `dest`: whatever live generation
     /// was there is superseded (removed, or kept aside by policy), and a
     /// generation kept aside there before moves on to `<dest>.<n>` (it is
-    /// kept, not overwritten).
+    /// kept, not overwritten). Returns the files whose records it changed.
     fn supersede_at(
         &self,
         source: &Source,
         files: &mut SourceFiles,
         dest: &str,
         work: &mut BatchWork,
-    ) -> Result<(), RowError> {
+    ) -> Result<Vec<Arc<Slot>>, RowError> {
+        let mut changed = Vec::new();
         if let Some((kept, key, generation)) = self.slot_at(source, files, PathIndex::Kept, dest)? {
             let moved = self.free_name(files, (1..1000).map(|n| format!("{dest}.{n}")))?;
             let dirs = self.root.rename(dest, &moved).map_err(confine_error)?;
@@ -1011,16 +1012,21 @@ impl Placer {
             drop(kept_state);
             files.kept.remove(dest);
             files.kept.insert(moved, (key, generation));
-            work.request.touched.push(kept);
+            work.request.touched.push(kept.clone());
+            changed.push(kept);
         }
         let Some((old, key, generation)) = self.slot_at(source, files, PathIndex::Live, dest)?
         else {
-            return Ok(());
+            return Ok(changed);
         };
         // Nothing changes in memory until the file is out of the way: a
         // failure leaves the old generation live at `dest`, and the retried
         // batch supersedes it again instead of writing into its file.
         let mut state = lock(&old.state);
+        // A move of it recorded and not seen through is finished first: its
+        // file is then the one at `dest`, and no later settle can move it
+        // back over whatever takes its place.
+        self.settle_rename(&old, &mut state, work)?;
         match self.superseded {
             SupersededPolicy::Mirror => {
                 if let Some(dir) = self.root.remove(dest).map_err(confine_error)? {
@@ -1048,8 +1054,9 @@ impl Placer {
         state.record.superseded = true;
         drop(state);
         files.by_path.remove(dest);
-        work.request.touched.push(old);
-        Ok(())
+        work.request.touched.push(old.clone());
+        changed.push(old);
+        Ok(changed)
     }
 
     /// The slot a path index names at `dest`, with its key and generation;
@@ -1118,7 +1125,15 @@ impl Placer {
             // Neither name exists: nothing to move.
             Err(ConfineError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(confine_error(e)),
+            // Recorded before this sink took back intents whose move failed
+            // (or just before a crash): not this batch's fault, and the
+            // batch is tried again.
+            Err(e) => {
+                return Err(RowError::Storage(format!(
+                    "finishing the recorded move of {from} to {}: {e}",
+                    state.record.dest_path
+                )));
+            }
         }
         state.record.renamed_from = None;
         work.request.touched.push(slot.clone());
@@ -1346,6 +1361,11 @@ impl Placer {
             let state = lock(&slot.state);
             (state.record.dest_path.clone(), state.record.superseded)
         };
+        if superseded {
+            return Err(RowError::Superseded(
+                "a newer generation replaced this one; rename ignored".into(),
+            ));
+        }
         if old_dest == new_dest {
             if work.renamed.contains(&(Arc::as_ptr(&slot) as usize)) {
                 // Moved by this batch, ahead of this row.
@@ -1368,17 +1388,20 @@ impl Placer {
             work.request.touched.push(slot);
             return Ok(());
         }
-        if superseded {
-            return Err(RowError::Superseded(
-                "a newer generation replaced this one; rename ignored".into(),
-            ));
-        }
-        self.supersede_at(source, &mut files, &new_dest, work)?;
+        let superseded = self.supersede_at(source, &mut files, &new_dest, work)?;
         {
             // Record the rename before making it: a crash in between leaves a
             // record that knows both names, and settle_rename finishes the
-            // move before the file is opened again.
+            // move before the file is opened again. The files it supersedes
+            // are recorded with it: after a crash, two live records must not
+            // name one path.
             let mut gate = self.open_gate()?;
+            let mut records = Vec::with_capacity(1 + superseded.len());
+            for other in &superseded {
+                let other_state = lock(&other.state);
+                self.flush_unsynced_now(other, &mut gate)?;
+                records.push((other.id.clone(), other_state.record.clone()));
+            }
             let mut state = lock(&slot.state);
             // A move recorded before and not seen through is finished, and
             // made durable, before this intent takes the place of its record.
@@ -1386,18 +1409,30 @@ impl Placer {
             self.flush_unsynced_now(&slot, &mut gate)?;
             state.record.dest_path = new_dest.clone();
             state.record.renamed_from = Some(old_dest.clone());
+            records.push((slot.id.clone(), state.record.clone()));
             let intent = SinkCommit {
-                records: vec![(slot.id.clone(), state.record.clone())],
+                records,
                 ..SinkCommit::default()
             };
             self.manifest.commit(&intent).map_err(|e| {
                 RowError::Storage(format!("recording the rename to {new_dest}: {e}"))
             })?;
         }
-        let dirs = self
-            .root
-            .rename(&old_dest, &new_dest)
-            .map_err(confine_error)?;
+        let dirs = match self.root.rename(&old_dest, &new_dest) {
+            Ok(dirs) => dirs,
+            Err(error) => {
+                self.withdraw_intents(std::slice::from_ref(&slot))?;
+                return Err(match confine_error(error) {
+                    // The new name cannot be made (a file where a directory
+                    // should be, a link in the way): the file keeps its name
+                    // and goes on; the watcher is told.
+                    RowError::Peer(reason) => {
+                        RowError::Reject(format!("cannot rename to {new_dest}: {reason}"))
+                    }
+                    other => other,
+                });
+            }
+        };
         {
             let mut state = lock(&slot.state);
             work.request
@@ -1534,15 +1569,19 @@ impl Placer {
             }
         }
         let mut first_failure = None;
+        let mut not_moved = Vec::new();
         for m in moves {
-            // A failure leaves this file recorded with both names, as
-            // `rename` leaves its one: its row, when the batch comes again,
-            // or whoever opens it next finishes the move (`settle_rename`).
-            // The other moves go on.
+            // A failure withdraws this file's intent (below): it keeps its
+            // name and is left to its row, which tries again and refuses
+            // the rename if the peer named a path that cannot be made. A
+            // storage failure fails the batch. The other moves go on.
             let dirs = match self.root.rename(&m.from, &m.to) {
                 Ok(dirs) => dirs,
                 Err(error) => {
-                    first_failure.get_or_insert(confine_error(error));
+                    if !error.is_peer_error() {
+                        first_failure.get_or_insert(confine_error(error));
+                    }
+                    not_moved.push(m.slot);
                     continue;
                 }
             };
@@ -1559,7 +1598,50 @@ impl Placer {
             work.renamed.insert(Arc::as_ptr(&m.slot) as usize);
             work.request.touched.push(m.slot);
         }
+        if !not_moved.is_empty() {
+            self.withdraw_intents(&not_moved)?;
+        }
         first_failure.map_or(Ok(()), Err)
+    }
+
+    /// Takes back the rename intents of files whose move failed: each lives
+    /// at its old name again, in memory and (durably) in the manifest, so no
+    /// later open tries to finish a move that cannot be made. A rename fails
+    /// before the file moves or not at all, so the old name is where it is.
+    fn withdraw_intents(&self, slots: &[Arc<Slot>]) -> Result<(), RowError> {
+        let _gate = self.open_gate()?;
+        let mut states: Vec<_> = slots
+            .iter()
+            .map(|slot| (slot, lock(&slot.state)))
+            .filter(|(_, state)| state.record.renamed_from.is_some())
+            .collect();
+        if states.is_empty() {
+            return Ok(());
+        }
+        let records = states
+            .iter()
+            .map(|(slot, state)| {
+                let mut record = state.record.clone();
+                record.dest_path = record.renamed_from.take().unwrap_or_default();
+                (slot.id.clone(), record)
+            })
+            .collect::<Vec<_>>();
+        let withdrawal = SinkCommit {
+            records,
+            ..SinkCommit::default()
+        };
+        // Should this write fail, memory keeps the intent the manifest
+        // holds: the move is tried again, as after a crash.
+        self.manifest.commit(&withdrawal).map_err(|e| {
+            RowError::Storage(format!(
+                "withdrawing the rename intents of {} files whose move failed: {e}",
+                withdrawal.records.len()
+            ))
+        })?;
+        for ((_, state), (_, record)) in states.iter_mut().zip(withdrawal.records) {
+            state.record = record;
+        }
+        Ok(())
     }
 
     /// Whether `dest` is still the file `written` describes (the slot's
@@ -2363,6 +2445,98 @@ mod tests {
             .map(|pending| pending.target.address())
             .collect();
         assert_eq!(left, [Arc::as_ptr(&other.dirs_to_sync[0]) as usize]);
+    }
+
+    /// A rename whose new name cannot be made (a file where its directory
+    /// should be) is refused: its intent is taken back, durably, and the
+    /// file goes on under its old name.
+    #[test]
+    fn a_rename_that_cannot_be_made_leaves_the_file_at_its_name() {
+        let fixture = Fixture::new("rename-refused");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let batch = |build: &dyn Fn(&mut BatchBuilder)| {
+            let mut builder = BatchBuilder::with_capacity(4, 64);
+            build(&mut builder);
+            RangeBatch::validate(builder.finish()).unwrap()
+        };
+        let first = batch(&|b| b.push_data("a.tmp", 1, 0, b"first"));
+        let (request, _, _) = placer.place(&source, 1, &first).unwrap();
+        record_placed(&request);
+        std::fs::write(fixture.dest("s/blocker"), b"a file, not a directory").unwrap();
+        let id = FileId {
+            source: "s".into(),
+            key: "a.tmp".into(),
+            generation: 1,
+        };
+
+        for (seq, to) in [(2, "blocker/a"), (3, "blocker")] {
+            if to == "blocker" {
+                std::fs::remove_file(fixture.dest("s/blocker")).unwrap();
+                std::fs::create_dir_all(fixture.dest("s/blocker/inside")).unwrap();
+            }
+            let more = batch(&|b| {
+                b.push_rename("a.tmp", 1, to);
+                b.push_data("a.tmp", 1, 5, b" more");
+            });
+            let (request, ack, deferred) = placer.place(&source, seq, &more).unwrap();
+            assert_eq!(ack.rejected.len(), 1, "{:?}", ack.rejected);
+            assert_eq!(ack.rejected[0].row, 0);
+            assert!(!ack.rejected[0].superseded);
+            assert!(
+                ack.rejected[0].error.contains("cannot rename"),
+                "{}",
+                ack.rejected[0].error
+            );
+            deferred.write(&more).unwrap();
+            record_placed(&request);
+            assert_eq!(
+                std::fs::read(fixture.dest("s/a.tmp")).unwrap(),
+                b"first more"
+            );
+            let recorded = placer.manifest.get(&id).unwrap().unwrap();
+            assert_eq!(recorded.dest_path, "s/a.tmp");
+            assert_eq!(recorded.renamed_from, None);
+            let slot = placer.lookup(&source, &mut lock(&source.files), "a.tmp", 1);
+            let slot = slot.ok().flatten().unwrap();
+            assert_eq!(lock(&slot.state).record.dest_path, "s/a.tmp");
+        }
+    }
+
+    /// The intent of a rename over a live file records that file as
+    /// superseded too: a crash before the round must not leave two live
+    /// records naming one path.
+    #[test]
+    fn a_rename_over_a_live_file_records_it_superseded_with_the_intent() {
+        let fixture = Fixture::new("rename-over-live");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let mut builder = BatchBuilder::with_capacity(2, 64);
+        builder.push_data("a.tmp", 1, 0, b"new");
+        builder.push_data("a", 1, 0, b"old");
+        let setup = RangeBatch::validate(builder.finish()).unwrap();
+        let (request, _, _) = placer.place(&source, 1, &setup).unwrap();
+        record_placed(&request);
+
+        let mut builder = BatchBuilder::with_capacity(1, 64);
+        builder.push_rename("a.tmp", 1, "a");
+        let rename = RangeBatch::validate(builder.finish()).unwrap();
+        let (_, ack, _) = placer.place(&source, 2, &rename).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"new");
+        // Only the intent has reached the manifest: no round ran.
+        let record = |key: &str| {
+            let id = FileId {
+                source: "s".into(),
+                key: key.into(),
+                generation: 1,
+            };
+            placer.manifest.get(&id).unwrap()
+        };
+        let renamed = record("a.tmp").expect("the intent is recorded");
+        assert_eq!(renamed.dest_path, "s/a");
+        let superseded = record("a").expect("recorded with the intent");
+        assert!(superseded.superseded);
     }
 
     /// Runs that name a path twice, or one inside another, keep their order.
