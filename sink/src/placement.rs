@@ -1410,13 +1410,7 @@ impl Placer {
             state.record.dest_path = new_dest.clone();
             state.record.renamed_from = Some(old_dest.clone());
             records.push((slot.id.clone(), state.record.clone()));
-            let intent = SinkCommit {
-                records,
-                ..SinkCommit::default()
-            };
-            self.manifest.commit(&intent).map_err(|e| {
-                RowError::Storage(format!("recording the rename to {new_dest}: {e}"))
-            })?;
+            self.record_now(records, || format!("recording the rename to {new_dest}"))?;
         }
         let dirs = match self.root.rename(&old_dest, &new_dest) {
             Ok(dirs) => dirs,
@@ -1552,15 +1546,8 @@ impl Placer {
                 record.renamed_from = Some(m.from.clone());
                 records.push((m.slot.id.clone(), record));
             }
-            let intents = SinkCommit {
-                records,
-                ..SinkCommit::default()
-            };
-            self.manifest.commit(&intents).map_err(|e| {
-                RowError::Storage(format!(
-                    "recording the renames of {} files: {e}",
-                    moves.len()
-                ))
+            self.record_now(records, || {
+                format!("recording the renames of {} files", moves.len())
             })?;
             for m in &moves {
                 let mut state = lock(&m.slot.state);
@@ -1604,6 +1591,22 @@ impl Placer {
         first_failure.map_or(Ok(()), Err)
     }
 
+    /// Writes `records` to the manifest at once, synced, outside a commit
+    /// round. The caller holds the gate, so no round writes them meanwhile.
+    fn record_now(
+        &self,
+        records: Vec<(FileId, FileRecord)>,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), RowError> {
+        let commit = SinkCommit {
+            records,
+            ..SinkCommit::default()
+        };
+        self.manifest
+            .commit(&commit)
+            .map_err(|e| RowError::Storage(format!("{}: {e}", what())))
+    }
+
     /// Takes back the rename intents of files whose move failed: each lives
     /// at its old name again, in memory and (durably) in the manifest, so no
     /// later open tries to finish a move that cannot be made. A rename fails
@@ -1626,19 +1629,15 @@ impl Placer {
                 (slot.id.clone(), record)
             })
             .collect::<Vec<_>>();
-        let withdrawal = SinkCommit {
-            records,
-            ..SinkCommit::default()
-        };
         // Should this write fail, memory keeps the intent the manifest
         // holds: the move is tried again, as after a crash.
-        self.manifest.commit(&withdrawal).map_err(|e| {
-            RowError::Storage(format!(
-                "withdrawing the rename intents of {} files whose move failed: {e}",
-                withdrawal.records.len()
-            ))
+        self.record_now(records.clone(), || {
+            format!(
+                "withdrawing the rename intents of {} files whose move failed",
+                records.len()
+            )
         })?;
-        for ((_, state), (_, record)) in states.iter_mut().zip(withdrawal.records) {
+        for ((_, state), (_, record)) in states.iter_mut().zip(records) {
             state.record = record;
         }
         Ok(())
