@@ -1909,6 +1909,13 @@ mod tests {
         }
     }
 
+    /// A validated batch of the rows `build` pushes.
+    fn rows(build: impl FnOnce(&mut BatchBuilder)) -> RangeBatch {
+        let mut builder = BatchBuilder::with_capacity(4, 64);
+        build(&mut builder);
+        RangeBatch::validate(builder.finish()).unwrap()
+    }
+
     /// Where `bytes` are in a journal file written as the concatenation of
     /// "head", "tail", "gone".
     fn in_journal(bytes: &[u8]) -> JournalBytes {
@@ -2454,12 +2461,7 @@ mod tests {
         let fixture = Fixture::new("rename-refused");
         let placer = fixture.placer();
         let source = placer.source("s").unwrap();
-        let batch = |build: &dyn Fn(&mut BatchBuilder)| {
-            let mut builder = BatchBuilder::with_capacity(4, 64);
-            build(&mut builder);
-            RangeBatch::validate(builder.finish()).unwrap()
-        };
-        let first = batch(&|b| b.push_data("a.tmp", 1, 0, b"first"));
+        let first = rows(|b| b.push_data("a.tmp", 1, 0, b"first"));
         let (request, _, _) = placer.place(&source, 1, &first).unwrap();
         record_placed(&request);
         std::fs::write(fixture.dest("s/blocker"), b"a file, not a directory").unwrap();
@@ -2474,7 +2476,7 @@ mod tests {
                 std::fs::remove_file(fixture.dest("s/blocker")).unwrap();
                 std::fs::create_dir_all(fixture.dest("s/blocker/inside")).unwrap();
             }
-            let more = batch(&|b| {
+            let more = rows(|b| {
                 b.push_rename("a.tmp", 1, to);
                 b.push_data("a.tmp", 1, 5, b" more");
             });
@@ -2510,16 +2512,14 @@ mod tests {
         let fixture = Fixture::new("rename-over-live");
         let placer = fixture.placer();
         let source = placer.source("s").unwrap();
-        let mut builder = BatchBuilder::with_capacity(2, 64);
-        builder.push_data("a.tmp", 1, 0, b"new");
-        builder.push_data("a", 1, 0, b"old");
-        let setup = RangeBatch::validate(builder.finish()).unwrap();
+        let setup = rows(|b| {
+            b.push_data("a.tmp", 1, 0, b"new");
+            b.push_data("a", 1, 0, b"old");
+        });
         let (request, _, _) = placer.place(&source, 1, &setup).unwrap();
         record_placed(&request);
 
-        let mut builder = BatchBuilder::with_capacity(1, 64);
-        builder.push_rename("a.tmp", 1, "a");
-        let rename = RangeBatch::validate(builder.finish()).unwrap();
+        let rename = rows(|b| b.push_rename("a.tmp", 1, "a"));
         let (_, ack, _) = placer.place(&source, 2, &rename).unwrap();
         assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
         assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"new");
