@@ -72,6 +72,35 @@ pub struct FileRecord {
     /// the disk yet: recorded before the rename, cleared after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renamed_from: Option<String>,
+    /// The inode of the file that rename moves: after a crash, whichever of
+    /// the two names holds it says whether the move was made, even when a
+    /// later rename has put another file at the old name. Absent in intents
+    /// recorded by builds that did not keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renamed_inode: Option<u64>,
+}
+
+impl FileRecord {
+    /// Records the intent to move the file (`inode`) from its path to `to`,
+    /// before the move is made.
+    pub fn begin_move(&mut self, to: String, inode: u64) {
+        self.renamed_from = Some(std::mem::replace(&mut self.dest_path, to));
+        self.renamed_inode = Some(inode);
+    }
+
+    /// The move is made: the file lives at `dest_path`.
+    pub fn end_move(&mut self) {
+        self.renamed_from = None;
+        self.renamed_inode = None;
+    }
+
+    /// The move was not made: the file lives at its old path again.
+    pub fn undo_move(&mut self) {
+        if let Some(from) = self.renamed_from.take() {
+            self.dest_path = from;
+        }
+        self.renamed_inode = None;
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

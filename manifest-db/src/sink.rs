@@ -628,6 +628,7 @@ mod tests {
             superseded: false,
             kept: false,
             renamed_from: None,
+            renamed_inode: None,
         }
     }
 

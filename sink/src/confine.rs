@@ -235,6 +235,75 @@ impl Root {
         Ok(dirs)
     }
 
+    /// The inode of the regular file at `path`, if one is there.
+    pub fn inode_at(&self, path: &str) -> Result<Option<u64>, ConfineError> {
+        let parts = components(path)?;
+        let dir = match self.parent(path, &parts, false, &mut Vec::new()) {
+            Ok(dir) => dir,
+            Err(ConfineError::NotADirectory { .. }) => return Ok(None),
+            Err(ConfineError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        match rustix::fs::statat(&dir, parts[parts.len() - 1], AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st)
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::RegularFile =>
+            {
+                Ok(Some(st.st_ino))
+            }
+            Ok(_) | Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(self.io_error(path, "stat", e)),
+        }
+    }
+
+    /// Finishes a move of the file `inode` from `from` to `to` that may or
+    /// may not have been made (before a crash): the name that holds that
+    /// file decides. It is moved only if `from` holds it, so a file another
+    /// move has since put at `from` stays where it is. (A rename never
+    /// crosses filesystems, and device numbers may change across a reboot:
+    /// the inode number alone tells.)
+    pub fn settle_move(
+        &self,
+        from: &str,
+        to: &str,
+        inode: u64,
+    ) -> Result<SettledMove, ConfineError> {
+        if self.inode_at(to)? == Some(inode) {
+            // Made, perhaps not durably yet (a process crash): every
+            // directory on the way to `to` (the move may have made some)
+            // and the one it left are flushed.
+            let to_parts = components(to)?;
+            let mut dirs = vec![self.dir.try_clone().map_err(|e| ConfineError::Io {
+                path: to.to_owned(),
+                op: "dup root",
+                root: self.path.clone(),
+                source: e,
+            })?];
+            for depth in 1..to_parts.len() {
+                let above = to_parts[..=depth].join("/");
+                let parts = components(&above)?;
+                dirs.push(self.parent(&above, &parts, false, &mut Vec::new())?);
+            }
+            let from_parts = components(from)?;
+            match self.parent(from, &from_parts, false, &mut Vec::new()) {
+                Ok(dir) => dirs.push(dir),
+                Err(ConfineError::NotADirectory { .. }) => {}
+                Err(ConfineError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            return Ok(SettledMove::Made(dirs));
+        }
+        if self.inode_at(from)? != Some(inode) {
+            return Ok(SettledMove::Missing);
+        }
+        self.rename(from, to).map(SettledMove::Made)
+    }
+
     /// Whether a rename to `path` needs no new directory and finds no
     /// directory in its way (nothing there, or a file it would replace).
     pub fn can_move_to(&self, path: &str) -> bool {
@@ -281,6 +350,15 @@ impl Root {
             self.io_error(path, op, errno)
         }
     }
+}
+
+/// How [`Root::settle_move`] found a move.
+#[derive(Debug)]
+pub enum SettledMove {
+    /// The file is at its new name now; the directories to fsync.
+    Made(Vec<OwnedFd>),
+    /// Neither name holds the file.
+    Missing,
 }
 
 /// fsyncs a directory so that entries created, renamed or removed in it are durable.

@@ -29,7 +29,7 @@ use manifest_db::{
 };
 
 use crate::commit::{CommitGate, CommitRequest, Dependency, Pending};
-use crate::confine::{ConfineError, Root};
+use crate::confine::{ConfineError, Root, SettledMove};
 use crate::direct::{self, DirectFile};
 use crate::written_crc::WrittenCrc;
 use crate::{Layout, SupersededPolicy};
@@ -200,6 +200,40 @@ struct SourceFiles {
     kept: HashMap<String, (String, u64)>,
 }
 
+/// Paths of a source a file may still have to leave, or may have left not
+/// durably yet: a move of another file there must wait for that move (see
+/// [`Placer::flush_moves_away_from`]).
+#[derive(Default)]
+struct MovedAway {
+    /// Moves this process made, by the path they left, with the files moved.
+    made: HashMap<String, Vec<Arc<Slot>>>,
+    /// Moves an earlier process recorded and may not have made, by the
+    /// path they leave: the file's (key, generation).
+    recorded: HashMap<String, (String, u64)>,
+    /// Sweep `made` of moves already durable when it grows past this.
+    sweep_above: usize,
+}
+
+/// Moves kept in `MovedAway::made` before the durable ones are dropped.
+const MOVED_AWAY_SWEEP: usize = 1024;
+
+impl MovedAway {
+    /// Notes that a move took `slot`'s file away from `from`.
+    fn made(&mut self, from: String, slot: Arc<Slot>) {
+        if self.made.len() >= self.sweep_above.max(MOVED_AWAY_SWEEP) {
+            self.made.retain(|_, moved| {
+                moved.retain(|slot| !lock(&slot.unsynced).is_empty());
+                !moved.is_empty()
+            });
+            self.sweep_above = 2 * self.made.len();
+        }
+        let moved = self.made.entry(from).or_default();
+        if !moved.iter().any(|known| Arc::ptr_eq(known, &slot)) {
+            moved.push(slot);
+        }
+    }
+}
+
 /// Which path index of a source.
 #[derive(Clone, Copy)]
 enum PathIndex {
@@ -219,6 +253,8 @@ impl SourceFiles {
 pub(crate) struct Source {
     name: String,
     files: Mutex<SourceFiles>,
+    /// Taken on its own, after any other lock (and before `unsynced`).
+    moved_away: Mutex<MovedAway>,
 }
 
 /// Most sources one sink serves: each keeps some state for the life of the
@@ -531,7 +567,13 @@ impl Placer {
             sweep_above: SLOT_CACHE,
             ..SourceFiles::default()
         };
+        let mut moved_away = MovedAway::default();
         for (id, record) in records {
+            if let Some(from) = &record.renamed_from {
+                moved_away
+                    .recorded
+                    .insert(from.clone(), (id.key.clone(), id.generation));
+            }
             if !record.superseded {
                 files
                     .by_path
@@ -543,6 +585,7 @@ impl Placer {
         Ok(Arc::new(Source {
             name: name.to_owned(),
             files: Mutex::new(files),
+            moved_away: Mutex::new(moved_away),
         }))
     }
 
@@ -645,7 +688,7 @@ impl Placer {
                 continue;
             }
             let file = self
-                .file_of(&slot, &mut state, &mut work)
+                .file_of(&source, &slot, &mut state, &mut work)
                 .map_err(|e| storage(e.into_message()))?;
             let dest = &state.record.dest_path;
             let in_doubt =
@@ -948,6 +991,9 @@ impl Placer {
     ) -> Result<Arc<Slot>, RowError> {
         crate::confine::components(key).map_err(|e| RowError::Peer(e.to_string()))?;
         let dest = self.dest(source, path);
+        // A file an earlier process meant to move away from `dest` leaves
+        // first: the new one must not be written into it.
+        self.settle_recorded_move_from(source, files, &dest, work)?;
         self.supersede_at(source, files, &dest, work)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
@@ -1026,7 +1072,7 @@ impl Placer {
         // A move of it recorded and not seen through is finished first: its
         // file is then the one at `dest`, and no later settle can move it
         // back over whatever takes its place.
-        self.settle_rename(&old, &mut state, work)?;
+        self.settle_rename(source, &old, &mut state, work)?;
         match self.superseded {
             SupersededPolicy::Mirror => {
                 if let Some(dir) = self.root.remove(dest).map_err(confine_error)? {
@@ -1111,6 +1157,7 @@ impl Placer {
     /// it there, so nothing writes into a new empty file by mistake.
     fn settle_rename(
         &self,
+        source: &Source,
         slot: &Arc<Slot>,
         state: &mut SlotState,
         work: &mut BatchWork,
@@ -1118,24 +1165,48 @@ impl Placer {
         let Some(from) = state.record.renamed_from.clone() else {
             return Ok(());
         };
-        match self.root.rename(&from, &state.record.dest_path) {
-            Ok(dirs) => work
-                .request
-                .flush_before_record(&mut lock(&slot.unsynced), None, dirs),
-            // Neither name exists: nothing to move.
-            Err(ConfineError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound => {}
+        let to = &state.record.dest_path;
+        let inode = match state.record.renamed_inode {
+            Some(inode) => Ok(Some(inode)),
+            // Recorded by a build that did not keep the inode: the file at
+            // `from` is taken for it, else the one at `to`.
+            None => match self.root.inode_at(&from) {
+                Ok(None) => self.root.inode_at(to),
+                found => found,
+            },
+        };
+        let settled = inode.and_then(|inode| match inode {
+            Some(inode) => self.root.settle_move(&from, to, inode),
+            None => Ok(SettledMove::Missing),
+        });
+        match settled {
+            Ok(SettledMove::Made(dirs)) => {
+                work.request
+                    .flush_before_record(&mut lock(&slot.unsynced), None, dirs);
+                lock(&source.moved_away).made(from.clone(), slot.clone());
+            }
+            Ok(SettledMove::Missing) => {
+                // Its bytes are gone (removed behind the sink's back): the
+                // record must not claim them, so that they are sent again.
+                tracing::error!(
+                    from = %from,
+                    to = %to,
+                    bytes = state.record.placed.total_len(),
+                    "a recorded move found its file under neither name; its ranges are dropped from the manifest to be sent again"
+                );
+                state.record.placed = IntervalSet::new();
+                state.record.sealed = None;
+            }
             // Recorded before this sink took back intents whose move failed
             // (or just before a crash): not this batch's fault, and the
             // batch is tried again.
             Err(e) => {
                 return Err(RowError::Storage(format!(
-                    "finishing the recorded move of {from} to {}: {e}",
-                    state.record.dest_path
+                    "finishing the recorded move of {from} to {to}: {e}"
                 )));
             }
         }
-        state.record.renamed_from = None;
+        state.record.end_move();
         work.request.touched.push(slot.clone());
         Ok(())
     }
@@ -1171,6 +1242,7 @@ impl Placer {
 
     fn file_of(
         &self,
+        source: &Source,
         slot: &Arc<Slot>,
         state: &mut SlotState,
         work: &mut BatchWork,
@@ -1178,7 +1250,7 @@ impl Placer {
         if let Some(file) = &state.file {
             return Ok(file.clone());
         }
-        self.settle_rename(slot, state, work)?;
+        self.settle_rename(source, slot, state, work)?;
         let opened = self
             .root
             .open_for_write(&state.record.dest_path)
@@ -1273,7 +1345,7 @@ impl Placer {
                 sealed.size
             )));
         }
-        let file = self.file_of(&slot, &mut state, work)?;
+        let file = self.file_of(source, &slot, &mut state, work)?;
         let known = state.disk_len.unwrap_or(0);
         // A batch that flushes files anyway (new files, large ranges) has
         // them flushed together; copying its small ranges would be for nothing.
@@ -1374,7 +1446,7 @@ impl Placer {
             // Done before (perhaps only recorded, before a crash): make sure.
             let mut state = lock(&slot.state);
             let unsettled = state.record.renamed_from.clone();
-            self.settle_rename(&slot, &mut state, work)?;
+            self.settle_rename(source, &slot, &mut state, work)?;
             drop(state);
             if let Some(from) = unsettled {
                 // A move an earlier delivery recorded (or made) and did not
@@ -1387,6 +1459,19 @@ impl Placer {
             }
             work.request.touched.push(slot);
             return Ok(());
+        }
+        {
+            // Nothing is changed (no file at `new_dest` superseded) for a
+            // rename that cannot be made: its file must be there, once any
+            // move of it recorded before is finished.
+            let mut state = lock(&slot.state);
+            self.settle_rename(source, &slot, &mut state, work)?;
+            if self.inode_at(&old_dest)?.is_none() {
+                // Removed or replaced behind the sink's back.
+                return Err(RowError::Reject(format!(
+                    "cannot rename to {new_dest}: the sink holds no file at {old_dest}"
+                )));
+            }
         }
         let superseded = self.supersede_at(source, &mut files, &new_dest, work)?;
         {
@@ -1402,13 +1487,18 @@ impl Placer {
                 self.flush_unsynced_now(other, &mut gate)?;
                 records.push((other.id.clone(), other_state.record.clone()));
             }
+            self.flush_moves_away_from(source, &mut files, &new_dest, &mut gate, work)?;
             let mut state = lock(&slot.state);
             // A move recorded before and not seen through is finished, and
             // made durable, before this intent takes the place of its record.
-            self.settle_rename(&slot, &mut state, work)?;
+            self.settle_rename(source, &slot, &mut state, work)?;
             self.flush_unsynced_now(&slot, &mut gate)?;
-            state.record.dest_path = new_dest.clone();
-            state.record.renamed_from = Some(old_dest.clone());
+            let Some(inode) = self.inode_at(&old_dest)? else {
+                return Err(RowError::Storage(format!(
+                    "the file at {old_dest} went away while it was renamed to {new_dest}"
+                )));
+            };
+            state.record.begin_move(new_dest.clone(), inode);
             records.push((slot.id.clone(), state.record.clone()));
             self.record_now(records, || format!("recording the rename to {new_dest}"))?;
         }
@@ -1431,12 +1521,13 @@ impl Placer {
             let mut state = lock(&slot.state);
             work.request
                 .flush_before_record(&mut lock(&slot.unsynced), None, dirs);
-            state.record.renamed_from = None;
+            state.record.end_move();
         }
         files.by_path.remove(&old_dest);
         files
             .by_path
             .insert(new_dest, (row.file_key.to_owned(), row.generation));
+        lock(&source.moved_away).made(old_dest, slot.clone());
         drop(files);
         work.request.touched.push(slot);
         Ok(())
@@ -1478,6 +1569,7 @@ impl Placer {
             slot: Arc<Slot>,
             from: String,
             to: String,
+            inode: u64,
         }
         // Renames of one source are serialised (see `rename`).
         let mut files = lock(&source.files);
@@ -1510,9 +1602,15 @@ impl Placer {
             };
             let state = lock(&slot.state);
             let from = state.record.dest_path.clone();
-            // Into a directory that is there, onto no directory: a move that
-            // would have to make one, or could fail, is left to its row.
+            // Into a directory that is there, onto no directory, of a file
+            // that is where its record says: a move that would have to make
+            // one, or could fail, is left to its row.
+            let inode = match (in_order, &state.record.renamed_from) {
+                (true, None) => self.inode_at(&from).ok().flatten(),
+                _ => None,
+            };
             let plain = !state.record.superseded
+                && inode.is_some()
                 && state.record.renamed_from.is_none()
                 && from != to
                 && !files.by_path.contains_key(&to)
@@ -1523,8 +1621,13 @@ impl Placer {
             named.push(from.clone());
             named.push(to.clone());
             in_order &= plain;
-            if in_order {
-                moves.push(Move { slot, from, to });
+            if let (true, Some(inode)) = (in_order, inode) {
+                moves.push(Move {
+                    slot,
+                    from,
+                    to,
+                    inode,
+                });
             }
         }
         let run = end - start;
@@ -1537,13 +1640,15 @@ impl Placer {
             // As in `rename`: the intents are durable before any file moves,
             // and no round writes these records meanwhile.
             let mut gate = self.open_gate()?;
+            for m in &moves {
+                self.flush_moves_away_from(source, &mut files, &m.to, &mut gate, work)?;
+            }
             let mut records = Vec::with_capacity(moves.len());
             for m in &moves {
                 let state = lock(&m.slot.state);
                 self.flush_unsynced_now(&m.slot, &mut gate)?;
                 let mut record = state.record.clone();
-                record.dest_path = m.to.clone();
-                record.renamed_from = Some(m.from.clone());
+                record.begin_move(m.to.clone(), m.inode);
                 records.push((m.slot.id.clone(), record));
             }
             self.record_now(records, || {
@@ -1551,8 +1656,7 @@ impl Placer {
             })?;
             for m in &moves {
                 let mut state = lock(&m.slot.state);
-                state.record.dest_path = m.to.clone();
-                state.record.renamed_from = Some(m.from.clone());
+                state.record.begin_move(m.to.clone(), m.inode);
             }
         }
         let mut first_failure = None;
@@ -1576,12 +1680,13 @@ impl Placer {
                 let mut state = lock(&m.slot.state);
                 work.request
                     .flush_before_record(&mut lock(&m.slot.unsynced), None, dirs);
-                state.record.renamed_from = None;
+                state.record.end_move();
             }
             files.by_path.remove(&m.from);
             files
                 .by_path
                 .insert(m.to, (m.slot.id.key.clone(), m.slot.id.generation));
+            lock(&source.moved_away).made(m.from, m.slot.clone());
             work.renamed.insert(Arc::as_ptr(&m.slot) as usize);
             work.request.touched.push(m.slot);
         }
@@ -1589,6 +1694,61 @@ impl Placer {
             self.withdraw_intents(&not_moved)?;
         }
         first_failure.map_or(Ok(()), Err)
+    }
+
+    /// The inode of the file at `dest`, one of this sink's files, if it is there.
+    fn inode_at(&self, dest: &str) -> Result<Option<u64>, RowError> {
+        self.root.inode_at(dest).map_err(|e| {
+            RowError::Storage(format!("finding the file at {dest} before moving it: {e}"))
+        })
+    }
+
+    /// Makes an earlier move away from `to` durable before an intent to move
+    /// another file there is recorded: a move an earlier process recorded
+    /// and may not have made is made first. Otherwise a crash could keep the
+    /// intent and lose that move, and settling the intent would move its
+    /// file over the one that never left. The caller holds `files` and the
+    /// gate, and no slot's state.
+    fn flush_moves_away_from(
+        &self,
+        source: &Source,
+        files: &mut SourceFiles,
+        to: &str,
+        gate: &mut Option<String>,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        self.settle_recorded_move_from(source, files, to, work)?;
+        let made = lock(&source.moved_away).made.remove(to);
+        for moved in made.unwrap_or_default() {
+            let _state = lock(&moved.state);
+            self.flush_unsynced_now(&moved, gate)?;
+        }
+        Ok(())
+    }
+
+    /// Makes a move away from `path` that an earlier process recorded (and
+    /// may not have made) before anything else takes the path. The caller
+    /// holds `files` and no slot's state.
+    fn settle_recorded_move_from(
+        &self,
+        source: &Source,
+        files: &mut SourceFiles,
+        path: &str,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        // Forgotten only once settled: a failure leaves it for the retry.
+        let recorded = lock(&source.moved_away).recorded.get(path).cloned();
+        let Some((key, generation)) = recorded else {
+            return Ok(());
+        };
+        if let Some(slot) = self.lookup(source, files, &key, generation)? {
+            let mut state = lock(&slot.state);
+            if state.record.renamed_from.as_deref() == Some(path) {
+                self.settle_rename(source, &slot, &mut state, work)?;
+            }
+        }
+        lock(&source.moved_away).recorded.remove(path);
+        Ok(())
     }
 
     /// Writes `records` to the manifest at once, synced, outside a commit
@@ -1625,7 +1785,7 @@ impl Placer {
             .iter()
             .map(|(slot, state)| {
                 let mut record = state.record.clone();
-                record.dest_path = record.renamed_from.take().unwrap_or_default();
+                record.undo_move();
                 (slot.id.clone(), record)
             })
             .collect::<Vec<_>>();
@@ -1664,11 +1824,10 @@ impl Placer {
     /// A watcher that switched algorithms re-sends the seal of a sealed file:
     /// the bytes on disk decide. Failing to read them refuses only this row
     /// (a storage error would have the whole batch retried forever).
+    /// The caller has settled any recorded move of the file.
     fn reseal_matches(
         &self,
-        slot: &Arc<Slot>,
-        state: &mut SlotState,
-        work: &mut BatchWork,
+        state: &SlotState,
         size: u64,
         kind: SealDigest,
         digest: &str,
@@ -1678,7 +1837,6 @@ impl Placer {
                 "a newer generation replaced this one; seal ignored".into(),
             ));
         }
-        self.settle_rename(slot, state, work)?;
         let dest = &state.record.dest_path;
         self.digest_on_disk(dest, size, kind)
             .map(|actual| actual == digest)
@@ -1714,7 +1872,9 @@ impl Placer {
             let same = sealed.size == size
                 && (sealed.digest == digest
                     || (SealDigest::of_digest(&sealed.digest).ok() != Some(kind)
-                        && self.reseal_matches(&slot, &mut state, work, size, kind, digest)?));
+                        && self
+                            .settle_rename(source, &slot, &mut state, work)
+                            .and_then(|()| self.reseal_matches(&state, size, kind, digest))?));
             return if same {
                 drop(state);
                 work.request.touched.push(slot);
@@ -1747,7 +1907,7 @@ impl Placer {
                 "cannot seal at size {size}: bytes {start}..{end} past it are being written"
             )));
         }
-        let file = self.file_of(&slot, &mut state, work)?;
+        let file = self.file_of(source, &slot, &mut state, work)?;
         let dest = state.record.dest_path.clone();
         let meta = file
             .metadata()
@@ -2536,6 +2696,237 @@ mod tests {
         assert_eq!(renamed.dest_path, "s/a");
         let superseded = record("a").expect("recorded with the intent");
         assert!(superseded.superseded);
+    }
+
+    /// A rotation (a.1 to a.2, then a to a.1) cut short by a crash after
+    /// both moves and before the round that records them: both intents
+    /// are in the manifest, and each file is already at its new name. The
+    /// start finishes each move by the file's inode, so the later file now
+    /// at a.1 is not taken for the earlier one and moved over it.
+    #[test]
+    fn a_rotation_cut_short_by_a_crash_keeps_both_files() {
+        let fixture = Fixture::new("rotation-crash");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let setup = rows(|b| {
+            b.push_data("a.1", 1, 0, b"first");
+            b.push_data("a", 1, 0, b"second");
+        });
+        let (request, _, deferred) = placer.place(&source, 1, &setup).unwrap();
+        deferred.write(&setup).unwrap();
+        record_placed(&request);
+        let rotate = rows(|b| {
+            b.push_rename("a.1", 1, "a.2");
+            b.push_rename("a", 1, "a.1");
+        });
+        let (_, ack, _) = placer.place(&source, 2, &rotate).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        // The move out of a.1 was made durable before the intent to move
+        // into it was recorded; the later move waits for its round.
+        let unsynced = |key: &str| {
+            let files = lock(&source.files);
+            let slot = files.slots.get(&(key.to_owned(), 1)).unwrap();
+            lock(&slot.unsynced).len()
+        };
+        assert_eq!(unsynced("a.1"), 0);
+        assert_ne!(unsynced("a"), 0);
+        // The crash: no round ran, the intents stay in the manifest.
+        drop((source, placer));
+
+        let restarted = fixture.placer();
+        let source = restarted.source("s").unwrap();
+        let more = rows(|b| {
+            b.push_data("a.1", 1, 5, b"+1");
+            b.push_data("a", 1, 6, b"+2");
+        });
+        let (_, ack, deferred) = restarted.place(&source, 3, &more).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        deferred.write(&more).unwrap();
+        assert_eq!(std::fs::read(fixture.dest("s/a.2")).unwrap(), b"first+1");
+        assert_eq!(std::fs::read(fixture.dest("s/a.1")).unwrap(), b"second+2");
+        assert!(!fixture.dest("s/a").exists());
+    }
+
+    /// An earlier process recorded a.1's move to a.2 and did not make it;
+    /// a rename of a to a.1 now makes that move first, instead of putting
+    /// its file over the one still at a.1.
+    #[test]
+    fn a_rename_into_a_path_an_earlier_run_meant_to_leave_moves_that_file_first() {
+        use std::os::unix::fs::MetadataExt;
+        let fixture = Fixture::new("rename-after-intent");
+        std::fs::create_dir_all(fixture.dest("s")).unwrap();
+        std::fs::write(fixture.dest("s/a.1"), b"first").unwrap();
+        std::fs::write(fixture.dest("s/a"), b"second").unwrap();
+        let inode = std::fs::metadata(fixture.dest("s/a.1")).unwrap().ino();
+        let placer = fixture.placer();
+        let file = |key: &str| FileId {
+            source: "s".into(),
+            key: key.into(),
+            generation: 1,
+        };
+        let mut intent = record("s/a.1", 5);
+        intent.begin_move("s/a.2".into(), inode);
+        placer
+            .manifest
+            .commit(&SinkCommit {
+                records: vec![(file("a.1"), intent), (file("a"), record("s/a", 6))],
+                ..SinkCommit::default()
+            })
+            .unwrap();
+        drop(placer);
+
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let rename = rows(|b| b.push_rename("a", 1, "a.1"));
+        let (_, ack, _) = placer.place(&source, 1, &rename).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert_eq!(std::fs::read(fixture.dest("s/a.2")).unwrap(), b"first");
+        assert_eq!(std::fs::read(fixture.dest("s/a.1")).unwrap(), b"second");
+        assert!(!fixture.dest("s/a").exists());
+    }
+
+    /// A new file at a path an earlier process recorded a move away from,
+    /// and did not make: that move is made first, and the new file gets a
+    /// file of its own.
+    #[test]
+    fn a_new_file_where_a_recorded_move_starts_waits_for_that_move() {
+        use std::os::unix::fs::MetadataExt;
+        let fixture = Fixture::new("create-after-intent");
+        std::fs::create_dir_all(fixture.dest("s")).unwrap();
+        std::fs::write(fixture.dest("s/a"), b"first").unwrap();
+        let inode = std::fs::metadata(fixture.dest("s/a")).unwrap().ino();
+        let placer = fixture.placer();
+        let mut intent = record("s/a", 5);
+        intent.begin_move("s/a.1".into(), inode);
+        let moved = FileId {
+            source: "s".into(),
+            key: "x".into(),
+            generation: 1,
+        };
+        placer
+            .manifest
+            .commit(&SinkCommit {
+                records: vec![(moved, intent)],
+                ..SinkCommit::default()
+            })
+            .unwrap();
+        drop(placer);
+
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let new = rows(|b| b.push_data("a", 1, 0, b"second"));
+        let (_, ack, deferred) = placer.place(&source, 1, &new).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        deferred.write(&new).unwrap();
+        assert_eq!(std::fs::read(fixture.dest("s/a.1")).unwrap(), b"first");
+        assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"second");
+    }
+
+    /// The same move in a run of renames, after a rename away from its
+    /// target made by this process: that move is made durable first.
+    #[test]
+    fn a_run_of_renames_waits_for_moves_away_from_its_targets() {
+        let fixture = Fixture::new("run-after-move");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let setup = rows(|b| {
+            b.push_data("a.1", 1, 0, b"first");
+            b.push_data("a", 1, 0, b"second");
+            b.push_data("b", 1, 0, b"third");
+        });
+        let (request, _, deferred) = placer.place(&source, 1, &setup).unwrap();
+        deferred.write(&setup).unwrap();
+        record_placed(&request);
+        let unsynced = |key: &str| {
+            let files = lock(&source.files);
+            let slot = files.slots.get(&(key.to_owned(), 1)).unwrap();
+            lock(&slot.unsynced).len()
+        };
+        let away = rows(|b| b.push_rename("a.1", 1, "a.2"));
+        placer.place(&source, 2, &away).unwrap();
+        assert_ne!(unsynced("a.1"), 0);
+        let run = rows(|b| {
+            b.push_rename("a", 1, "a.1");
+            b.push_rename("b", 1, "b.1");
+        });
+        let (_, ack, _) = placer.place(&source, 3, &run).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert_eq!(unsynced("a.1"), 0);
+        assert_eq!(std::fs::read(fixture.dest("s/a.2")).unwrap(), b"first");
+        assert_eq!(std::fs::read(fixture.dest("s/a.1")).unwrap(), b"second");
+        assert_eq!(std::fs::read(fixture.dest("s/b.1")).unwrap(), b"third");
+    }
+
+    /// A rename of a file removed from the sink behind its back changes
+    /// nothing and says why.
+    #[test]
+    fn a_rename_of_a_file_the_sink_lost_is_refused() {
+        let fixture = Fixture::new("rename-lost");
+        let placer = fixture.placer();
+        let source = placer.source("s").unwrap();
+        let setup = rows(|b| {
+            b.push_data("a.tmp", 1, 0, b"first");
+            b.push_data("a", 1, 0, b"live");
+        });
+        let (request, _, deferred) = placer.place(&source, 1, &setup).unwrap();
+        deferred.write(&setup).unwrap();
+        record_placed(&request);
+        std::fs::remove_file(fixture.dest("s/a.tmp")).unwrap();
+        let rename = rows(|b| b.push_rename("a.tmp", 1, "a"));
+        let (_, ack, _) = placer.place(&source, 2, &rename).unwrap();
+        assert_eq!(ack.rejected.len(), 1, "{:?}", ack.rejected);
+        assert!(
+            ack.rejected[0].error.contains("holds no file"),
+            "{}",
+            ack.rejected[0].error
+        );
+        let slot = placer.lookup(&source, &mut lock(&source.files), "a.tmp", 1);
+        let slot = slot.ok().flatten().unwrap();
+        assert_eq!(lock(&slot.state).record.dest_path, "s/a.tmp");
+        assert_eq!(lock(&slot.state).record.renamed_from, None);
+        // The live file at the name it asked for is left alone.
+        assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"live");
+        let live = placer.lookup(&source, &mut lock(&source.files), "a", 1);
+        assert!(!lock(&live.ok().flatten().unwrap().state).record.superseded);
+    }
+
+    /// An intent recorded without its inode (by an earlier build) whose move
+    /// was made, and whose old directory is gone since: the file is found
+    /// at its new name, and its ranges stay recorded.
+    #[test]
+    fn an_older_intent_whose_old_directory_is_gone_finds_its_file_moved() {
+        let fixture = Fixture::new("old-intent");
+        std::fs::create_dir_all(fixture.dest("src/new")).unwrap();
+        std::fs::write(fixture.dest("src/new/x"), b"moved").unwrap();
+        let placer = fixture.placer();
+        let mut moved = record("src/new/x", 5);
+        moved.renamed_from = Some("src/gone/x".into());
+        placer
+            .manifest
+            .commit(&SinkCommit {
+                records: vec![(id("gone/x", 1), moved)],
+                ..SinkCommit::default()
+            })
+            .unwrap();
+        drop(placer);
+
+        let placer = fixture.placer();
+        let source = placer.source("src").unwrap();
+        let more = rows(|b| b.push_data("gone/x", 1, 5, b"+more"));
+        let (request, ack, deferred) = placer.place(&source, 1, &more).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert_eq!(ack.placed, 5);
+        deferred.write(&more).unwrap();
+        record_placed(&request);
+        assert_eq!(
+            std::fs::read(fixture.dest("src/new/x")).unwrap(),
+            b"moved+more"
+        );
+        let slot = placer.lookup(&source, &mut lock(&source.files), "gone/x", 1);
+        let slot = slot.ok().flatten().unwrap();
+        let state = lock(&slot.state);
+        assert_eq!(state.record.renamed_from, None);
+        assert!(state.record.placed.covers(0, 10));
     }
 
     /// Runs that name a path twice, or one inside another, keep their order.
