@@ -441,7 +441,10 @@ impl Backlog {
         self.flushing = Some(tokio::spawn(async move {
             // Few flushes at a time: this one is in no hurry, and the
             // commit rounds' manifest flushes must not queue behind it.
-            let result = match flusher.flush(targets, BACKGROUND_SYNC_PARALLELISM).await {
+            let result = match flusher
+                .flush_in_background(targets, BACKGROUND_SYNC_PARALLELISM)
+                .await
+            {
                 // Another flush failing meanwhile may have taken the error
                 // of one of these files: their entries must stay.
                 Ok(()) if flusher.has_failed() || lock(&poisoned).is_some() => {
