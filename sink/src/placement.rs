@@ -2747,33 +2747,51 @@ mod tests {
         assert!(!fixture.dest("s/a").exists());
     }
 
+    fn file_of_s(key: &str) -> FileId {
+        FileId {
+            source: "s".into(),
+            key: key.into(),
+            generation: 1,
+        }
+    }
+
+    /// Leaves the manifest as an earlier process that crashed would: the
+    /// file `s/<name>` holding `bytes`, the intent to move it to `to`
+    /// recorded (under the key `moved-<name>`), and `others` beside it.
+    fn recorded_move(
+        fixture: &Fixture,
+        (name, bytes): (&str, &[u8]),
+        to: &str,
+        mut others: Vec<(FileId, FileRecord)>,
+    ) {
+        use std::os::unix::fs::MetadataExt;
+        let from = format!("s/{name}");
+        std::fs::create_dir_all(fixture.dest("s")).unwrap();
+        std::fs::write(fixture.dest(&from), bytes).unwrap();
+        let inode = std::fs::metadata(fixture.dest(&from)).unwrap().ino();
+        let mut intent = record(&from, bytes.len() as u64);
+        intent.begin_move(to.into(), inode);
+        others.push((file_of_s(&format!("moved-{name}")), intent));
+        let placer = fixture.placer();
+        placer
+            .manifest
+            .commit(&SinkCommit {
+                records: others,
+                ..SinkCommit::default()
+            })
+            .unwrap();
+    }
+
     /// An earlier process recorded a.1's move to a.2 and did not make it;
     /// a rename of a to a.1 now makes that move first, instead of putting
     /// its file over the one still at a.1.
     #[test]
     fn a_rename_into_a_path_an_earlier_run_meant_to_leave_moves_that_file_first() {
-        use std::os::unix::fs::MetadataExt;
         let fixture = Fixture::new("rename-after-intent");
         std::fs::create_dir_all(fixture.dest("s")).unwrap();
-        std::fs::write(fixture.dest("s/a.1"), b"first").unwrap();
         std::fs::write(fixture.dest("s/a"), b"second").unwrap();
-        let inode = std::fs::metadata(fixture.dest("s/a.1")).unwrap().ino();
-        let placer = fixture.placer();
-        let file = |key: &str| FileId {
-            source: "s".into(),
-            key: key.into(),
-            generation: 1,
-        };
-        let mut intent = record("s/a.1", 5);
-        intent.begin_move("s/a.2".into(), inode);
-        placer
-            .manifest
-            .commit(&SinkCommit {
-                records: vec![(file("a.1"), intent), (file("a"), record("s/a", 6))],
-                ..SinkCommit::default()
-            })
-            .unwrap();
-        drop(placer);
+        let live = (file_of_s("a"), record("s/a", 6));
+        recorded_move(&fixture, ("a.1", b"first"), "s/a.2", vec![live]);
 
         let placer = fixture.placer();
         let source = placer.source("s").unwrap();
@@ -2790,27 +2808,8 @@ mod tests {
     /// file of its own.
     #[test]
     fn a_new_file_where_a_recorded_move_starts_waits_for_that_move() {
-        use std::os::unix::fs::MetadataExt;
         let fixture = Fixture::new("create-after-intent");
-        std::fs::create_dir_all(fixture.dest("s")).unwrap();
-        std::fs::write(fixture.dest("s/a"), b"first").unwrap();
-        let inode = std::fs::metadata(fixture.dest("s/a")).unwrap().ino();
-        let placer = fixture.placer();
-        let mut intent = record("s/a", 5);
-        intent.begin_move("s/a.1".into(), inode);
-        let moved = FileId {
-            source: "s".into(),
-            key: "x".into(),
-            generation: 1,
-        };
-        placer
-            .manifest
-            .commit(&SinkCommit {
-                records: vec![(moved, intent)],
-                ..SinkCommit::default()
-            })
-            .unwrap();
-        drop(placer);
+        recorded_move(&fixture, ("a", b"first"), "s/a.1", Vec::new());
 
         let placer = fixture.placer();
         let source = placer.source("s").unwrap();
