@@ -2069,6 +2069,14 @@ mod tests {
         }
     }
 
+    /// Places `batch` and does what its round would: its deferred writes,
+    /// then its records in memory.
+    fn place_and_record(placer: &Placer, source: &Source, seq: u64, batch: &RangeBatch) {
+        let (request, _, deferred) = placer.place(source, seq, batch).unwrap();
+        deferred.write(batch).unwrap();
+        record_placed(&request);
+    }
+
     /// A validated batch of the rows `build` pushes.
     fn rows(build: impl FnOnce(&mut BatchBuilder)) -> RangeBatch {
         let mut builder = BatchBuilder::with_capacity(4, 64);
@@ -2712,9 +2720,7 @@ mod tests {
             b.push_data("a.1", 1, 0, b"first");
             b.push_data("a", 1, 0, b"second");
         });
-        let (request, _, deferred) = placer.place(&source, 1, &setup).unwrap();
-        deferred.write(&setup).unwrap();
-        record_placed(&request);
+        place_and_record(&placer, &source, 1, &setup);
         let rotate = rows(|b| {
             b.push_rename("a.1", 1, "a.2");
             b.push_rename("a", 1, "a.1");
@@ -2833,9 +2839,7 @@ mod tests {
             b.push_data("a", 1, 0, b"second");
             b.push_data("b", 1, 0, b"third");
         });
-        let (request, _, deferred) = placer.place(&source, 1, &setup).unwrap();
-        deferred.write(&setup).unwrap();
-        record_placed(&request);
+        place_and_record(&placer, &source, 1, &setup);
         let unsynced = |key: &str| {
             let files = lock(&source.files);
             let slot = files.slots.get(&(key.to_owned(), 1)).unwrap();
@@ -2867,9 +2871,7 @@ mod tests {
             b.push_data("a.tmp", 1, 0, b"first");
             b.push_data("a", 1, 0, b"live");
         });
-        let (request, _, deferred) = placer.place(&source, 1, &setup).unwrap();
-        deferred.write(&setup).unwrap();
-        record_placed(&request);
+        place_and_record(&placer, &source, 1, &setup);
         std::fs::remove_file(fixture.dest("s/a.tmp")).unwrap();
         let rename = rows(|b| b.push_rename("a.tmp", 1, "a"));
         let (_, ack, _) = placer.place(&source, 2, &rename).unwrap();
