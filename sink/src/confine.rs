@@ -277,16 +277,11 @@ impl Root {
             // directory on the way to `to` (the move may have made some)
             // and the one it left are flushed.
             let to_parts = components(to)?;
-            let mut dirs = vec![self.dir.try_clone().map_err(|e| ConfineError::Io {
-                path: to.to_owned(),
-                op: "dup root",
-                root: self.path.clone(),
-                source: e,
-            })?];
-            for depth in 1..to_parts.len() {
-                let above = to_parts[..=depth].join("/");
-                let parts = components(&above)?;
-                dirs.push(self.parent(&above, &parts, false, &mut Vec::new())?);
+            let mut dirs = Vec::with_capacity(to_parts.len() + 1);
+            // The directory holding each component, from the root down.
+            for depth in 0..to_parts.len() {
+                let parts = &to_parts[..=depth];
+                dirs.push(self.parent(&parts.join("/"), parts, false, &mut Vec::new())?);
             }
             let from_parts = components(from)?;
             match self.parent(from, &from_parts, false, &mut Vec::new()) {
