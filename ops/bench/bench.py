@@ -54,7 +54,7 @@ MODES = {
         p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
-        p3_rotate_chunk="1MiB",
+        p3_rotate_chunk="1MiB", p3_logs_tmpfs=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536, p6_sink="", p6_settle_s=0, p6_peers=1,
@@ -66,7 +66,7 @@ MODES = {
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
-        p3_rotate_chunk="4MiB",
+        p3_rotate_chunk="4MiB", p3_logs_tmpfs=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536, p6_sink="", p6_settle_s=40, p6_peers=1,
@@ -514,8 +514,10 @@ class Pipeline:
 
     def __init__(self, b: Bench, d: Path, src: Path, *, tls=False, watch_extra=(), sink_extra=(),
                  sink_host="127.0.0.1", netns=None, sink_port=None, nofile=None, dest_root=None,
-                 trace_rounds=False):
+                 trace_rounds=False, logdir=None):
         self.b, self.d, self.src = b, d, src
+        # Where the processes' logs and the commit log go (by default with the state).
+        self.logdir = logdir or d
         # The sink's commit-round trace (one debug line per round) shows where the latency goes.
         self.sink_env = (dict(b.env, TAILFLIGHT_LOG=f"{b.env.get('TAILFLIGHT_LOG', 'warn')},sink::commit=debug")
                          if trace_rounds else b.env)
@@ -525,7 +527,7 @@ class Pipeline:
         self.dest_root = dest_root or d / "dest"
         self.dest = self.dest_root / SOURCE
         self.sink_state = d / "sink-state"
-        self.commit_path = d / "commit.log"
+        self.commit_path = self.logdir / "commit.log"
         self.cl = CommitLog(self.commit_path)
         self.tls_client: list[str] = []
         self.netns = netns
@@ -547,7 +549,7 @@ class Pipeline:
         self.start_sink()
 
     def start_sink(self):
-        self.sink = Proc("sink", self.sink_args, self.d, env=self.sink_env, netns=self.netns, nofile=self.nofile)
+        self.sink = Proc("sink", self.sink_args, self.logdir, env=self.sink_env, netns=self.netns, nofile=self.nofile)
         wait_port(self.host, self.port, 60, self.sink)
 
     def restart_sink(self):
@@ -558,7 +560,7 @@ class Pipeline:
         self.watcher = Proc("watcher", nofile=self.nofile, argv=[
             self.b.bin, "watch", "--dir", self.src, "--source", SOURCE,
             "--to", to or self.endpoint, "--state", self.d / "watch-state",
-            *self.tls_client, *self.watch_extra, *self.b.watch_args], logdir=self.d, env=self.b.env)
+            *self.tls_client, *self.watch_extra, *self.b.watch_args], logdir=self.logdir, env=self.b.env)
         return self.watcher
 
     def status(self):
@@ -1068,14 +1070,18 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
                   chunk="1GiB") -> dict:
     d = b.fresh("p3", f"{label}-{i}".replace(" ", "_"))
     src = b.fresh_src("p3", f"{label}-{i}".replace(" ", "_"))
+    # The measurement's own logs (every write, every commit, every round) go
+    # to tmpfs: on the sink's disk their writeback would compete with the
+    # fdatasyncs being measured.
+    logs = b.fresh_src("p3-logs", f"{label}-{i}".replace(" ", "_")) if int(b.p["p3_logs_tmpfs"]) else d
     os.sync()
-    pl = Pipeline(b, d, src, watch_extra=watch_extra, sink_extra=sink_extra, trace_rounds=True)
+    pl = Pipeline(b, d, src, watch_extra=watch_extra, sink_extra=sink_extra, trace_rounds=True, logdir=logs)
     try:
         pl.start_watcher()
         time.sleep(1.0)
         # The simulator is the only child reaped while it runs (as in P1).
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        sim = b.sim(d, "sim", src, *p3_sim_args(b, sim_threads, chunk), "--write-log", d / "writes.log")
+        sim = b.sim(logs, "sim", src, *p3_sim_args(b, sim_threads, chunk), "--write-log", logs / "writes.log")
         if sim.wait(b.p["p3_seconds"] + 60) != 0:
             raise BenchError(f"sim failed: {sim.log_tail()}")
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -1085,7 +1091,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
         m = pl.finish(total)
     finally:
         pl.kill_all()
-    writes = read_write_log(d / "writes.log")
+    writes = read_write_log(logs / "writes.log")
     timed: list[tuple[int, float]] = []
     way: list[float] = []
     lat, missing = tailflight_latencies(writes, pl.cl.records, timed, way)
@@ -1096,6 +1102,9 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     summ["windows"] = latency_windows(writes, timed, 10.0 if b.p["p3_seconds"] >= 30 else 1.0)
     ok, _ = b.verify(src, pl.dest)
     m["rounds"] = commit_rounds(pl.sink.log_path)
+    if logs != d:
+        for log in logs.iterdir():
+            shutil.move(log, d / log.name)
     m.update(summ)
     m.update({"verified": ok, "cdf": cdf_points(lat), "writes": sum(len(w) for w in writes.values()),
               "seconds": b.p["p3_seconds"], "label": label, "watch_extra": list(map(str, watch_extra))})
@@ -1260,6 +1269,7 @@ def p3_peer(b: Bench, kind: str, delay=None, run=1) -> dict:
     src = b.fresh_src("p3", f"{label}-{run}")
     dest = d / "dest"
     dest.mkdir()
+    logs = b.fresh_src("p3-logs", f"{label}-{run}") if int(b.p["p3_logs_tmpfs"]) else d  # as for tailflight
     os.sync()
     stop = threading.Event()
     passes = []
@@ -1311,7 +1321,7 @@ def p3_peer(b: Bench, kind: str, delay=None, run=1) -> dict:
                 time.sleep(0.1)
         poller.start()
         time.sleep(0.5)
-        sim = b.sim(d, "sim", src, *p3_sim_args(b), "--write-log", d / "writes.log")
+        sim = b.sim(logs, "sim", src, *p3_sim_args(b), "--write-log", logs / "writes.log")
         if sim.wait(b.p["p3_seconds"] + 60) != 0:
             raise BenchError(f"sim failed: {sim.log_tail()}")
         sizes = {e.name: e.stat().st_size for e in os.scandir(src) if e.is_file()}
@@ -1335,7 +1345,10 @@ def p3_peer(b: Bench, kind: str, delay=None, run=1) -> dict:
         if loop_thread is not None:
             loop_thread.join(timeout=120)
         poller.join(timeout=5)
-    writes = read_write_log(d / "writes.log")
+    writes = read_write_log(logs / "writes.log")
+    if logs != d:
+        for log in logs.iterdir():
+            shutil.move(log, d / log.name)
     lat, missing = poller.latencies(writes)
     summ = latency_summary(lat, missing)
     ok, why = prefix_identical(src, dest)
@@ -2370,7 +2383,12 @@ METHOD = """\
   a virtual disk): read small differences as noise. {runs_note}
 - **Sources on tmpfs.** Simulator and writer outputs live on `{shm}` (tmpfs) so that reading the source
   costs no disk I/O and the disk ceiling is the sink's alone. The sink root, its RocksDB manifest and the
-  peers' destinations are under `{work}` on {fs}.
+  peers' destinations are under `{work}` on {fs}. P3's measurement logs (the simulator's
+  write log, the sink's commit log and round trace, the processes' logs: about 40 MB a minute) are
+  written to tmpfs too, and moved beside the run's state afterwards: on the sink's disk, the kernel's
+  writeback of them 30 s after they were written (its dirty-page expiry) stalled the sink's fdatasyncs,
+  and that window's p99 went from 7–8 ms to 58–69 ms (3 paired 60 s runs, 2026-11-25). A sink root
+  shared with other heavy writers sees the same; `--set p3_logs_tmpfs=0` measures it.
 - **Throughput** (P1, P2, P4) = source bytes ÷ (time from the simulator's start, or the watcher's start
   for P4, to the commit time of the last range in the sink's `--commit-log`). Source files are written by
   `tailflight sim` (16 streams, 1 MiB writes, 64 MiB chunks renamed from `.inprogress`).
@@ -2480,6 +2498,8 @@ def write_report(b: Bench, started: float | None):
               "long link whose TCP buffers are capped.",
               "- tbf shapes at the veth; bursts of up to 2 MB pass at once.",
               "- Sources on tmpfs favour the watcher (reads never wait for a disk); a real DAQ disk adds its own limits.",
+              "- P3's measurement logs are kept off the sink's disk; on a disk other writers share, their writeback "
+              "delays the sink's fdatasyncs (see Method).",
               "- P3 write times are taken by the simulator after write() returns; a writer thread can be descheduled "
               "before it reads the clock (more often with a thread per file, 100 threads on 2 cores), so a few writes "
               "show latencies near or below 0 (`nonpositive` in the JSON) and some are slightly underestimated.",
