@@ -1050,24 +1050,19 @@ impl Placer {
         let mut changed = Vec::new();
         if let Some((kept, key, generation)) = self.slot_at(source, files, PathIndex::Kept, dest)? {
             let moved = self.free_name(files, (1..1000).map(|n| format!("{dest}.{n}")))?;
-            let dirs = self.root.rename(dest, &moved).map_err(confine_error)?;
-            let mut kept_state = lock(&kept.state);
-            work.request
-                .flush_before_record(&mut lock(&kept.unsynced), None, dirs);
-            kept_state.record.dest_path = moved.clone();
-            drop(kept_state);
+            // Still indexed at `dest` if the move fails: a retried batch
+            // must not take the kept file for a free path.
+            let moved_on = self.move_superseded(source, files, &kept, dest, &moved, work)?;
             files.kept.remove(dest);
-            files.kept.insert(moved, (key, generation));
-            work.request.touched.push(kept.clone());
+            if moved_on {
+                files.kept.insert(moved, (key, generation));
+            }
             changed.push(kept);
         }
         let Some((old, key, generation)) = self.slot_at(source, files, PathIndex::Live, dest)?
         else {
             return Ok(changed);
         };
-        // Nothing changes in memory until the file is out of the way: a
-        // failure leaves the old generation live at `dest`, and the retried
-        // batch supersedes it again instead of writing into its file.
         let mut state = lock(&old.state);
         // A move of it recorded and not seen through is finished first: its
         // file is then the one at `dest`, and no later settle can move it
@@ -1075,12 +1070,21 @@ impl Placer {
         self.settle_rename(source, &old, &mut state, work)?;
         match self.superseded {
             SupersededPolicy::Mirror => {
+                // Nothing changes in memory until the file is out of the way:
+                // a failure leaves the old generation live at `dest`, and the
+                // retried batch supersedes it again instead of writing into
+                // its file.
                 if let Some(dir) = self.root.remove(dest).map_err(confine_error)? {
                     work.request
                         .flush_before_record(&mut lock(&old.unsynced), None, [dir]);
                 }
+                state.close_file();
+                state.record.superseded = true;
+                drop(state);
+                work.request.touched.push(old.clone());
             }
             SupersededPolicy::Keep => {
+                drop(state);
                 let aside = self.free_name(
                     files,
                     (0..1000).map(|n| match n {
@@ -1088,21 +1092,102 @@ impl Placer {
                         n => format!("{dest}.gen{generation}.{n}"),
                     }),
                 )?;
-                let dirs = self.root.rename(dest, &aside).map_err(confine_error)?;
-                work.request
-                    .flush_before_record(&mut lock(&old.unsynced), None, dirs);
-                state.record.dest_path = aside.clone();
-                state.record.kept = true;
-                files.kept.insert(aside, (key.clone(), generation));
+                if self.move_superseded(source, files, &old, dest, &aside, work)? {
+                    files.kept.insert(aside, (key.clone(), generation));
+                }
             }
         }
-        state.close_file();
-        state.record.superseded = true;
-        drop(state);
         files.by_path.remove(dest);
-        work.request.touched.push(old.clone());
         changed.push(old);
         Ok(changed)
+    }
+
+    /// Moves a superseded generation's file from `from` to `to` (kept aside,
+    /// or moved on from a kept name) and marks it kept; returns false if the
+    /// file was gone, and then records the generation superseded and not
+    /// kept. Either way the record is written before `from` is free: a
+    /// move's intent is recorded before the move is made, as a rename's is
+    /// (see [`Self::rename`]). Otherwise a crash before the round that
+    /// records it would leave the record naming `from`, where a new file is
+    /// about to be written, and the kept bytes under no record. Holds the
+    /// gate throughout (one rename), so no round or settle sees the intent
+    /// half made. The caller holds `files`, and neither the gate nor a
+    /// slot's state.
+    fn move_superseded(
+        &self,
+        source: &Source,
+        files: &mut SourceFiles,
+        slot: &Arc<Slot>,
+        from: &str,
+        to: &str,
+        work: &mut BatchWork,
+    ) -> Result<bool, RowError> {
+        let mut gate = self.open_gate()?;
+        self.flush_moves_away_from(source, files, to, &mut gate, work)?;
+        let mut state = lock(&slot.state);
+        self.settle_rename(source, slot, &mut state, work)?;
+        self.flush_unsynced_now(slot, &mut gate)?;
+        // A failed manifest write may or may not have left its record in the
+        // manifest, and memory cannot follow both: the sink stops, as after
+        // a failed round, and its restart settles an intent by inode.
+        let stop = |gate: &mut Option<String>, error: RowError| {
+            let reason = error.into_message();
+            gate.get_or_insert_with(|| reason.clone());
+            RowError::Storage(reason)
+        };
+        let Some(inode) = self.inode_at(from)? else {
+            tracing::warn!(path = %from, "a superseded file to keep aside is gone from the sink; nothing to keep");
+            let mut record = state.record.clone();
+            record.superseded = true;
+            record.kept = false;
+            self.record_now(vec![(slot.id.clone(), record.clone())], || {
+                format!("recording the superseded file {from}, which is gone")
+            })
+            .map_err(|error| stop(&mut gate, error))?;
+            state.record = record;
+            state.close_file();
+            drop(state);
+            work.request.touched.push(slot.clone());
+            return Ok(false);
+        };
+        let before = (state.record.superseded, state.record.kept);
+        let undo = |state: &mut SlotState| {
+            state.record.undo_move();
+            (state.record.superseded, state.record.kept) = before;
+        };
+        state.record.begin_move(to.to_owned(), inode);
+        state.record.superseded = true;
+        state.record.kept = true;
+        let intent = vec![(slot.id.clone(), state.record.clone())];
+        if let Err(error) = self.record_now(intent, || {
+            format!("recording the move of {from} aside to {to}")
+        }) {
+            undo(&mut state);
+            return Err(stop(&mut gate, error));
+        }
+        let dirs = match self.root.rename(from, to) {
+            Ok(dirs) => dirs,
+            Err(error) => {
+                // Nothing moved: the record says so again, durably, so that
+                // no settle makes the move later behind the live record.
+                undo(&mut state);
+                let withdrawn = vec![(slot.id.clone(), state.record.clone())];
+                self.record_now(withdrawn, || {
+                    format!("withdrawing the intent to move {from} aside to {to}")
+                })
+                .map_err(|error| stop(&mut gate, error))?;
+                return Err(confine_error(error));
+            }
+        };
+        work.request
+            .flush_before_record(&mut lock(&slot.unsynced), None, dirs);
+        state.record.end_move();
+        state.close_file();
+        drop(state);
+        drop(gate);
+        lock(&source.moved_away).made(from.to_owned(), slot.clone());
+        work.request.touched.push(slot.clone());
+        Ok(true)
     }
 
     /// The slot a path index names at `dest`, with its key and generation;
@@ -2387,6 +2472,72 @@ mod tests {
             .find(|slot| slot.id.key == "a.dat" && slot.id.generation == 1)
             .expect("the kept generation's record is committed");
         assert_eq!(lock(&moved.state).record.dest_path, "s/a.dat.gen1.1.1");
+    }
+
+    /// Under `--superseded keep`, the move aside of the old generation is
+    /// recorded before the new generation's file takes its path: a crash
+    /// before their round leaves the old record naming the kept file, not
+    /// the new one. An intent whose move the crash lost is made when the new
+    /// generation comes again.
+    #[test]
+    fn a_generation_kept_aside_is_recorded_before_its_path_is_taken() {
+        let fixture = Fixture::new("keep-crash");
+        std::fs::create_dir_all(fixture.dest("s")).unwrap();
+        std::fs::write(fixture.dest("s/a.dat"), b"old generation").unwrap();
+        let live = (file_of_s("a.dat"), record("s/a.dat", 14));
+        fixture
+            .placer()
+            .manifest
+            .commit(&SinkCommit {
+                records: vec![live],
+                ..SinkCommit::default()
+            })
+            .unwrap();
+        let keeping = || fixture.placer_with(Layout::PerSource, SupersededPolicy::Keep, 0);
+        let new = rows(|b| {
+            b.push_open("a.dat", 2, "a.dat");
+            b.push_data("a.dat", 2, 0, b"new");
+        });
+        let old_record = |placer: &Placer| {
+            let records = placer.manifest.files_of_source("s").unwrap();
+            let (_, record) = records
+                .into_iter()
+                .find(|(id, _)| id.key == "a.dat" && id.generation == 1)
+                .unwrap();
+            record
+        };
+
+        let placer = keeping();
+        let source = placer.source("s").unwrap();
+        let (_, ack, deferred) = placer.place(&source, 1, &new).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        deferred.write(&new).unwrap();
+        // The crash: no round ran.
+        drop(source);
+        let kept = old_record(&placer);
+        assert_eq!(kept.dest_path, "s/a.dat.gen1");
+        assert!(kept.superseded && kept.kept, "{kept:?}");
+        assert_eq!(
+            std::fs::read(fixture.dest("s/a.dat.gen1")).unwrap(),
+            b"old generation"
+        );
+        assert_eq!(std::fs::read(fixture.dest("s/a.dat")).unwrap(), b"new");
+        drop(placer);
+
+        // The same intent, with its move lost: the old file is back at
+        // a.dat and the new one never made.
+        std::fs::rename(fixture.dest("s/a.dat.gen1"), fixture.dest("s/a.dat")).unwrap();
+        let placer = keeping();
+        let source = placer.source("s").unwrap();
+        let (_, ack, deferred) = placer.place(&source, 1, &new).unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        deferred.write(&new).unwrap();
+        assert_eq!(
+            std::fs::read(fixture.dest("s/a.dat.gen1")).unwrap(),
+            b"old generation"
+        );
+        assert_eq!(std::fs::read(fixture.dest("s/a.dat")).unwrap(), b"new");
+        assert_eq!(old_record(&placer).dest_path, "s/a.dat.gen1");
     }
 
     /// Every file under a fixture's root, with its bytes.
