@@ -54,7 +54,7 @@ MODES = {
         p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
-        p3_rotate_chunk="1MiB", p3_logs_tmpfs=1,
+        p3_rotate_chunk="1MiB", p3_logs_tmpfs=1, p3_settle=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536, p6_sink="", p6_settle_s=0, p6_peers=1,
@@ -66,7 +66,7 @@ MODES = {
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
-        p3_rotate_chunk="4MiB", p3_logs_tmpfs=1,
+        p3_rotate_chunk="4MiB", p3_logs_tmpfs=1, p3_settle=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536, p6_sink="", p6_settle_s=40, p6_peers=1,
@@ -185,6 +185,44 @@ def settle_deletes(seconds: float) -> None:
     wait = LAST_DELETE[0] + seconds - time.monotonic()
     if wait > 0:
         time.sleep(wait)
+
+
+def settle_disk(directory: Path, quiet_s: float = 3.0, limit_s: float = 90.0, stall_ms: float = 10.0) -> dict:
+    """Waits, after a sync, until a 4 KiB write + fdatasync in `directory` has
+    stayed under `stall_ms` for `quiet_s` seconds (probing every 20 ms), or
+    `limit_s` passed. Returns how long it waited and the slowest probe.
+
+    After the suite wrote or deleted gigabytes (P1, a peer's run), this VM's
+    disk stops completing writes for 0.3-0.4 s every ~2.4 s, for 10 s and
+    more (/proc/diskstats: requests in flight, none completing; 2026-11-25):
+    the host writing back what the guest flushed. A latency run started then
+    measures those stalls, not the pipeline; each P3 run starts on a quiet
+    disk instead, and the wait is reported."""
+    os.sync()
+    probe = directory / ".disk-probe"
+    started = time.monotonic()
+    quiet_since = started
+    slowest = 0.0
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        block = os.urandom(4096)
+        while True:
+            t = time.monotonic()
+            os.pwrite(fd, block, 0)
+            os.fdatasync(fd)
+            ms = (time.monotonic() - t) * 1e3
+            slowest = max(slowest, ms)
+            now = time.monotonic()
+            if ms >= stall_ms:
+                quiet_since = now
+            if now - quiet_since >= quiet_s or now - started >= limit_s:
+                break
+            time.sleep(0.02)
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return {"waited_s": time.monotonic() - started, "slowest_probe_ms": slowest,
+            "quiet": time.monotonic() - quiet_since >= quiet_s}
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -1074,7 +1112,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     # to tmpfs: on the sink's disk their writeback would compete with the
     # fdatasyncs being measured.
     logs = b.fresh_src("p3-logs", f"{label}-{i}".replace(" ", "_")) if int(b.p["p3_logs_tmpfs"]) else d
-    os.sync()
+    settled = settle_disk(d) if int(b.p["p3_settle"]) else None
     pl = Pipeline(b, d, src, watch_extra=watch_extra, sink_extra=sink_extra, trace_rounds=True, logdir=logs)
     try:
         pl.start_watcher()
@@ -1105,6 +1143,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     if logs != d:
         for log in logs.iterdir():
             shutil.move(log, d / log.name)
+    m["disk_settle"] = settled
     m.update(summ)
     m.update({"verified": ok, "cdf": cdf_points(lat), "writes": sum(len(w) for w in writes.values()),
               "seconds": b.p["p3_seconds"], "label": label, "watch_extra": list(map(str, watch_extra))})
@@ -1115,7 +1154,9 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
         f"p90 {fmt(summ['p90_ms'], '.2f')}, p99 {fmt(summ['p99_ms'], '.2f')}, "
         f"p99.9 {fmt(summ['p999_ms'], '.2f')}, max {fmt(summ['max_ms'], '.1f')} ms; "
         f"missing {missing}; verify {'identical' if ok else 'DIFFERENT'}; " + cpu_line(m)
-        + f"; simulator {m['cpu_us_per_write']['simulator']:.1f} µs CPU per write")
+        + f"; simulator {m['cpu_us_per_write']['simulator']:.1f} µs CPU per write"
+        + (f"; started after {settled['waited_s']:.1f} s for a quiet disk (slowest probe {settled['slowest_probe_ms']:.0f} ms"
+           + ("" if settled["quiet"] else ", never quiet") + ")" if settled else ""))
     if summ["way_there"]:
         wt = summ["way_there"]
         say(f"    of which write -> batch at the sink (watcher, batching, network): p50 {fmt(wt['p50_ms'], '.2f')} ms, "
@@ -1270,7 +1311,7 @@ def p3_peer(b: Bench, kind: str, delay=None, run=1) -> dict:
     dest = d / "dest"
     dest.mkdir()
     logs = b.fresh_src("p3-logs", f"{label}-{run}") if int(b.p["p3_logs_tmpfs"]) else d  # as for tailflight
-    os.sync()
+    settled = settle_disk(d) if int(b.p["p3_settle"]) else None
     stop = threading.Event()
     passes = []
     lsyncd = None
@@ -1354,7 +1395,7 @@ def p3_peer(b: Bench, kind: str, delay=None, run=1) -> dict:
     ok, why = prefix_identical(src, dest)
     summ.update({"peer": label, "complete": complete, "content_identical": ok, "why": why,
                  "poll_sweeps": poller.sweeps, "rsync_passes": len(passes),
-                 "cdf": cdf_points(lat)})
+                 "cdf": cdf_points(lat), "disk_settle": settled})
     say(f"  {label}: p50 {fmt(summ['p50_ms'], '.0f')} ms, p99 {fmt(summ['p99_ms'], '.0f')} ms, "
         f"max {fmt(summ['max_ms'], '.0f')} ms; writes never seen at the destination within "
         f"{drain}s: {missing}; content {'identical' if ok else 'DIFFERENT: ' + why}"
@@ -2388,7 +2429,12 @@ METHOD = """\
   written to tmpfs too, and moved beside the run's state afterwards: on the sink's disk, the kernel's
   writeback of them 30 s after they were written (its dirty-page expiry) stalled the sink's fdatasyncs,
   and that window's p99 went from 7–8 ms to 58–69 ms (3 paired 60 s runs, 2026-11-25). A sink root
-  shared with other heavy writers sees the same; `--set p3_logs_tmpfs=0` measures it.
+  shared with other heavy writers sees the same; `--set p3_logs_tmpfs=0` measures it. Each P3 run
+  (tailflight's and the peers') also starts only once a 4 KiB write + fdatasync in the work folder has
+  stayed under 10 ms for 3 s (at most 90 s; the wait is in the JSON, `disk_settle`): after the suite
+  wrote or deleted gigabytes, this VM's disk stopped completing writes for 0.3–0.4 s every ~2.4 s for
+  10 s and more, and a run started then measured those stalls (p99 43–119 ms against 8–19 ms,
+  2026-11-25). `--set p3_settle=0` starts at once.
 - **Throughput** (P1, P2, P4) = source bytes ÷ (time from the simulator's start, or the watcher's start
   for P4, to the commit time of the last range in the sink's `--commit-log`). Source files are written by
   `tailflight sim` (16 streams, 1 MiB writes, 64 MiB chunks renamed from `.inprogress`).
@@ -2498,8 +2544,9 @@ def write_report(b: Bench, started: float | None):
               "long link whose TCP buffers are capped.",
               "- tbf shapes at the veth; bursts of up to 2 MB pass at once.",
               "- Sources on tmpfs favour the watcher (reads never wait for a disk); a real DAQ disk adds its own limits.",
-              "- P3's measurement logs are kept off the sink's disk; on a disk other writers share, their writeback "
-              "delays the sink's fdatasyncs (see Method).",
+              "- P3's measurement logs are kept off the sink's disk, and each P3 run waits for a quiet disk; on a disk "
+              "other writers share, their writeback delays the sink's fdatasyncs, and a stalled device stalls every "
+              "commit (see Method).",
               "- P3 write times are taken by the simulator after write() returns; a writer thread can be descheduled "
               "before it reads the clock (more often with a thread per file, 100 threads on 2 cores), so a few writes "
               "show latencies near or below 0 (`nonpositive` in the JSON) and some are slightly underestimated.",
