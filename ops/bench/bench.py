@@ -54,7 +54,7 @@ MODES = {
         p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
-        p3_rotate_chunk="1MiB", p3_logs_tmpfs=1, p3_settle=1,
+        p3_rotate_chunk="1MiB", p3_logs_tmpfs=1, p3_settle=5,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536, p6_sink="", p6_settle_s=0, p6_peers=1,
@@ -66,7 +66,7 @@ MODES = {
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
-        p3_rotate_chunk="4MiB", p3_logs_tmpfs=1, p3_settle=1,
+        p3_rotate_chunk="4MiB", p3_logs_tmpfs=1, p3_settle=90,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536, p6_sink="", p6_settle_s=40, p6_peers=1,
@@ -1112,7 +1112,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     # to tmpfs: on the sink's disk their writeback would compete with the
     # fdatasyncs being measured.
     logs = b.fresh_src("p3-logs", f"{label}-{i}".replace(" ", "_")) if int(b.p["p3_logs_tmpfs"]) else d
-    settled = settle_disk(d) if int(b.p["p3_settle"]) else None
+    settled = settle_disk(d, limit_s=float(b.p["p3_settle"])) if float(b.p["p3_settle"]) else None
     pl = Pipeline(b, d, src, watch_extra=watch_extra, sink_extra=sink_extra, trace_rounds=True, logdir=logs)
     try:
         pl.start_watcher()
@@ -1311,7 +1311,7 @@ def p3_peer(b: Bench, kind: str, delay=None, run=1) -> dict:
     dest = d / "dest"
     dest.mkdir()
     logs = b.fresh_src("p3-logs", f"{label}-{run}") if int(b.p["p3_logs_tmpfs"]) else d  # as for tailflight
-    settled = settle_disk(d) if int(b.p["p3_settle"]) else None
+    settled = settle_disk(d, limit_s=float(b.p["p3_settle"])) if float(b.p["p3_settle"]) else None
     stop = threading.Event()
     passes = []
     lsyncd = None
@@ -2431,7 +2431,7 @@ METHOD = """\
   and that window's p99 went from 7–8 ms to 58–69 ms (3 paired 60 s runs, 2026-11-25). A sink root
   shared with other heavy writers sees the same; `--set p3_logs_tmpfs=0` measures it. Each P3 run
   (tailflight's and the peers') also starts only once a 4 KiB write + fdatasync in the work folder has
-  stayed under 10 ms for 3 s (at most 90 s; the wait is in the JSON, `disk_settle`): after the suite
+  stayed under 10 ms for 3 s (at most `p3_settle` s: 90 in full mode, 5 in quick mode; the wait is in the JSON, `disk_settle`): after the suite
   wrote or deleted gigabytes, this VM's disk stopped completing writes for 0.3–0.4 s every ~2.4 s for
   10 s and more, and a run started then measured those stalls (p99 43–119 ms against 8–19 ms,
   2026-11-25). `--set p3_settle=0` starts at once.
