@@ -9,6 +9,7 @@
 
 mod content;
 pub mod delay_line;
+pub mod floor;
 mod pacing;
 mod stream;
 mod units;

@@ -54,7 +54,7 @@ MODES = {
         p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
-        p3_rotate_chunk="1MiB", p3_logs_tmpfs=1, p3_settle=5,
+        p3_rotate_chunk="1MiB", p3_logs_tmpfs=1, p3_settle=5, p3_floor=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536, p6_sink="", p6_settle_s=0, p6_peers=1,
@@ -66,7 +66,7 @@ MODES = {
         p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
-        p3_rotate_chunk="4MiB", p3_logs_tmpfs=1, p3_settle=90,
+        p3_rotate_chunk="4MiB", p3_logs_tmpfs=1, p3_settle=90, p3_floor=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536, p6_sink="", p6_settle_s=40, p6_peers=1,
@@ -1176,6 +1176,51 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     return m
 
 
+def p3_floor(b: Bench, i: int) -> dict:
+    """The same workload through `tailflight floor`: inotify, one read per named file, one TCP message,
+    one write + fdatasync of a preallocated ring file per round. No destination files, manifest, acks,
+    checksums or window: what this machine allows any tail-and-ship tool, not a peer."""
+    d = b.fresh("p3", f"floor-{i}")
+    src = b.fresh_src("p3", f"floor-{i}")
+    logs = b.fresh_src("p3-logs", f"floor-{i}") if int(b.p["p3_logs_tmpfs"]) else d  # as for tailflight
+    settled = settle_disk(d, limit_s=float(b.p["p3_settle"])) if float(b.p["p3_settle"]) else None
+    port = free_port()
+    limit = f"{int(b.p['p3_seconds']) + 400}s"
+    cl = CommitLog(logs / "commit.log")
+    land = ship = None
+    try:
+        land = Proc("land", [b.bin, "floor", "land", "--listen", f"127.0.0.1:{port}", "--ring", d / "ring",
+                             "--commit-log", cl.path, "--limit", limit], logs, env=b.env)
+        ship = Proc("ship", [b.bin, "floor", "ship", "--src", src, "--to", f"127.0.0.1:{port}",
+                             "--limit", limit], logs, env=b.env)
+        time.sleep(1.0)
+        sim = b.sim(logs, "sim", src, *p3_sim_args(b), "--write-log", logs / "writes.log")
+        if sim.wait(b.p["p3_seconds"] + 60) != 0:
+            raise BenchError(f"sim failed: {sim.log_tail()}")
+        total, _ = dir_bytes(src)
+        wait_commits(cl, total, 300, "P3 floor data to land", (land, ship))
+    finally:
+        for p in (ship, land):
+            if p is not None:
+                p.kill9()
+    writes = read_write_log(logs / "writes.log")
+    way: list[float] = []
+    lat, missing = tailflight_latencies(writes, cl.records, None, way)
+    summ = latency_summary(lat, missing)
+    summ["way_there"] = latency_summary(way, 0) if way else None
+    if logs != d:
+        for log in logs.iterdir():
+            shutil.move(log, d / log.name)
+    (d / "ring").unlink(missing_ok=True)
+    summ.update({"disk_settle": settled, "cdf": cdf_points(lat)})
+    wt = summ["way_there"] or {}
+    say(f"  floor run {i}: p50 {fmt(summ['p50_ms'], '.2f')} ms, p90 {fmt(summ['p90_ms'], '.2f')}, "
+        f"p99 {fmt(summ['p99_ms'], '.2f')}, max {fmt(summ['max_ms'], '.1f')} ms; missing {missing}; "
+        f"write -> landed p50 {fmt(wt.get('p50_ms'), '.2f')} ms")
+    rmtree(src)
+    return summ
+
+
 ROUND_FIELDS = ("requests", "waited_us", "placing_us", "queued_us", "journal_us", "manifest_us", "sync_us",
                 "total_us")
 
@@ -1418,6 +1463,7 @@ def scenario_p3(b: Bench):
         ("lsyncd", "lsyncd (defaults: delay 15 s, on close)", "lsyncd", None),
         ("lsyncd0", "lsyncd (delay 0, on every write)", "lsyncd", 0)) if key in wanted]
     tf_runs: list[dict] = []
+    floors: list[dict] = []
     peers: dict[str, list[dict]] = {label: [] for label, _, _ in peer_kinds}
     # Interleaved, a tailflight run then one of each peer: the machine's load
     # drifts over minutes, and the runs of tailflight and of each peer should
@@ -1425,6 +1471,12 @@ def scenario_p3(b: Bench):
     for i in range(max(b.p["runs"], b.p["peer_runs"])):
         if i < b.p["runs"]:
             tf_runs.append(p3_tailflight(b, i + 1, extra, sink_extra=sink_extra))
+            if int(b.p.get("p3_floor", 0)):
+                try:
+                    floors.append(p3_floor(b, i + 1))
+                except Exception as e:  # the floor failing must not lose the scenario's results
+                    say(f"  floor FAILED: {e}")
+                    b.results["errors"][f"P3 floor run {i + 1}"] = str(e)
         if i >= b.p["peer_runs"]:
             continue
         for label, kind, delay in peer_kinds:
@@ -1462,7 +1514,7 @@ def scenario_p3(b: Bench):
     p50 = median([r["p50_ms"] for r in tf_runs])
     p99 = median([r["p99_ms"] for r in tf_runs])
     res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "two_writers": two_writers,
-           "rotating": rotating, "peers": peers, "p50_ms": p50, "p99_ms": p99,
+           "rotating": rotating, "peers": peers, "floor": floors, "p50_ms": p50, "p99_ms": p99,
            "p90_ms": median([r["p90_ms"] for r in tf_runs]),
            "p999_ms": median([r["p999_ms"] for r in tf_runs]),
            "max_ms": median([r["max_ms"] for r in tf_runs])}
@@ -1475,6 +1527,18 @@ def scenario_p3(b: Bench):
           met=met_le(p50, TARGETS["P3_p50_ms"]))
     b.row(id="P3", scenario="… p99 (p99.9 / max in the details)", figure=fmt_ms(p99), peer="—", ratio=None,
           target=f"≤{TARGETS['P3_p99_ms']} ms", met=met_le(p99, TARGETS["P3_p99_ms"]))
+    if floors:
+        f50 = median([r["p50_ms"] for r in floors])
+        f99 = median([r["p99_ms"] for r in floors])
+        res["floor_medians"] = {"p50_ms": f50, "p99_ms": f99}
+        say(f"[P3] floor (inotify → TCP → ring write + fdatasync, nothing else): p50 {fmt(f50, '.2f')} ms, "
+            f"p99 {fmt(f99, '.2f')} ms; tailflight is ×{fmt(ratio(p50, f50), '.2f')} (p50), "
+            f"×{fmt(ratio(p99, f99), '.2f')} (p99) of it")
+        b.row(id="P3", scenario="… the machine's floor on the same workload (`tailflight floor`: inotify → one TCP "
+                                 "connection → ring-file write + fdatasync; no placement, manifest or acks): p50 (p99)",
+              figure=f"{fmt_ms(p50)} ({fmt_ms(p99)})", peer=f"{fmt_ms(f50)} ({fmt_ms(f99)})",
+              ratio_text=f"{fmt(ratio(p50, f50), '.2f')}× ({fmt(ratio(p99, f99), '.2f')}×) the floor",
+              target="(info)", met="—")
     for runs, what in ((linger0, "watcher `--linger 0ms`"),
                        (journal, "sink `--journal-max-range 0` (no journal file)"),
                        (two_writers, "the simulator's writes made by 2 threads")):
@@ -2446,7 +2510,10 @@ METHOD = """\
   due at the same moment.{p3_two_writers} Peers get the same simulator workload; their destination folder is swept every ~1 ms by a
   Python thread and a write counts as arrived when the destination file first reaches its end offset (so
   the peers are credited with bytes that are only in the page cache: neither rsync nor lsyncd fsyncs).
-  Destination content is compared with the source at the end.
+  Destination content is compared with the source at the end. The **floor** (`tailflight floor ship` / `land`)
+  runs the same workload after each tailflight run through the least such a tool must do: inotify, one read
+  per file with events, one TCP message per read of events, one write + fdatasync of a preallocated ring file
+  per round of arrived messages; it places nothing into destination files and keeps no manifest.
 - **WAN** (P4): watcher → `tailflight delay-line` on the host (holds each chunk RTT/2 per direction,
   unbounded buffer, so TCP windows do not see the delay; HTTP/2 and tailflight windows and acks do) →
   veth pair with `tbf rate {rate} burst 2mb latency 100ms` on both ends → sink in a network namespace.
