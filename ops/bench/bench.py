@@ -2307,7 +2307,15 @@ def bounds_analysis(b: Bench) -> list[str]:
                 f"made durable by a group commit (for a round of small ranges, one write of the ranges into the "
                 f"sink's journal file while the round's RocksDB WriteBatch is built, then one write of that batch "
                 f"after them and one fdatasync, while RocksDB applies the batch unsynced; their files a "
-                f"background flush makes durable within 100 ms) and recorded. ")
+                f"background flush makes durable within 400 ms) and recorded. ")
+        fm = p3.get("floor_medians")
+        if fm and fm.get("p50_ms"):
+            text += (f"The machine's floor on the same workload (`tailflight floor`, which does no more than "
+                     f"inotify, pread, one TCP message and a ring-file write + fdatasync per round) is p50 "
+                     f"{fmt_ms(fm['p50_ms'])}, p99 {fmt_ms(fm['p99_ms'])}: tailflight's p50 is "
+                     f"{fmt(ratio(p3['p50_ms'], fm['p50_ms']), '.1f')}× it"
+                     + (", and the p50 target is below it on this machine. " if fm["p50_ms"] > TARGETS["P3_p50_ms"]
+                        else ". "))
         paired = sorted((r["sink_cpu_s"], r["p50_ms"]) for r in runs
                         if r.get("sink_cpu_s") is not None and r.get("p50_ms") is not None)
         if len(paired) > 1:
