@@ -573,7 +573,7 @@ async fn run(
         let flush_failed = flusher.failures();
         let complete = backlog.complete;
         let handed = Instant::now();
-        let outcome = tokio::task::spawn_blocking(move || {
+        let outcome = run_blocking(move || {
             let blocking_us = handed.elapsed().as_micros() as u64;
             let _timer = StageTimer::start(Stage::Round);
             let mut round = round;
@@ -595,8 +595,8 @@ async fn run(
         .await;
         let (mut round, result) = match outcome {
             Ok(done) => done,
-            Err(join_error) => {
-                let reason = format!("the commit round panicked: {join_error}");
+            Err(panic) => {
+                let reason = format!("the commit round panicked: {panic}");
                 tracing::error!(error = %reason, "the sink refuses further batches until restarted");
                 *lock(&poisoned) = Some(reason.clone());
                 fail_all(std::mem::take(&mut waiting), &reason);
@@ -659,6 +659,31 @@ async fn run(
         waiting.extend(round);
         waiting = answer_ready(waiting);
     }
+}
+
+/// Runs a commit round's blocking part: in place on a multi-threaded
+/// runtime (the worker hands its other tasks to another thread), on the
+/// blocking pool otherwise. In place spares the round two hand-offs between
+/// threads, which cost it 90 µs at p50 and 450 µs at p90 in P3 on two busy
+/// cores. A panic comes back as an error either way.
+async fn run_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        return tokio::task::block_in_place(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default()
+            })
+        });
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// What a batch's placement said of its deferred writes.
