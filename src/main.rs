@@ -186,7 +186,8 @@ pub struct SinkArgs {
     max_open_files: usize,
     /// Ranges up to this size may be made durable in the journal file (in
     /// the state directory) when their commit round flushes nothing else;
-    /// their files are flushed in the background within 100 ms. One write
+    /// their files are flushed in the background, about every 400 ms or
+    /// 16 MiB, whichever comes first. One write
     /// and fdatasync of that file per round instead of a writeback of each
     /// grown file: lower latency for many small appends. 0 flushes every file
     /// in place before its ack.
@@ -609,7 +610,13 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
         }) => {
             let listener = std::net::TcpListener::bind(listen)
                 .with_context(|| format!("cannot listen on {listen}"))?;
-            detector_sim::floor::land(listener, &ring, &commit_log, limit)?;
+            detector_sim::floor::land(
+                listener,
+                &ring,
+                detector_sim::floor::RING_BYTES,
+                &commit_log,
+                limit,
+            )?;
         }
         Command::DelayLine(args) => {
             runtime()?.block_on(async {

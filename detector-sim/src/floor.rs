@@ -17,6 +17,7 @@
 //! or window, no checksum, no TLS, no recovery. It trusts its peer.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -33,16 +34,28 @@ use inotify::{EventMask, Inotify, WatchMask};
 /// caught up over several messages instead of one unbounded one.
 const MAX_READ_PER_FILE: u64 = 4 << 20;
 
-/// Largest message [`land`] accepts; [`ship`] stays well under it.
-const MAX_MESSAGE: usize = 256 << 20;
+/// A message stops taking files past this size; the rest go in the next.
+const MESSAGE_TARGET: usize = 8 << 20;
 
-/// Size of the ring file [`land`] writes into.
-const RING_BYTES: u64 = 64 << 20;
+/// Largest message [`land`] accepts: any message fits its ring.
+const MAX_MESSAGE: usize = MESSAGE_TARGET + MAX_READ_PER_FILE as usize + (64 << 10);
+
+/// Size of the ring file the `land` subcommand writes into.
+pub const RING_BYTES: u64 = 64 << 20;
+
+/// Messages received and not yet written: the receiving thread waits (and
+/// TCP pushes back on the shipper) beyond that.
+const QUEUED_MESSAGES: usize = 64;
 
 /// Tails every file in `src` (not its subdirectories) and sends what is
 /// appended to `to`, until `limit` has passed.
 pub fn ship(src: &Path, to: SocketAddr, limit: Duration) -> Result<()> {
     let started = Instant::now();
+    ship_while(src, to, || started.elapsed() < limit)
+}
+
+/// [`ship`], for as long as `going` says so (asked at least every 200 ms).
+pub fn ship_while(src: &Path, to: SocketAddr, going: impl Fn() -> bool) -> Result<()> {
     let mut inotify = Inotify::init().context("initialising inotify")?;
     inotify
         .watches()
@@ -55,67 +68,100 @@ pub fn ship(src: &Path, to: SocketAddr, limit: Duration) -> Result<()> {
     stream.set_nodelay(true).context("setting TCP_NODELAY")?;
     // Per file: its descriptor, where its unread bytes start, and the name
     // its ranges are sent under.
-    let mut tails: HashMap<std::ffi::OsString, Tail> = HashMap::new();
-    let mut moved_from: HashMap<u32, std::ffi::OsString> = HashMap::new();
+    let mut tails: HashMap<OsString, Tail> = HashMap::new();
+    let mut moved_from: HashMap<u32, OsString> = HashMap::new();
     let mut events = vec![0u8; 64 << 10];
-    let mut names: Vec<std::ffi::OsString> = Vec::new();
+    // Files to read in the next pass: those with events, and those with
+    // bytes left over from the last pass (read again without waiting).
+    let mut names: Vec<OsString> = Vec::new();
     let mut message = Vec::with_capacity(1 << 20);
-    while started.elapsed() < limit {
-        names.clear();
-        if !readable(&inotify, Duration::from_millis(200))? {
-            continue;
-        }
-        let read = match inotify.read_events(&mut events) {
-            Ok(read) => read,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e).context("reading inotify events"),
+    while going() {
+        let wait = match names.is_empty() {
+            true => Duration::from_millis(200),
+            false => Duration::ZERO,
         };
-        for event in read {
-            let Some(name) = event.name else { continue };
-            // A renamed file keeps its tail (and the name it was first
-            // read under): its bytes are not sent again.
-            if event.mask.contains(EventMask::MOVED_FROM) {
-                moved_from.insert(event.cookie, name.to_owned());
-                continue;
+        if readable(&inotify, wait)? {
+            let read = match inotify.read_events(&mut events) {
+                Ok(read) => Some(read),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+                Err(e) => return Err(e).context("reading inotify events"),
+            };
+            let mut overflowed = false;
+            for event in read.into_iter().flatten() {
+                if event.mask.contains(EventMask::Q_OVERFLOW) {
+                    overflowed = true;
+                    continue;
+                }
+                let Some(name) = event.name else { continue };
+                if event.mask.contains(EventMask::MOVED_FROM) {
+                    moved_from.insert(event.cookie, name.to_owned());
+                    continue;
+                }
+                if event.mask.contains(EventMask::MOVED_TO) {
+                    // A renamed file keeps its tail (and the name it was
+                    // first read under): its bytes are not sent again.
+                    // Whatever was tailed at the new name is gone.
+                    tails.remove(name);
+                    if let Some(from) = moved_from.remove(&event.cookie)
+                        && let Some(tail) = tails.remove(&from)
+                    {
+                        tails.insert(name.to_owned(), tail);
+                    }
+                } else if event.mask.contains(EventMask::CREATE) {
+                    // A new file under a name already tailed.
+                    tails.remove(name);
+                }
+                if !names.iter().any(|known| known == name) {
+                    names.push(name.to_owned());
+                }
             }
-            if event.mask.contains(EventMask::MOVED_TO)
-                && let Some(from) = moved_from.remove(&event.cookie)
-                && let Some(tail) = tails.remove(&from)
-            {
-                tails.insert(name.to_owned(), tail);
+            // A move whose other half did not come in the same read left
+            // the folder: its tail goes.
+            for (_, gone) in moved_from.drain() {
+                tails.remove(&gone);
             }
-            if !names.iter().any(|known| known == name) {
-                names.push(name.to_owned());
+            if overflowed {
+                // Events were lost: every file is read again to its end.
+                for entry in
+                    std::fs::read_dir(src).with_context(|| format!("listing {}", src.display()))?
+                {
+                    let name = entry.context("listing the source folder")?.file_name();
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
             }
         }
         message.clear();
         message.extend_from_slice(&[0u8; 4]);
         let mut ranges = 0u32;
-        for name in &names {
-            if !tails.contains_key(name) {
-                let path = src.join(name);
-                match File::open(&path) {
+        let mut left_over = Vec::new();
+        for name in names.drain(..) {
+            if message.len() >= MESSAGE_TARGET {
+                left_over.push(name);
+                continue;
+            }
+            if !tails.contains_key(&name) {
+                match File::open(src.join(&name)) {
                     Ok(file) => {
                         let key = name.to_string_lossy().into_owned();
-                        tails.insert(
-                            name.clone(),
-                            Tail {
-                                file,
-                                offset: 0,
-                                key,
-                            },
-                        );
+                        let tail = Tail {
+                            file,
+                            offset: 0,
+                            key,
+                        };
+                        tails.insert(name.clone(), tail);
                     }
                     // Renamed or removed since the event: nothing to read.
                     Err(_) => continue,
                 }
             }
-            let Some(Tail { file, offset, key }) = tails.get_mut(name) else {
+            let Some(Tail { file, offset, key }) = tails.get_mut(&name) else {
                 continue;
             };
             let len = file
                 .metadata()
-                .with_context(|| format!("reading the size of {name:?}"))?
+                .with_context(|| format!("reading the size of {key:?}"))?
                 .len();
             let want = len.saturating_sub(*offset).min(MAX_READ_PER_FILE);
             if want == 0 {
@@ -133,16 +179,22 @@ pub fn ship(src: &Path, to: SocketAddr, limit: Duration) -> Result<()> {
             message.resize(data_at + want as usize, 0);
             let got = file
                 .read_at(&mut message[data_at..], *offset)
-                .with_context(|| format!("reading {name:?} at offset {offset}"))?;
+                .with_context(|| format!("reading {key:?} at offset {offset}"))?;
             message.truncate(data_at + got);
+            // `got` is at most MAX_READ_PER_FILE.
             message[len_at..data_at].copy_from_slice(&(got as u32).to_le_bytes());
             *offset += got as u64;
             ranges += 1;
+            if *offset < len {
+                left_over.push(name);
+            }
         }
+        names = left_over;
         if ranges == 0 {
             continue;
         }
-        let body = (message.len() - 4) as u32;
+        // At most MESSAGE_TARGET plus one file's read and its header.
+        let body = u32::try_from(message.len() - 4).context("a message over 4 GiB")?;
         message[..4].copy_from_slice(&body.to_le_bytes());
         stream
             .write_all(&message)
@@ -212,28 +264,52 @@ struct Arrived {
 /// Accepts one connection on `listener` and makes what it sends durable in
 /// `ring`, logging each range's commit to `commit_log`, until the peer
 /// closes or `limit` has passed.
-pub fn land(listener: TcpListener, ring: &Path, commit_log: &Path, limit: Duration) -> Result<()> {
+pub fn land(
+    listener: TcpListener,
+    ring: &Path,
+    ring_bytes: u64,
+    commit_log: &Path,
+    limit: Duration,
+) -> Result<()> {
+    ensure!(
+        ring_bytes >= MAX_MESSAGE as u64,
+        "a ring of {ring_bytes} bytes cannot take the largest message ({MAX_MESSAGE} bytes)"
+    );
     let started = Instant::now();
-    let ring = Ring::create(ring, RING_BYTES)?;
+    let ring = Ring::create(ring, ring_bytes)?;
     let mut log = BufWriter::new(
         File::create(commit_log)
             .with_context(|| format!("creating the commit log {}", commit_log.display()))?,
     );
     let (stream, peer) = listener.accept().context("accepting the shipper")?;
-    let (arrivals, arrived) = mpsc::channel::<Arrived>();
+    let (arrivals, arrived) = mpsc::sync_channel::<Arrived>(QUEUED_MESSAGES);
     let reader = std::thread::Builder::new()
         .name("floor-receive".into())
         .spawn(move || receive(stream, arrivals))
         .context("starting the receiving thread")?;
     let mut ring = ring;
     let mut round: Vec<Arrived> = Vec::new();
+    // A message that did not fit the last round starts the next.
+    let mut next: Option<Arrived> = None;
     while started.elapsed() < limit {
-        match arrived.recv_timeout(Duration::from_millis(200)) {
-            Ok(first) => round.push(first),
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        let first = match next.take() {
+            Some(first) => first,
+            None => match arrived.recv_timeout(Duration::from_millis(200)) {
+                Ok(first) => first,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            },
+        };
+        let mut bytes = first.bytes.len() as u64;
+        round.push(first);
+        for arrival in arrived.try_iter() {
+            if bytes + arrival.bytes.len() as u64 > ring.capacity {
+                next = Some(arrival);
+                break;
+            }
+            bytes += arrival.bytes.len() as u64;
+            round.push(arrival);
         }
-        round.extend(arrived.try_iter());
         let pieces: Vec<&[u8]> = round.iter().map(|a| a.bytes.as_slice()).collect();
         ring.write_durably(&pieces)?;
         let committed_ns = unix_nanos();
@@ -261,7 +337,7 @@ pub fn land(listener: TcpListener, ring: &Path, commit_log: &Path, limit: Durati
 }
 
 /// Reads messages from `stream` until it closes or `arrivals` is dropped.
-fn receive(stream: TcpStream, arrivals: mpsc::Sender<Arrived>) -> Result<()> {
+fn receive(stream: TcpStream, arrivals: mpsc::SyncSender<Arrived>) -> Result<()> {
     stream.set_nodelay(true).context("setting TCP_NODELAY")?;
     let mut stream = BufReader::with_capacity(1 << 20, stream);
     loop {
@@ -398,40 +474,57 @@ mod tests {
         let ring = dir.join("ring");
         let log = dir.join("commit.log");
         let (ring_c, log_c) = (ring.clone(), log.clone());
-        let landing =
-            std::thread::spawn(move || land(listener, &ring_c, &log_c, Duration::from_secs(20)));
-        let src_c = src.clone();
-        let shipping = std::thread::spawn(move || ship(&src_c, addr, Duration::from_secs(2)));
-        std::thread::sleep(Duration::from_millis(300));
+        let ring_bytes = (MAX_MESSAGE as u64).next_multiple_of(1 << 20);
+        let landing = std::thread::spawn(move || {
+            land(
+                listener,
+                &ring_c,
+                ring_bytes,
+                &log_c,
+                Duration::from_secs(60),
+            )
+        });
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (src_c, stop_c) = (src.clone(), stop.clone());
+        let shipping = std::thread::spawn(move || {
+            ship_while(&src_c, addr, || {
+                !stop_c.load(std::sync::atomic::Ordering::Relaxed)
+            })
+        });
+        // The watch is in place once the shipper has connected; a write
+        // before that is still read, from offset 0, at the next event.
+        std::thread::sleep(Duration::from_millis(200));
         let mut file = File::create(src.join("a.dat")).unwrap();
         for _ in 0..20 {
             file.write_all(&[7u8; 1000]).unwrap();
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         }
-        // Keeps events coming until the shipper's limit passes.
-        for _ in 0..200 {
-            if shipping.is_finished() {
+        let logged = |log: &Path| -> Vec<(u64, u64)> {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            text.lines()
+                .map(|line| {
+                    let fields: Vec<&str> = line.split('\t').collect();
+                    assert_eq!(fields.len(), 7, "{line}");
+                    assert_eq!(fields[1], "a.dat");
+                    (fields[3].parse().unwrap(), fields[4].parse().unwrap())
+                })
+                .collect()
+        };
+        for _ in 0..2000 {
+            if logged(&log).iter().map(|(_, len)| len).sum::<u64>() >= 20_000 {
                 break;
             }
-            file.write_all(b"x").unwrap();
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(10));
         }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         shipping.join().unwrap().unwrap();
         landing.join().unwrap().unwrap();
-        let logged = std::fs::read_to_string(&log).unwrap();
         let mut covered = 0u64;
-        for line in logged.lines() {
-            let fields: Vec<&str> = line.split('\t').collect();
-            assert_eq!(fields.len(), 7);
-            assert_eq!(fields[1], "a.dat");
-            assert_eq!(
-                fields[3].parse::<u64>().unwrap(),
-                covered,
-                "ranges follow on"
-            );
-            covered += fields[4].parse::<u64>().unwrap();
+        for (offset, len) in logged(&log) {
+            assert_eq!(offset, covered, "ranges follow on, none twice");
+            covered += len;
         }
-        assert!(covered >= 20_000);
+        assert_eq!(covered, 20_000);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
