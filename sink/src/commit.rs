@@ -256,7 +256,8 @@ const MAX_ROUND: usize = 1024;
 
 /// Journaled files are flushed at the latest this long after their first
 /// range (their rounds hold journal space until then; a replay after a
-/// machine crash writes back at most this much). Each flush costs the disk
+/// machine crash writes back what they hold: with a flush running late, up
+/// to the whole journal file). Each flush costs the disk
 /// a cache flush per file: every 100 ms, 100 files growing made 1,000 a
 /// second, on top of the rounds' own, and the rounds' fdatasyncs queued
 /// behind them (P3: 1,120 flushes/s at 100 ms, 440 at 400 ms; the start-up's
@@ -677,7 +678,7 @@ async fn run_blocking<T: Send + 'static>(
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default()
+                    .unwrap_or_else(|| "(a panic without a message)".to_string())
             })
         });
     }
@@ -871,8 +872,9 @@ struct Recorded {
     fold_us: u64,
     /// Waiting for the batches' deferred writes, after the journal write.
     deferred_us: u64,
-    /// Before all that: from the hand-off to the blocking pool until the
-    /// round ran there, then waiting for the commit gate.
+    /// Before all that: from the hand-off until the round ran (in place, or
+    /// on the blocking pool under a current-thread runtime), then waiting
+    /// for the commit gate.
     blocking_us: u64,
     gate_us: u64,
     /// The journal round written, if any (its number, where it starts and
