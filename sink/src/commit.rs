@@ -673,18 +673,22 @@ async fn run_blocking<T: Send + 'static>(
     use tokio::runtime::{Handle, RuntimeFlavor};
     if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
         return tokio::task::block_in_place(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
-                panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "(a panic without a message)".to_string())
-            })
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                .map_err(|panic| panic_message(panic.as_ref()))
         });
     }
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| e.to_string())
+}
+
+/// The text a panic was raised with, if it had one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(a panic without a message)".to_string())
 }
 
 /// What a batch's placement said of its deferred writes.
@@ -1020,12 +1024,10 @@ fn record_round(
         record_round_under_gate(sink, round, journal, journal_complete)
     }))
     .unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        Err(format!("the commit round panicked: {what}"))
+        Err(format!(
+            "the commit round panicked: {}",
+            panic_message(panic.as_ref())
+        ))
     });
     if let Err(reason) = &recorded {
         *gate = Some(reason.clone());
