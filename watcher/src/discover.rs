@@ -97,7 +97,7 @@ pub enum Change {
 /// inotify watches over a directory tree.
 pub struct Events {
     inotify: Inotify,
-    dirs: HashMap<WatchDescriptor, String>,
+    dirs: HashMap<WatchDescriptor, String, foldhash::fast::RandomState>,
     root: PathBuf,
     buffer: Vec<u8>,
 }
@@ -115,7 +115,7 @@ impl Events {
     pub fn new(root: &Path) -> io::Result<Self> {
         Ok(Self {
             inotify: Inotify::init()?,
-            dirs: HashMap::new(),
+            dirs: HashMap::default(),
             root: root.to_owned(),
             buffer: vec![0; 64 << 10],
         })
