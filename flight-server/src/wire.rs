@@ -211,13 +211,18 @@ fn downcast<T: Array + Clone + 'static>(array: ArrayRef) -> Result<T, WireError>
 
 /// The `data` column under construction: one contiguous values buffer that
 /// becomes the Arrow buffer, or the start of the IPC body, without a copy.
-/// It is sized from the previous batch, so a stream of full batches never
-/// regrows it and a trickle of small ones does not hold megabytes each, and
-/// every reservation keeps room behind the payload for the small columns an
+/// It is sized from the larger of the previous batch and a high-water mark
+/// that loses a quarter per batch: a stream of full batches never regrows
+/// it, batches that alternate between a burst and a lull (many files
+/// written in step) do not regrow and copy it each time, and a trickle
+/// after a burst stops holding megabytes within a few batches. Every
+/// reservation keeps room behind the payload for the small columns an
 /// encoded body appends (growing a full body to fit them would copy it).
 struct DataColumn {
     offsets: Vec<i32>,
     values: Vec<u8>,
+    /// The decaying high-water mark of the values' length.
+    size_hint: usize,
 }
 
 impl DataColumn {
@@ -227,6 +232,7 @@ impl DataColumn {
         Self {
             offsets,
             values: Vec::with_capacity(bytes),
+            size_hint: 0,
         }
     }
 
@@ -272,11 +278,15 @@ impl DataColumn {
     }
 
     /// The finished column's offsets and values; the next one starts with
-    /// as much room as this one used, plus `trailer`.
+    /// room for the size hint (see above), plus `trailer`.
     fn take(&mut self, trailer: usize) -> (Vec<i32>, Vec<u8>) {
         let rows = self.offsets.len() - 1;
-        let next = Self::with_capacity(rows, self.values.len() + trailer);
-        let Self { offsets, values } = std::mem::replace(self, next);
+        let hint = self.values.len().max(self.size_hint - self.size_hint / 4);
+        let mut next = Self::with_capacity(rows, hint + trailer);
+        next.size_hint = hint;
+        let Self {
+            offsets, values, ..
+        } = std::mem::replace(self, next);
         (offsets, values)
     }
 
