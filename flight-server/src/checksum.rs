@@ -57,10 +57,76 @@ pub fn crc64nvme_append(crc: u64, data: &[u8]) -> u64 {
 }
 
 /// CRC-64/NVME of the concatenation of two byte strings, from their
-/// checksums and the second one's length (tens of microseconds: for joining
-/// runs, not per row).
+/// checksums and the second one's length.
+///
+/// crc-fast's combine squares 64×64 bit matrices, about 370,000 instructions
+/// a call. A sink joins two runs of a file's written bytes this way each
+/// time a range arrives before the one it follows, which in P3 (batches of
+/// one connection placed in parallel) was one range in five. Here, shifting
+/// the first checksum over `second_len` zero bytes is one multiplication
+/// modulo the polynomial by x^(8·second_len), built from a table of squares
+/// in one multiplication per set bit of `second_len`, each of at most 64
+/// steps.
+///
+/// It needs no correction for the initial value and the final XOR because
+/// they are equal (all ones): the CRC of A then B is the CRC of A, shifted
+/// over B's bits, XORed with the CRC of B.
 pub fn crc64nvme_combine(first: u64, second: u64, second_len: u64) -> u64 {
-    crc_fast::checksum_combine(CrcAlgorithm::Crc64Nvme, first, second, second_len)
+    gf2::multiply(gf2::x_to_the_8n(second_len), first) ^ second
+}
+
+/// Arithmetic on polynomials over GF(2) modulo CRC-64/NVME's, in the
+/// reflected order its checksums are kept in: the coefficient of x^0 is
+/// the most significant bit, that of x^63 the least.
+mod gf2 {
+    /// The polynomial without its x^64 term, reflected.
+    const POLY: u64 = 0xAD93_D235_94C9_3659_u64.reverse_bits();
+    /// x^0, the polynomial 1.
+    const ONE: u64 = 1 << 63;
+
+    /// `a` times `b`, modulo the polynomial.
+    pub const fn multiply(mut a: u64, mut b: u64) -> u64 {
+        let mut product = 0;
+        // Each step takes a's coefficient of the next power of x, and
+        // multiplies b by x (x^64 folds back in as the polynomial).
+        while a != 0 {
+            if a & ONE != 0 {
+                product ^= b;
+            }
+            a <<= 1;
+            b = (b >> 1) ^ if b & 1 != 0 { POLY } else { 0 };
+        }
+        product
+    }
+
+    /// x^(2^k) modulo the polynomial, for k in 0..67: enough for 8n with
+    /// any 64-bit n.
+    const SQUARES: [u64; 67] = {
+        let mut table = [0; 67];
+        table[0] = ONE >> 1; // x^1
+        let mut k = 1;
+        while k < 67 {
+            table[k] = multiply(table[k - 1], table[k - 1]);
+            k += 1;
+        }
+        table
+    };
+
+    /// x^(8n) modulo the polynomial: the shift over `n` bytes.
+    pub fn x_to_the_8n(n: u64) -> u64 {
+        let mut power = ONE;
+        let mut bits = n;
+        // 8n = n << 3: bit j of n is bit j + 3 of the exponent.
+        let mut k = 3;
+        while bits != 0 {
+            if bits & 1 != 0 {
+                power = multiply(power, SQUARES[k]);
+            }
+            bits >>= 1;
+            k += 1;
+        }
+        power
+    }
 }
 
 /// The seal digest text of a CRC-64/NVME checksum.
@@ -211,6 +277,31 @@ mod tests {
                 crc64nvme_combine(crc64nvme(head), crc64nvme(tail), tail.len() as u64),
                 whole,
                 "{split}"
+            );
+        }
+    }
+
+    #[test]
+    fn crc64_combine_agrees_with_crc_fast_for_any_length() {
+        let first = crc64nvme(b"the first part");
+        let second = crc64nvme(b"and the second");
+        let lengths = [
+            0,
+            1,
+            3,
+            8,
+            4095,
+            4096,
+            1 << 20,
+            1 << 40,
+            u64::MAX - 7,
+            u64::MAX,
+        ];
+        for len in lengths {
+            assert_eq!(
+                crc64nvme_combine(first, second, len),
+                crc_fast::checksum_combine(CrcAlgorithm::Crc64Nvme, first, second, len),
+                "{len}"
             );
         }
     }
