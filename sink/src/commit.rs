@@ -263,8 +263,11 @@ const MAX_ROUND: usize = 1024;
 /// behind them (P3: 1,120 flushes/s at 100 ms, 440 at 400 ms; the start-up's
 /// p99 fell from 100-170 ms to 14-26 ms)...
 const FLUSH_AFTER: Duration = Duration::from_millis(400);
-/// ...or once this many journaled bytes wait: a quarter of the journal file,
-/// so rounds keep finding room while a flush runs.
+/// ...or once the rounds waiting hold this much of the journal file (their
+/// regions: ranges, headers and manifest batches): a quarter of it, so
+/// rounds keep finding room while a flush runs. Counting only the ranges
+/// would let rounds of tiny appends, mostly header and batch, fill the
+/// file first, and rounds would then flush in place.
 const FLUSH_AT_BYTES: u64 = crate::journal::JOURNAL_FILE_BYTES / 4;
 
 /// The journal file, and the journal rounds whose files still need a flush.
@@ -274,7 +277,10 @@ struct Backlog {
     rounds: Vec<u64>,
     /// Keyed by address: each file once, however many ranges it got.
     files: HashMap<usize, Arc<File>>,
+    /// Range bytes of the rounds waiting (what their files must write back).
     bytes: u64,
+    /// Journal space the rounds waiting hold.
+    held: u64,
     since: Option<Instant>,
     /// `bytes` of this backlog and of flushes under way, for placement to see.
     shared_bytes: Arc<AtomicU64>,
@@ -372,6 +378,7 @@ impl Backlog {
             rounds: Vec::new(),
             files: HashMap::new(),
             bytes: 0,
+            held: 0,
             since: None,
             shared_bytes: journal.backlog_bytes,
             flush_at_files: journal.flush_at_files.max(1),
@@ -381,13 +388,17 @@ impl Backlog {
         }
     }
 
-    /// Adds a journal round (its number, where it starts) and its files.
-    fn add(&mut self, round: Option<(u64, u64)>, bytes: u64, files: Vec<Arc<File>>) {
-        let Some((round, start)) = round else { return };
+    /// Adds a journal round (its number, where its region starts and ends),
+    /// the bytes of its ranges, and its files.
+    fn add(&mut self, round: Option<(u64, u64, u64)>, bytes: u64, files: Vec<Arc<File>>) {
+        let Some((round, start, end)) = round else {
+            return;
+        };
         self.rounds.push(round);
         self.last_round_start = start;
         self.since.get_or_insert_with(Instant::now);
         self.bytes += bytes;
+        self.held += end.saturating_sub(start);
         self.shared_bytes.fetch_add(bytes, Ordering::Relaxed);
         for file in files {
             self.files.insert(Arc::as_ptr(&file) as usize, file);
@@ -416,7 +427,7 @@ impl Backlog {
             self.since = None;
             return;
         }
-        let due = self.bytes >= FLUSH_AT_BYTES
+        let due = self.held >= FLUSH_AT_BYTES
             || self.files.len() >= self.flush_at_files
             || self
                 .since
@@ -434,6 +445,7 @@ impl Backlog {
             .map(|(_, f)| SyncTarget::File(f))
             .collect();
         let bytes = std::mem::take(&mut self.bytes);
+        self.held = 0;
         self.since = None;
         let shared_bytes = self.shared_bytes.clone();
         let manifest = manifest.clone();
@@ -643,7 +655,7 @@ async fn run(
             if let Some(file) = backlog.file.as_mut() {
                 file.settle(end);
             }
-            journal_round = Some((round, start));
+            journal_round = Some((round, start, end));
         }
         let files = round
             .iter_mut()
@@ -1265,21 +1277,21 @@ mod tests {
 
         // One file twice (two of its ranges) counts once.
         let a = file("a");
-        backlog.add(Some((1, 10)), 10, vec![a.clone(), a]);
+        backlog.add(Some((1, 10, 20)), 10, vec![a.clone(), a]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.flushing.is_none(), "one file, just now: not due");
 
-        backlog.add(Some((2, 20)), 10, vec![file("b")]);
+        backlog.add(Some((2, 20, 30)), 10, vec![file("b")]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.flushing.is_some(), "two files: due");
         assert!(backlog.files.is_empty());
 
         // While that flush runs, the next files wait; at the limit, rounds
         // stop journaling instead of holding more descriptors.
-        backlog.add(Some((3, 30)), 10, vec![file("c")]);
+        backlog.add(Some((3, 30, 40)), 10, vec![file("c")]);
         backlog.flush_if_due(&manifest, &poisoned);
         assert!(backlog.journal_for_round().is_some());
-        backlog.add(Some((4, 40)), 10, vec![file("d")]);
+        backlog.add(Some((4, 40, 50)), 10, vec![file("d")]);
         assert!(backlog.journal_for_round().is_none());
         flush_ended(&mut backlog.flushing).await;
         backlog.flushing = None;
@@ -1294,6 +1306,32 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// Rounds of tiny appends are mostly header and manifest batch: the
+    /// journal space they hold, not their range bytes, makes a flush due.
+    #[tokio::test]
+    async fn rounds_holding_a_quarter_of_the_journal_are_flushed() {
+        let dir = scratch("backlog-held");
+        let (mut backlog, manifest, _) = backlog_in(&dir, 100);
+        let poisoned = Arc::new(Mutex::new(None));
+        let file = Arc::new(File::create(dir.join("a")).unwrap());
+        let quarter = FLUSH_AT_BYTES;
+        backlog.add(Some((1, 0, quarter / 2)), 10, vec![file.clone()]);
+        backlog.flush_if_due(&manifest, &poisoned);
+        assert!(
+            backlog.flushing.is_none(),
+            "an eighth of the journal: not due"
+        );
+        backlog.add(Some((2, quarter / 2, quarter)), 10, vec![file]);
+        backlog.flush_if_due(&manifest, &poisoned);
+        assert!(
+            backlog.flushing.is_some(),
+            "20 range bytes, but a quarter held"
+        );
+        flush_ended(&mut backlog.flushing).await;
+        assert!(lock(&poisoned).is_none());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// A stopped sink keeps its journaled files for the replay, and has no
     /// flush deadline left: one already past would wake the committer's loop
     /// at once, over and over.
@@ -1303,7 +1341,7 @@ mod tests {
         let (mut backlog, manifest, _) = backlog_in(&dir, 100);
         let poisoned = Arc::new(Mutex::new(Some("a flush failed".to_string())));
         let file = Arc::new(File::create(dir.join("a")).unwrap());
-        backlog.add(Some((1, 10)), 10, vec![file]);
+        backlog.add(Some((1, 10, 20)), 10, vec![file]);
         assert!(backlog.deadline().is_some());
 
         backlog.flush_if_due(&manifest, &poisoned);
