@@ -203,7 +203,8 @@ pub struct SinkArgs {
     #[arg(long, default_value = "auto", value_parser = parse_size_or_auto)]
     direct_min: SizeOrAuto,
     /// How commit rounds make files durable: auto (one syncfs for rounds
-    /// touching several files on a local filesystem, Linux 5.8+, else per file), files
+    /// touching several files on a local filesystem, Linux 5.8+, while at
+    /// most 64 MiB of the machine's memory is dirty; else per file), files
     /// (fdatasync each file, fsync each changed directory), filesystem
     /// (always syncfs; it also waits for other writers' dirty data there).
     #[arg(long, value_enum, default_value = "auto")]
