@@ -51,6 +51,10 @@ const AUTO_SYNCFS_FROM: usize = 4;
 /// of 101 new files took 1.9 s in `syncfs` while writes piled up behind it.
 const AUTO_SYNCFS_DIRTY_MAX: u64 = 64 << 20;
 
+/// Flushes at once for a background flush of more than
+/// [`BACKGROUND_EACH_UP_TO`] files that does not use `syncfs`.
+const MANY_FILES_PARALLELISM: usize = 64;
+
 /// Most journaled files a background flush flushes one by one (see
 /// [`Flusher::flush_in_background`]).
 const BACKGROUND_EACH_UP_TO: usize = 256;
@@ -200,7 +204,9 @@ impl Flusher {
     /// writeback (in P3, 100 files flushed every 100 ms held one round in
     /// ten up for 10-20 ms). One file's flush is short, and rounds slip in between.
     /// Past that many files, flushing each would no longer fit between two
-    /// background flushes, and one `syncfs` is cheaper.
+    /// background flushes: one `syncfs` is cheaper, or, while the machine
+    /// holds much dirty data (see [`AUTO_SYNCFS_DIRTY_MAX`]), flushing them
+    /// all at once, as a round does.
     pub async fn flush_in_background(
         &self,
         targets: Vec<SyncTarget>,
@@ -209,7 +215,8 @@ impl Flusher {
         if targets.len() <= BACKGROUND_EACH_UP_TO {
             return flush_each(targets, parallelism, &self.failed).await;
         }
-        self.flush(targets, parallelism).await
+        self.flush(targets, parallelism.max(MANY_FILES_PARALLELISM))
+            .await
     }
 
     /// Makes every target durable, with at most `parallelism` per-file
