@@ -58,10 +58,6 @@ const AUTO_SYNCFS_DIRTY_MAX: u64 = 64 << 20;
 /// grew to 76 threads and the sink's RSS from ~250 MB to ~900 MB.
 const DIRTY_FALLBACK_PARALLELISM: usize = 8;
 
-/// Flushes at once for a background flush of more than
-/// [`BACKGROUND_EACH_UP_TO`] files that does not use `syncfs`.
-const MANY_FILES_PARALLELISM: usize = DIRTY_FALLBACK_PARALLELISM;
-
 /// Most journaled files a background flush flushes one by one (see
 /// [`Flusher::flush_in_background`]).
 const BACKGROUND_EACH_UP_TO: usize = 256;
@@ -213,7 +209,7 @@ impl Flusher {
     /// Past that many files, flushing each would no longer fit between two
     /// background flushes: one `syncfs` is cheaper, or, while the machine
     /// holds much dirty data (see [`AUTO_SYNCFS_DIRTY_MAX`]), flushing them
-    /// all at once, as a round does.
+    /// [`DIRTY_FALLBACK_PARALLELISM`] at a time, as a round would.
     pub async fn flush_in_background(
         &self,
         targets: Vec<SyncTarget>,
@@ -222,7 +218,7 @@ impl Flusher {
         if targets.len() <= BACKGROUND_EACH_UP_TO {
             return flush_each(targets, parallelism, &self.failed).await;
         }
-        self.flush(targets, parallelism.max(MANY_FILES_PARALLELISM))
+        self.flush(targets, parallelism.max(DIRTY_FALLBACK_PARALLELISM))
             .await
     }
 
@@ -263,9 +259,7 @@ impl Flusher {
         };
         flush_each(targets, parallelism, &self.failed).await
     }
-}
 
-impl Flusher {
     /// Whether a `syncfs` would write back little besides the round's own
     /// files (always, unless the strategy is `Auto`).
     fn syncfs_is_cheap(&self) -> bool {
