@@ -221,6 +221,13 @@ pub struct SinkArgs {
     /// per recorded range (for latency benchmarks).
     #[arg(long)]
     commit_log: Option<PathBuf>,
+    /// Batches placed at once, each on a thread of its own; more wait in
+    /// memory (each stream holds at most 8). Every thread that has placed
+    /// batches keeps an allocator heap: this bounds the threads, and with
+    /// them the memory, when the disk falls behind. Default: four per core,
+    /// at least 8 and at most 64.
+    #[arg(long)]
+    placement_threads: Option<usize>,
 }
 
 #[derive(Args, Clone)]
@@ -473,6 +480,7 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         sync: args.sync,
         seal_read_back: args.seal_read_back,
         commit_log: args.commit_log.clone(),
+        placement_threads: args.placement_threads,
     }
 }
 

@@ -36,6 +36,7 @@ mod test_support {
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
 use flight_server::protocol::{ACTION_STATUS, ACTION_WATERMARKS, FileWatermark};
@@ -102,6 +103,9 @@ pub struct SinkConfig {
     pub seal_read_back: bool,
     /// Append one line per recorded range with its commit time (benchmarks).
     pub commit_log: Option<PathBuf>,
+    /// Batches placed at once, each on a thread of its own (None: four per
+    /// core, at least 8 and at most 64).
+    pub placement_threads: Option<usize>,
 }
 
 impl Default for SinkConfig {
@@ -121,6 +125,7 @@ impl Default for SinkConfig {
             sync: SyncStrategy::Auto,
             seal_read_back: false,
             commit_log: None,
+            placement_threads: None,
         }
     }
 }
@@ -136,7 +141,99 @@ pub struct SinkStatus {
     /// Journaled bytes whose destination files are not flushed yet.
     #[serde(default)]
     pub journal_backlog_bytes: u64,
+    /// Batches placed at once at most.
+    #[serde(default)]
+    pub placement_threads: usize,
+    /// Batches being placed now, and the most at once since the start.
+    #[serde(default)]
+    pub placements_running: usize,
+    #[serde(default)]
+    pub placements_running_peak: usize,
+    /// Received batches waiting for a placement thread: the disk or the
+    /// CPU is behind what the peers send.
+    #[serde(default)]
+    pub placements_waiting: usize,
     pub poisoned: Option<String>,
+}
+
+/// Bounds the batches placed at once. Placement blocks (it writes files and
+/// may wait for the commit gate), so each one runs on a thread of tokio's
+/// blocking pool, and every thread that has placed batches keeps an
+/// allocator heap of its own. Unbounded, a congested disk grows the pool
+/// toward tokio's 512 threads, and the sink's memory with it; bounded,
+/// received batches wait here, each stream holding at most its pipeline
+/// depth of them.
+struct PlacementThreads {
+    permits: Arc<tokio::sync::Semaphore>,
+    limit: usize,
+    waiting: AtomicUsize,
+    running: AtomicUsize,
+    running_peak: AtomicUsize,
+}
+
+impl PlacementThreads {
+    /// Placement is mostly CPU and page-cache writes: more threads than a
+    /// few per core add no throughput, only heaps, and a blocked disk is not
+    /// unblocked by more writers.
+    fn auto_limit() -> usize {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        (cores * 4).clamp(8, 64)
+    }
+
+    fn new(limit: Option<usize>) -> Arc<Self> {
+        let limit = limit.unwrap_or_else(Self::auto_limit).max(1);
+        Arc::new(Self {
+            permits: Arc::new(tokio::sync::Semaphore::new(limit)),
+            limit,
+            waiting: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            running_peak: AtomicUsize::new(0),
+        })
+    }
+
+    /// Runs `work` on a blocking thread once one of the placement threads is
+    /// free. Once started it runs to its end, even if the caller goes away.
+    async fn run<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, tokio::task::JoinError> {
+        let permit = {
+            let _waiting = Gauge::enter(&self.waiting);
+            // The semaphore is never closed: this always yields a permit.
+            self.permits.clone().acquire_owned().await.ok()
+        };
+        let threads = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let running = Gauge::enter(&threads.running);
+            threads
+                .running_peak
+                .fetch_max(running.now, Ordering::Relaxed);
+            work()
+        })
+        .await
+    }
+}
+
+/// One count in a gauge, taken back when dropped (a cancelled wait or a
+/// panicked placement too).
+struct Gauge<'a> {
+    counter: &'a AtomicUsize,
+    /// The gauge's value right after this entered it.
+    now: usize,
+}
+
+impl<'a> Gauge<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        let now = counter.fetch_add(1, Ordering::Relaxed) + 1;
+        Self { counter, now }
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A running sink's ingest side (what the Flight service calls). Cheap to
@@ -146,6 +243,7 @@ pub struct Sink {
     placer: Arc<Placer>,
     committer: Committer,
     counts: Arc<placement::FileCounts>,
+    placing: Arc<PlacementThreads>,
 }
 
 impl Sink {
@@ -233,6 +331,7 @@ impl Sink {
             placer: Arc::new(placer),
             committer,
             counts,
+            placing: PlacementThreads::new(config.placement_threads),
         })
     }
 
@@ -250,6 +349,10 @@ impl Sink {
             files: count(&self.counts.files),
             sealed_files: count(&self.counts.sealed),
             journal_backlog_bytes: count(&self.placer.journal.backlog),
+            placement_threads: self.placing.limit,
+            placements_running: self.placing.running.load(Ordering::Relaxed),
+            placements_running_peak: self.placing.running_peak.load(Ordering::Relaxed),
+            placements_waiting: self.placing.waiting.load(Ordering::Relaxed),
             poisoned: self.committer.poisoned(),
         })
     }
@@ -330,14 +433,16 @@ impl Ingest for Sink {
         // be cancelled once started): the batch still reaches its commit
         // instead of leaving written-but-unrecorded ranges others wait on.
         let received = std::time::SystemTime::now();
-        let placed = tokio::task::spawn_blocking(move || {
-            place_and_submit(&placer, &committer, &source, seq, &batch, received)
-        })
-        .await
-        .map_err(|e| match e.is_panic() {
-            true => Status::internal(format!("placing batch {seq} panicked: {e}")),
-            false => Status::unavailable(format!("placing batch {seq}: the sink is shutting down")),
-        })?;
+        let placed = self
+            .placing
+            .run(move || place_and_submit(&placer, &committer, &source, seq, &batch, received))
+            .await
+            .map_err(|e| match e.is_panic() {
+                true => Status::internal(format!("placing batch {seq} panicked: {e}")),
+                false => {
+                    Status::unavailable(format!("placing batch {seq}: the sink is shutting down"))
+                }
+            })?;
         let (answer, ack) = placed.map_err(|e| match e {
             PlaceError::Peer(detail) => Status::invalid_argument(detail),
             PlaceError::Storage(detail) => Status::unavailable(format!("sink storage: {detail}")),
@@ -360,7 +465,11 @@ impl Ingest for Sink {
                     Status::invalid_argument(format!("watermarks wants {{\"source\": NAME}}: {e}"))
                 })?;
                 let sink = self.clone();
-                let marks = tokio::task::spawn_blocking(move || sink.watermarks(&request.source))
+                // On a placement thread: these too may wait for the commit
+                // gate, and peers could ask for many at once.
+                let marks = self
+                    .placing
+                    .run(move || sink.watermarks(&request.source))
                     .await
                     .map_err(|e| Status::internal(format!("reading watermarks: {e}")))??;
                 json(serde_json::to_vec(&marks))
@@ -515,4 +624,58 @@ pub fn audit(state_dir: &std::path::Path, with_records: bool) -> anyhow::Result<
         report.records = files;
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flight_server::BatchBuilder;
+
+    /// Many batches arriving at once are all placed and acknowledged, never
+    /// more of them at once than the placement threads allow.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn placements_beyond_the_thread_limit_wait_their_turn() {
+        let dir = test_support::scratch("placement-threads");
+        std::fs::create_dir_all(dir.join("root")).unwrap();
+        let sink = Sink::open(&SinkConfig {
+            root: dir.join("root"),
+            state_dir: dir.join("state"),
+            placement_threads: Some(2),
+            ..SinkConfig::default()
+        })
+        .unwrap();
+        let content =
+            |file: u64| -> Vec<u8> { (0..256 << 10).map(|i: u64| (i * 31 + file) as u8).collect() };
+        let placing: Vec<_> = (1..=24u64)
+            .map(|file| {
+                let sink = sink.clone();
+                let mut builder = BatchBuilder::with_capacity(1, 256 << 10);
+                builder.push_data(&format!("f{file}.dat"), 1, 0, &content(file));
+                let batch = RangeBatch::validate(builder.finish()).unwrap();
+                tokio::spawn(async move { sink.ingest(Arc::from("s"), file, batch).await })
+            })
+            .collect();
+        for (file, placed) in (1..=24u64).zip(placing) {
+            let ack = placed.await.unwrap().unwrap();
+            assert_eq!(ack.seq, file);
+        }
+        for file in 1..=24u64 {
+            let written = std::fs::read(dir.join(format!("root/s/f{file}.dat"))).unwrap();
+            assert!(
+                written == content(file),
+                "file {file} differs from what was sent"
+            );
+        }
+        let status = sink.status().unwrap();
+        assert_eq!(status.placement_threads, 2);
+        assert!(
+            (1..=2).contains(&status.placements_running_peak),
+            "{} placements ran at once",
+            status.placements_running_peak
+        );
+        assert_eq!(status.placements_running, 0);
+        assert_eq!(status.placements_waiting, 0);
+        drop(sink);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
