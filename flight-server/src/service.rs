@@ -235,8 +235,10 @@ impl<I: Ingest> FlightService for Service<I> {
         tokio::spawn(async move {
             use futures::FutureExt;
             let _permit = permit;
-            // Decoding hostile IPC can panic inside arrow; that ends this
-            // stream with an error, never the sink or other streams.
+            // `run_put` tells a panic decoding the peer's bytes (its fault)
+            // from one placing them (the sink's). Anything else that panics
+            // here is the sink's own bug too: it ends this stream, never the
+            // sink or other streams, and is never reported as bad input.
             let outcome = std::panic::AssertUnwindSafe(run_put(
                 ingest,
                 &peer,
@@ -246,9 +248,10 @@ impl<I: Ingest> FlightService for Service<I> {
             ))
             .catch_unwind()
             .await
-            .unwrap_or_else(|_| {
-                Err(Status::invalid_argument(format!(
-                    "peer {peer}: a message could not be decoded (malformed Arrow IPC)"
+            .unwrap_or_else(|panic| {
+                Err(Status::internal(format!(
+                    "peer {peer}: the sink's stream handler panicked (a bug in the sink): {}",
+                    panic_text(panic.as_ref())
                 )))
             });
             if let Err(status) = outcome {
@@ -358,23 +361,161 @@ async fn run_put<I: Ingest>(
                     ingest.accept_source(&hello.source)?;
                     source = Some(Arc::from(hello.source.as_str()));
                 }
-                let undecodable = |e: String| Status::invalid_argument(format!("peer {peer}: undecodable Flight data: {e}"));
-                match decode::message(&data, schema_seen).map_err(undecodable)? {
-                    decode::Message::Empty => {}
-                    decode::Message::Schema => schema_seen = true,
-                    decode::Message::Batch(batch) => {
-                        let seq = protocol::decode_seq(&data.app_metadata)
-                            .map_err(|e| Status::invalid_argument(format!("peer {peer}: {e}")))?;
-                        let batch = RangeBatch::validate(batch)
-                            .map_err(|e| Status::invalid_argument(format!("peer {peer}: batch {seq}: {e}")))?;
-                        let source = source.clone().unwrap_or_else(|| Arc::from(""));
-                        let ingest = ingest.clone();
-                        pending.push(async move { ingest.ingest(source, seq, batch).await });
-                    }
-                }
+                let Some((seq, batch)) = decode_put(peer, &data, &mut schema_seen)? else {
+                    continue;
+                };
+                let source = source.clone().unwrap_or_else(|| Arc::from(""));
+                let ingest = ingest.clone();
+                pending.push(async move {
+                    use futures::FutureExt;
+                    std::panic::AssertUnwindSafe(ingest.ingest(source, seq, batch))
+                        .catch_unwind()
+                        .await
+                        .unwrap_or_else(|panic| {
+                            Err(Status::internal(format!(
+                                "batch {seq}: placing it panicked (a bug in the sink, not bad input): {}",
+                                panic_text(panic.as_ref())
+                            )))
+                        })
+                });
             }
             else => break,
         }
     }
     Ok(())
+}
+
+/// Decodes one DoPut message: `None` for a schema or an empty message, the
+/// batch and its sequence number otherwise. Decoding hostile IPC can panic
+/// inside arrow: a panic here is the peer's malformed input, refused as such.
+fn decode_put(
+    peer: &str,
+    data: &FlightData,
+    schema_seen: &mut bool,
+) -> Result<Option<(u64, RangeBatch)>, Status> {
+    let seen = *schema_seen;
+    let decoding = std::panic::AssertUnwindSafe(|| decode::message(data, seen));
+    let decoded = std::panic::catch_unwind(decoding).map_err(|_| {
+        Status::invalid_argument(format!(
+            "peer {peer}: a message could not be decoded (malformed Arrow IPC)"
+        ))
+    })?;
+    let undecodable =
+        |e: String| Status::invalid_argument(format!("peer {peer}: undecodable Flight data: {e}"));
+    match decoded.map_err(undecodable)? {
+        decode::Message::Empty => Ok(None),
+        decode::Message::Schema => {
+            *schema_seen = true;
+            Ok(None)
+        }
+        decode::Message::Batch(batch) => {
+            let seq = protocol::decode_seq(&data.app_metadata)
+                .map_err(|e| Status::invalid_argument(format!("peer {peer}: {e}")))?;
+            let validating = std::panic::AssertUnwindSafe(move || RangeBatch::validate(batch));
+            let batch = std::panic::catch_unwind(validating)
+                .map_err(|_| {
+                    Status::invalid_argument(format!(
+                        "peer {peer}: batch {seq} could not be read (malformed Arrow arrays)"
+                    ))
+                })?
+                .map_err(|e| Status::invalid_argument(format!("peer {peer}: batch {seq}: {e}")))?;
+            Ok(Some((seq, batch)))
+        }
+    }
+}
+
+/// The text a panic was raised with, if it had one.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(a panic without a message)".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{ClientConfig, Delivery, FlightPool, Outgoing};
+    use crate::wire::BatchBuilder;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A sink whose placement has a bug: every batch panics.
+    #[derive(Default)]
+    struct PanickingIngest {
+        calls: AtomicUsize,
+    }
+
+    impl Ingest for PanickingIngest {
+        fn accept_source(&self, _: &str) -> Result<(), Status> {
+            Ok(())
+        }
+
+        async fn ingest(
+            &self,
+            _: Arc<str>,
+            seq: u64,
+            _: RangeBatch,
+        ) -> Result<protocol::Ack, Status> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            panic!("a bug in the sink while placing batch {seq}");
+        }
+
+        async fn action(&self, _: &str, _: &[u8]) -> Result<Vec<u8>, Status> {
+            Err(Status::unimplemented("no actions"))
+        }
+    }
+
+    /// A panic inside the sink is its own bug, not the watcher's bad input:
+    /// the client keeps retrying the batch instead of giving up on it after
+    /// a few "refusals" (which would stop the file's transfer for good).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_while_placing_is_retried_never_refused() {
+        let ingest = Arc::new(PanickingIngest::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            ingest.clone(),
+            ServerConfig::default(),
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let (pool, mut deliveries) = FlightPool::start(ClientConfig {
+            endpoint: format!("http://{address}"),
+            source: "s".into(),
+            connections: 1,
+            ..ClientConfig::default()
+        })
+        .unwrap();
+        let mut builder = BatchBuilder::with_capacity(1, 16);
+        builder.push_data("f", 1, 0, b"sixteen bytes!!!");
+        pool.send(Outgoing {
+            token: 7,
+            batch: builder.finish_encoded(),
+        })
+        .await;
+        // More attempts than the client's refusal limit, each ended by the
+        // panic; none may come back as a refusal.
+        let waited = tokio::time::timeout(Duration::from_secs(60), async {
+            while ingest.calls.load(Ordering::SeqCst) < 6 {
+                if let Ok(delivery) = deliveries.try_recv() {
+                    return Some(delivery);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            deliveries.try_recv().ok()
+        })
+        .await
+        .expect("the client stopped sending the batch");
+        assert!(
+            !matches!(waited, Some(Delivery::Refused { .. })),
+            "the client gave up on a batch because the sink panicked: {waited:?}"
+        );
+        drop(pool);
+        let _ = stop.send(());
+        let _ = server.await;
+    }
 }
