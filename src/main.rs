@@ -1,8 +1,10 @@
 //! `tailflight`: parses arguments (and an optional TOML config equivalent to
 //! them) and dispatches to the crates that do the work.
 
+mod choices;
 mod config;
 mod demo;
+mod feed_log;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -168,10 +170,10 @@ pub struct SinkArgs {
     tls: ServerTlsArgs,
     /// Where files land: per-source (<root>/<source>/<path>) or flat (<root>/<path>).
     #[arg(long, value_enum, default_value = "per-source")]
-    layout: sink::Layout,
+    layout: choices::Layout,
     /// What happens to a generation a newer one replaces: mirror (remove it) or keep (as <path>.gen<N>).
     #[arg(long, value_enum, default_value = "mirror")]
-    superseded: sink::SupersededPolicy,
+    superseded: choices::Superseded,
     /// Largest gRPC message accepted (bytes); larger batches are refused.
     #[arg(long, default_value_t = 64 << 20)]
     max_message_bytes: usize,
@@ -208,7 +210,7 @@ pub struct SinkArgs {
     /// (fdatasync each file, fsync each changed directory), filesystem
     /// (always syncfs; it also waits for other writers' dirty data there).
     #[arg(long, value_enum, default_value = "auto")]
-    sync: sink::SyncStrategy,
+    sync: choices::Sync,
     /// Read each file back from disk when it is sealed and compare its digest
     /// with the source's. Without it, a CRC-64 seal is compared with the
     /// checksum of the bytes as the sink wrote them (computed as each range
@@ -228,6 +230,11 @@ pub struct SinkArgs {
     /// at least 8 and at most 64.
     #[arg(long)]
     placement_threads: Option<usize>,
+    /// Append what the manifest holds at the start, then every commit
+    /// round of the commit feed, as JSON lines (for tests and for watching
+    /// commits land).
+    #[arg(long)]
+    feed_log: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -470,14 +477,14 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         state_dir: args.state.clone(),
         listen: args.listen,
         tls: args.tls.config(),
-        layout: args.layout,
-        superseded: args.superseded,
+        layout: args.layout.into(),
+        superseded: args.superseded.into(),
         max_message_bytes: args.max_message_bytes,
         window_bytes: args.window_bytes,
         max_open_files: args.max_open_files,
         journal_max_range: args.journal_max_range,
         direct_min: args.direct_min.0,
-        sync: args.sync,
+        sync: args.sync.into(),
         seal_read_back: args.seal_read_back,
         commit_log: args.commit_log.clone(),
         placement_threads: args.placement_threads,
@@ -534,7 +541,20 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
     match command {
         Command::Sink(args) => {
             raise_fd_limit();
-            runtime()?.block_on(sink::run(sink_config(&args), terminated()))?;
+            let config = sink_config(&args);
+            runtime()?.block_on(async {
+                let sink = sink::Sink::open(&config)?;
+                let feed_log = match &args.feed_log {
+                    Some(path) => Some(feed_log::attach(&sink, path)?),
+                    None => None,
+                };
+                let served = sink::serve(sink, &config, terminated()).await;
+                if let Some(thread) = feed_log {
+                    // The sink is gone, so its feed is closed: this ends.
+                    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+                }
+                served
+            })?;
         }
         Command::Watch(args) => {
             raise_fd_limit();

@@ -2,16 +2,16 @@
 //! both are killed with SIGKILL at random moments and restarted, ten times
 //! each with the sink's journal (whose entries are written back at every
 //! restart), five without it. At the end the files are identical, the
-//! manifest records no byte range twice, and the duplicate counter shows
-//! re-delivery happened.
+//! manifest records no byte range twice, the commit feed told each durable
+//! byte exactly once, and the duplicate counter shows re-delivery happened.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{
-    Pipeline, PipelineOptions, assert_clean_audit, files_of_run, scratch, simulate_in_background,
-    status_u64,
+    Pipeline, PipelineOptions, assert_clean_audit, assert_feed_told_each_byte_once, feed_log_args,
+    files_of_run, scratch, simulate_in_background, status_u64,
 };
 
 /// A small xorshift generator: the seed is printed so a failure can be replayed.
@@ -63,6 +63,9 @@ fn crash_cycles(name: &str, options: PipelineOptions, default_cycles: usize) {
         .unwrap_or(default_cycles);
 
     let dir = scratch(name);
+    let feed_log = dir.join("feed.jsonl");
+    let mut options = options;
+    options.extra_sink_args.extend(feed_log_args(&feed_log));
     let mut pipeline = Pipeline::start(&dir, options);
     // Long enough to outlast every kill cycle; stopped when the cycles end.
     let mut sim = simulate_in_background(
@@ -118,6 +121,8 @@ fn crash_cycles(name: &str, options: PipelineOptions, default_cycles: usize) {
     pipeline.watcher.stop();
     pipeline.sink.stop();
     let report = assert_clean_audit(&pipeline.sink_state);
+    let rounds = assert_feed_told_each_byte_once(&feed_log, &pipeline.sink_state);
+    assert!(rounds > 0, "the feed told no round");
     // The sink keeps its file counts in memory across restarts; the audit reads every record.
     for count in ["files", "sealed_files"] {
         assert_eq!(

@@ -35,14 +35,17 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use manifest_db::{FileId, JournalEntry, SinkCommit, SinkCounters, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::error::panic_message;
+use crate::feed::{CommitFeed, CommitRound, FileChange, FileCommit};
 use crate::flush::{Flusher, SyncTarget, flush_now};
+use crate::health::Health;
 use crate::journal::{JournalFile, JournalSpace, RoundWrite};
 use crate::placement::{FileCounts, Slot, lock};
 use crate::stage_cpu::{Stage, StageTimer};
@@ -54,11 +57,12 @@ pub(crate) struct Dependency {
     pub end: u64,
 }
 
-/// Serialises every write of file records to the manifest. Holds why the
-/// sink stopped if a round failed after changing records in memory: from
-/// then on those records may name ranges that are not durable, and nothing
-/// may write or hand out records under the gate.
-pub(crate) type CommitGate = Arc<Mutex<Option<String>>>;
+/// Serialises every write of file records to the manifest. A round that
+/// fails after changing records in memory poisons the sink's [`Health`]
+/// before it lets go of the gate: from then on those records may name
+/// ranges that are not durable, so whoever takes the gate checks the health
+/// before it writes or hands out records.
+pub(crate) type CommitGate = Arc<Mutex<()>>;
 
 /// Ranges one batch wrote into one file generation.
 pub(crate) type PlacedRanges = (Arc<Slot>, Vec<(u64, u64)>);
@@ -175,58 +179,120 @@ pub(crate) struct Queued {
     pub reply: oneshot::Sender<Result<(), String>>,
 }
 
-/// Handle to the committer task.
+/// Handle to the committer task. Clones share the task; [`Self::stop`]
+/// drains what is queued and joins it.
 #[derive(Clone)]
 pub(crate) struct Committer {
-    queue: mpsc::UnboundedSender<Queued>,
-    poisoned: Arc<Mutex<Option<String>>>,
+    queue: mpsc::Sender<Queued>,
+    health: Health,
+    stopping: Arc<tokio::sync::Notify>,
+    task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+/// Requests queued for rounds at most. Fewer are ever in flight (each
+/// stream holds at most its pipeline depth of batches, and the streams are
+/// bounded), so this only guards memory against a bug; a placement thread
+/// that finds it full waits.
+const QUEUE_DEPTH: usize = 4 * MAX_ROUND;
+
+/// What the committer task is given to own or share.
+pub(crate) struct CommitterParts {
+    pub manifest: SinkManifest,
+    /// If given, gets one line per recorded range with the time it became
+    /// durable (for latency measurements).
+    pub commit_log: Option<File>,
+    pub gate: CommitGate,
+    pub journal: CommitJournal,
+    pub counts: Arc<FileCounts>,
+    pub flusher: Flusher,
+    pub health: Health,
+    pub feed: CommitFeed,
 }
 
 impl Committer {
-    /// `commit_log`, if given, gets one line per recorded range with the
-    /// time it became durable (for latency measurements).
-    pub fn start(
-        manifest: SinkManifest,
-        commit_log: Option<File>,
-        gate: CommitGate,
-        journal: CommitJournal,
-        counts: Arc<FileCounts>,
-        flusher: Flusher,
-    ) -> Self {
-        let (queue, receiver) = mpsc::unbounded_channel();
-        let poisoned = Arc::new(Mutex::new(None));
+    pub fn start(parts: CommitterParts) -> Self {
+        use futures::FutureExt;
+        let CommitterParts {
+            manifest,
+            commit_log,
+            gate,
+            journal,
+            counts,
+            flusher,
+            health,
+            feed,
+        } = parts;
+        let (queue, receiver) = mpsc::channel(QUEUE_DEPTH);
         let commit_log = commit_log.map(std::io::BufWriter::new);
-        let backlog = Backlog::new(journal, flusher);
-        tokio::spawn(run(
+        let backlog = Backlog::new(journal, flusher, health.clone());
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let rounds = Rounds {
             manifest,
             receiver,
-            poisoned.clone(),
+            health: health.clone(),
             commit_log,
             gate,
             backlog,
             counts,
-        ));
-        Self { queue, poisoned }
+            stopping: stopping.clone(),
+            feed,
+        };
+        let watched = health.clone();
+        let task = tokio::spawn(async move {
+            // A committer that dies takes every later ack with it: the sink
+            // must say so instead of looking healthy while nothing commits.
+            let ended = std::panic::AssertUnwindSafe(run(rounds))
+                .catch_unwind()
+                .await;
+            if let Err(panic) = ended {
+                watched.poison(format!(
+                    "the committer task panicked: {}",
+                    panic_message(panic.as_ref())
+                ));
+            }
+        });
+        Self {
+            queue,
+            health,
+            stopping,
+            task: Arc::new(Mutex::new(Some(task))),
+        }
     }
 
-    /// The reason the sink stopped accepting work, if it did.
-    pub fn poisoned(&self) -> Option<String> {
-        lock(&self.poisoned).clone()
+    /// Stops taking requests, finishes the rounds of those already queued
+    /// (their acks go out), waits for a background flush in progress, and
+    /// joins the committer and its journal thread. Idempotent.
+    pub async fn stop(&self) {
+        self.stopping.notify_one();
+        let task = lock(&self.task).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
     }
 
     /// Queues the request for the next round; the answer resolves once it
     /// is durable (or the sink failed). Callable from a blocking thread, so
     /// a placed batch joins the queue without waiting for an async worker.
-    pub fn submit(&self, request: CommitRequest) -> Result<CommitAnswer, String> {
+    pub fn submit(&self, request: CommitRequest) -> Result<CommitAnswer, crate::SinkError> {
+        self.health.check()?;
         let (reply, answer) = oneshot::channel();
         self.queue
-            .send(Queued {
+            .blocking_send(Queued {
                 request,
                 reply,
                 queued: Instant::now(),
             })
-            .map_err(|_| "the committer has stopped".to_string())?;
+            .map_err(|_| self.stopped())?;
         Ok(CommitAnswer(answer))
+    }
+
+    /// Why the committer takes nothing any more: it died (the health says
+    /// why), or the sink is stopping.
+    fn stopped(&self) -> crate::SinkError {
+        match self.health.reason() {
+            Some(reason) => crate::SinkError::Poisoned(reason),
+            None => crate::SinkError::Shutdown,
+        }
     }
 }
 
@@ -302,9 +368,11 @@ struct Backlog {
 }
 
 /// A thread of its own for journal writes: a round waits for its write on a
-/// blocking thread, and must not depend on another one being free.
+/// blocking thread, and must not depend on another one being free. Owned by
+/// the committer and joined when it goes away; a panic in it poisons the sink.
 struct JournalWriter {
-    jobs: std::sync::mpsc::Sender<JournalJob>,
+    jobs: Option<std::sync::mpsc::Sender<JournalJob>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 struct JournalJob {
@@ -342,26 +410,54 @@ fn write_journal_round(job: &JournalJob) -> JournalWritten {
 }
 
 impl JournalWriter {
-    fn spawn() -> std::io::Result<Self> {
+    fn spawn(health: Health) -> std::io::Result<Self> {
         let (jobs, queue) = std::sync::mpsc::channel::<JournalJob>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("tailflight-journal".into())
             .spawn(move || {
-                for job in queue {
-                    let timer = StageTimer::start(Stage::Journal);
-                    let written = write_journal_round(&job);
-                    drop(timer);
-                    let _ = job.done.send(written);
+                let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for job in queue {
+                        let timer = StageTimer::start(Stage::Journal);
+                        let written = write_journal_round(&job);
+                        drop(timer);
+                        let _ = job.done.send(written);
+                    }
+                }));
+                if let Err(panic) = written {
+                    health.poison(format!(
+                        "the journal writer thread panicked: {}",
+                        panic_message(panic.as_ref())
+                    ));
                 }
             })?;
-        Ok(Self { jobs })
+        Ok(Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, job: JournalJob) -> Result<(), String> {
+        self.jobs
+            .as_ref()
+            .and_then(|jobs| jobs.send(job).ok())
+            .ok_or_else(|| "the journal writer thread has stopped".to_string())
+    }
+}
+
+impl Drop for JournalWriter {
+    /// Ends the thread once it has written what it was given, and joins it.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
 impl Backlog {
-    fn new(journal: CommitJournal, flusher: Flusher) -> Self {
+    fn new(journal: CommitJournal, flusher: Flusher, health: Health) -> Self {
         let mut file = journal.file;
-        let writer = match file.as_ref().map(|_| JournalWriter::spawn()) {
+        let writer = match file.as_ref().map(|_| JournalWriter::spawn(health)) {
             Some(Ok(writer)) => Some(writer),
             Some(Err(error)) => {
                 tracing::error!(%error, "cannot start the journal writer thread; small ranges are flushed in place");
@@ -419,8 +515,8 @@ impl Backlog {
     }
 
     /// Starts a flush of everything waiting, if one is due and none is running.
-    fn flush_if_due(&mut self, manifest: &SinkManifest, poisoned: &Arc<Mutex<Option<String>>>) {
-        if lock(poisoned).is_some() {
+    fn flush_if_due(&mut self, manifest: &SinkManifest, health: &Health) {
+        if health.is_poisoned() {
             // Entries stay for the replay after the restart, and no flush is
             // due any more: a deadline left behind would wake the committer
             // again at once, and it would spin.
@@ -449,7 +545,7 @@ impl Backlog {
         self.since = None;
         let shared_bytes = self.shared_bytes.clone();
         let manifest = manifest.clone();
-        let poisoned = poisoned.clone();
+        let health = health.clone();
         let flusher = self.flusher.clone();
         let release = self
             .space
@@ -464,7 +560,7 @@ impl Backlog {
             {
                 // Another flush failing meanwhile may have taken the error
                 // of one of these files: their entries must stay.
-                Ok(()) if flusher.has_failed() || lock(&poisoned).is_some() => {
+                Ok(()) if flusher.has_failed() => {
                     Err("another flush failed; journal entries are kept for the replay".to_string())
                 }
                 Ok(()) => tokio::task::spawn_blocking(move || {
@@ -485,25 +581,42 @@ impl Backlog {
                     }
                 }
                 Err(reason) => {
-                    tracing::error!(error = %reason, "flushing journaled files failed; the sink refuses further batches until restarted");
-                    *lock(&poisoned) = Some(reason);
+                    health.poison(format!("flushing journaled files: {reason}"));
                 }
             }
         }));
     }
 }
 
-async fn run(
+/// What the committer task owns.
+struct Rounds {
     manifest: SinkManifest,
-    mut receiver: mpsc::UnboundedReceiver<Queued>,
-    poisoned: Arc<Mutex<Option<String>>>,
-    mut commit_log: Option<std::io::BufWriter<File>>,
+    receiver: mpsc::Receiver<Queued>,
+    health: Health,
+    commit_log: Option<std::io::BufWriter<File>>,
     gate: CommitGate,
-    mut backlog: Backlog,
+    backlog: Backlog,
     counts: Arc<FileCounts>,
-) {
+    stopping: Arc<tokio::sync::Notify>,
+    feed: CommitFeed,
+}
+
+async fn run(rounds: Rounds) {
+    let Rounds {
+        manifest,
+        mut receiver,
+        health,
+        mut commit_log,
+        gate,
+        mut backlog,
+        counts,
+        stopping,
+        feed,
+    } = rounds;
+    let mut feed_sequence = 0;
     let flusher = backlog.flusher.clone();
     let mut waiting: Vec<Queued> = Vec::new();
+    let mut draining = false;
     loop {
         let deadline = backlog.deadline();
         let flushing = backlog.flushing.is_some();
@@ -512,14 +625,27 @@ async fn run(
                 Some(first) => first,
                 None => break,
             },
+            // Requests waiting on others' ranges get their answer now: no
+            // round may record those ranges any more.
+            reason = health.poisoned(), if !waiting.is_empty() => {
+                fail_all(std::mem::take(&mut waiting), &reason);
+                continue;
+            }
+            () = stopping.notified(), if !draining => {
+                // Whatever is queued already still gets its round; a
+                // placement thread submitting later finds the queue closed.
+                draining = true;
+                receiver.close();
+                continue;
+            }
             // A flush is running: the next one waits for its end.
             _ = flush_ended(&mut backlog.flushing), if flushing => {
                 backlog.flushing = None;
-                backlog.flush_if_due(&manifest, &poisoned);
+                backlog.flush_if_due(&manifest, &health);
                 continue;
             }
-            () = sleep_until(deadline), if deadline.is_some() && !flushing => {
-                backlog.flush_if_due(&manifest, &poisoned);
+            () = sleep_until(deadline), if deadline.is_some() && !flushing && !draining => {
+                backlog.flush_if_due(&manifest, &health);
                 continue;
             }
         };
@@ -530,10 +656,16 @@ async fn run(
                 Err(_) => break,
             }
         }
-        if let Some(reason) = lock(&poisoned).clone() {
+        if let Some(reason) = health.reason() {
             fail_all(round, &reason);
             fail_all(std::mem::take(&mut waiting), &reason);
             continue;
+        }
+        #[cfg(test)]
+        for queued in &round {
+            for slot in &queued.request.touched {
+                crate::fault::hit(crate::fault::Point::CommitterLoop, &slot.id.source);
+            }
         }
         let started = Instant::now();
         // How long the oldest batch of the round waited since it arrived
@@ -582,8 +714,8 @@ async fn run(
         let manifest_for_round = manifest.clone();
         let round_gate = gate.clone();
         let counts = counts.clone();
-        let round_poisoned = poisoned.clone();
-        let flush_failed = flusher.failures();
+        let round_health = health.clone();
+        let described = feed.has_listeners();
         let complete = backlog.complete;
         let handed = Instant::now();
         let outcome = run_blocking(move || {
@@ -595,8 +727,8 @@ async fn run(
                     manifest: &manifest_for_round,
                     gate: &round_gate,
                     counts: &counts,
-                    poisoned: &round_poisoned,
-                    flush_failed: &flush_failed,
+                    health: &round_health,
+                    described,
                 };
                 record_round(&sink, &mut round, journal, complete).map(|mut recorded| {
                     recorded.blocking_us = blocking_us;
@@ -610,8 +742,7 @@ async fn run(
             Ok(done) => done,
             Err(panic) => {
                 let reason = format!("the commit round panicked: {panic}");
-                tracing::error!(error = %reason, "the sink refuses further batches until restarted");
-                *lock(&poisoned) = Some(reason.clone());
+                health.poison(reason.clone());
                 fail_all(std::mem::take(&mut waiting), &reason);
                 continue;
             }
@@ -636,14 +767,12 @@ async fn run(
             cpu_totals_us = ?crate::stage_cpu::totals_us(),
             "commit round"
         );
-        let recorded = match result {
+        let mut recorded = match result {
             Ok(recorded) => recorded,
             Err(reason) => {
-                tracing::error!(error = %reason, "commit failed; the sink refuses further batches until restarted");
-                *lock(&poisoned) = Some(reason.clone());
                 // A round that failed before its records (a flush, a deferred
                 // write) stops those who write records out of band too.
-                lock(&gate).get_or_insert_with(|| reason.clone());
+                health.poison(format!("a commit round failed: {reason}"));
                 fail_all(round, &reason);
                 fail_all(std::mem::take(&mut waiting), &reason);
                 continue;
@@ -662,16 +791,30 @@ async fn run(
             .flat_map(|queued| std::mem::take(&mut queued.request.journaled_files))
             .collect();
         backlog.add(journal_round, recorded.journal_bytes, files);
-        backlog.flush_if_due(&manifest, &poisoned);
+        backlog.flush_if_due(&manifest, &health);
         if let Some(log) = &mut commit_log
             && let Err(error) = write_commit_log(log, &recorded.placements, &recorded.received_at)
         {
             tracing::warn!(%error, "cannot write the commit log; it stops here");
             commit_log = None;
         }
+        if let Some(files) = recorded.feed.take() {
+            feed_sequence += 1;
+            feed.publish(CommitRound {
+                sequence: feed_sequence,
+                committed_at: std::time::SystemTime::now(),
+                files,
+            });
+        }
         waiting.extend(round);
         waiting = answer_ready(waiting);
     }
+    // Stopping: a background flush in progress ends before its files and
+    // journal go away (what it does not cover, the next start replays).
+    if let Some(flushing) = backlog.flushing.take() {
+        let _ = flushing.await;
+    }
+    fail_all(waiting, "the sink is shutting down");
 }
 
 /// Runs a commit round's blocking part: in place on a multi-threaded
@@ -692,15 +835,6 @@ async fn run_blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| e.to_string())
-}
-
-/// The text a panic was raised with, if it had one.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(a panic without a message)".to_string())
 }
 
 /// What a batch's placement said of its deferred writes.
@@ -874,6 +1008,8 @@ pub(crate) fn forget_flushed(round: &[Queued], flushed: &HashSet<u64>) {
 
 /// What a round recorded.
 struct Recorded {
+    /// Per file, what the round made durable (only if the feed has listeners).
+    feed: Option<Vec<FileCommit>>,
     placements: Vec<Placement>,
     /// Per placement, when its batch reached the sink (unix nanos).
     received_at: Vec<u128>,
@@ -979,15 +1115,12 @@ fn reserve_journal_round(
     let batch_room = reservation.write.batch_room();
     let (batch, batch_receiver) = std::sync::mpsc::sync_channel(1);
     let (done, written) = std::sync::mpsc::sync_channel(1);
-    writer
-        .jobs
-        .send(JournalJob {
-            write: reservation.write,
-            ranges,
-            batch: batch_receiver,
-            done,
-        })
-        .map_err(|_| "the journal writer thread has stopped".to_string())?;
+    writer.send(JournalJob {
+        write: reservation.write,
+        ranges,
+        batch: batch_receiver,
+        done,
+    })?;
     Ok(JournalRound {
         entries,
         round: reservation.round,
@@ -1005,9 +1138,43 @@ struct RoundSink<'a> {
     manifest: &'a SinkManifest,
     gate: &'a CommitGate,
     counts: &'a FileCounts,
-    poisoned: &'a Mutex<Option<String>>,
-    /// The flusher's failure flag (see [`Flusher::failures`]).
-    flush_failed: &'a AtomicBool,
+    health: &'a Health,
+    /// Whether the feed has listeners, to whom the round describes its files.
+    described: bool,
+}
+
+/// What a round's record of a file tells the feed's listeners, against what
+/// the manifest held of it before (kept in the slot's state).
+fn describe_commit(
+    id: &FileId,
+    before: &crate::placement::SlotState,
+    record: &manifest_db::FileRecord,
+    made: manifest_db::IntervalSet,
+) -> FileCommit {
+    let mut changes = Vec::new();
+    match &before.recorded_path {
+        _ if !before.recorded => changes.push(FileChange::Opened),
+        Some(from) if *from != record.dest_path => {
+            changes.push(FileChange::Renamed { from: from.clone() })
+        }
+        _ => {}
+    }
+    if let Some(sealed) = record.sealed.as_ref().filter(|_| !before.recorded_sealed) {
+        changes.push(FileChange::Sealed {
+            size: sealed.size,
+            digest: sealed.digest.clone(),
+        });
+    }
+    if record.superseded && !before.recorded_superseded {
+        changes.push(FileChange::Superseded);
+    }
+    FileCommit {
+        id: id.clone(),
+        path: record.dest_path.clone(),
+        ranges: made.ranges().to_vec(),
+        contiguous_end: record.placed.contiguous_end(),
+        changes,
+    }
 }
 
 /// Records a round whose bytes are durable (flushed), or become durable in
@@ -1026,9 +1193,9 @@ fn record_round(
     // (renames, watermarks) never sees ranges whose bytes may still be lost
     // or not yet in their files.
     let asking = Instant::now();
-    let mut gate = lock(sink.gate);
+    let _gate = lock(sink.gate);
     let gate_us = asking.elapsed().as_micros() as u64;
-    if let Some(reason) = gate.clone() {
+    if let Some(reason) = sink.health.reason() {
         // Placement stopped the sink (a failed flush) while this round ran.
         return Err(format!("the sink stopped: {reason}"));
     }
@@ -1042,8 +1209,8 @@ fn record_round(
         ))
     });
     if let Err(reason) = &recorded {
-        *gate = Some(reason.clone());
-        *lock(sink.poisoned) = Some(reason.clone());
+        sink.health
+            .poison(format!("a commit round failed: {reason}"));
     }
     recorded.map(|mut recorded| {
         recorded.gate_us = gate_us;
@@ -1082,11 +1249,20 @@ fn record_round_under_gate(
     };
     let mut received_at = Vec::new();
     let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
+    // What the round makes durable of each file, for the feed's listeners.
+    let mut fed: Option<HashMap<*const Slot, manifest_db::IntervalSet>> =
+        sink.described.then(HashMap::new);
     for queued in round.iter() {
         let request = &queued.request;
         let received = request.received.map_or(0, unix_nanos);
         for (slot, ranges) in &request.placed {
             let mut state = lock(&slot.state);
+            if let Some(fed) = fed.as_mut() {
+                let made = fed.entry(Arc::as_ptr(slot)).or_default();
+                for &(start, end) in ranges {
+                    made.insert(start, end);
+                }
+            }
             for &(start, end) in ranges {
                 state.record.placed.insert(start, end);
                 commit
@@ -1115,10 +1291,9 @@ fn record_round_under_gate(
         // its change and queues its flush.
         let mut unsynced = lock(&slot.unsynced);
         while let Some(pending) = unsynced.first() {
-            pending
-                .target
-                .sync()
-                .inspect_err(|_| sink.flush_failed.store(true, Ordering::SeqCst))?;
+            pending.target.sync().inspect_err(|reason| {
+                sink.health.poison(reason.clone());
+            })?;
             unsynced.remove(0);
         }
         drop(unsynced);
@@ -1174,8 +1349,16 @@ fn record_round_under_gate(
         deferred_outcome(deferred.blocking_recv())?;
     }
     let deferred_us = deferring.elapsed().as_micros() as u64;
-    for (slot, sealed) in written {
-        counts.committed(&mut lock(&slot.state), sealed);
+    let mut feed = fed.as_ref().map(|_| Vec::with_capacity(written.len()));
+    for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
+        let mut state = lock(&slot.state);
+        if let (Some(feed), Some(fed)) = (feed.as_mut(), fed.as_mut()) {
+            let made = fed.remove(&Arc::as_ptr(slot)).unwrap_or_default();
+            feed.push(describe_commit(&slot.id, &state, record, made));
+        }
+        state.recorded_path = Some(record.dest_path.clone());
+        state.recorded_superseded = record.superseded;
+        counts.committed(&mut state, sealed);
     }
     let journal_bytes = commit
         .journal
@@ -1187,6 +1370,7 @@ fn record_round_under_gate(
         .sum();
     let journal_round = journal_end.map(|end| (commit.journal_round, commit.journal_start, end));
     Ok(Recorded {
+        feed,
         placements: commit.placements,
         received_at,
         journal_us,
@@ -1254,7 +1438,7 @@ mod tests {
         flush_at_files: usize,
     ) -> (Backlog, SinkManifest, Arc<AtomicU64>) {
         let root = Root::open(dir).unwrap();
-        let flusher = Flusher::new(&root, SyncStrategy::Files).unwrap();
+        let flusher = Flusher::new(&root, SyncStrategy::Files, Health::default()).unwrap();
         let manifest = SinkManifest::open(&dir.join("state")).unwrap();
         let backlog_bytes = Arc::new(AtomicU64::new(0));
         let journal = CommitJournal {
@@ -1262,7 +1446,11 @@ mod tests {
             backlog_bytes: backlog_bytes.clone(),
             flush_at_files,
         };
-        (Backlog::new(journal, flusher), manifest, backlog_bytes)
+        (
+            Backlog::new(journal, flusher, Health::default()),
+            manifest,
+            backlog_bytes,
+        )
     }
 
     /// Each journaled file waiting for the background flush holds a
@@ -1272,36 +1460,36 @@ mod tests {
     async fn a_backlog_of_many_files_is_flushed_before_its_time() {
         let dir = scratch("backlog-files");
         let (mut backlog, manifest, backlog_bytes) = backlog_in(&dir, 2);
-        let poisoned = Arc::new(Mutex::new(None));
+        let health = Health::default();
         let file = |name: &str| Arc::new(File::create(dir.join(name)).unwrap());
 
         // One file twice (two of its ranges) counts once.
         let a = file("a");
         backlog.add(Some((1, 10, 20)), 10, vec![a.clone(), a]);
-        backlog.flush_if_due(&manifest, &poisoned);
+        backlog.flush_if_due(&manifest, &health);
         assert!(backlog.flushing.is_none(), "one file, just now: not due");
 
         backlog.add(Some((2, 20, 30)), 10, vec![file("b")]);
-        backlog.flush_if_due(&manifest, &poisoned);
+        backlog.flush_if_due(&manifest, &health);
         assert!(backlog.flushing.is_some(), "two files: due");
         assert!(backlog.files.is_empty());
 
         // While that flush runs, the next files wait; at the limit, rounds
         // stop journaling instead of holding more descriptors.
         backlog.add(Some((3, 30, 40)), 10, vec![file("c")]);
-        backlog.flush_if_due(&manifest, &poisoned);
+        backlog.flush_if_due(&manifest, &health);
         assert!(backlog.journal_for_round().is_some());
         backlog.add(Some((4, 40, 50)), 10, vec![file("d")]);
         assert!(backlog.journal_for_round().is_none());
         flush_ended(&mut backlog.flushing).await;
         backlog.flushing = None;
-        backlog.flush_if_due(&manifest, &poisoned);
+        backlog.flush_if_due(&manifest, &health);
         assert!(
             backlog.journal_for_round().is_some(),
             "the next flush took them"
         );
         flush_ended(&mut backlog.flushing).await;
-        assert!(lock(&poisoned).is_none());
+        assert!(!health.is_poisoned());
         assert_eq!(backlog_bytes.load(Ordering::Relaxed), 0);
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -1312,23 +1500,23 @@ mod tests {
     async fn rounds_holding_a_quarter_of_the_journal_are_flushed() {
         let dir = scratch("backlog-held");
         let (mut backlog, manifest, _) = backlog_in(&dir, 100);
-        let poisoned = Arc::new(Mutex::new(None));
+        let health = Health::default();
         let file = Arc::new(File::create(dir.join("a")).unwrap());
         let quarter = FLUSH_AT_BYTES;
         backlog.add(Some((1, 0, quarter / 2)), 10, vec![file.clone()]);
-        backlog.flush_if_due(&manifest, &poisoned);
+        backlog.flush_if_due(&manifest, &health);
         assert!(
             backlog.flushing.is_none(),
             "an eighth of the journal: not due"
         );
         backlog.add(Some((2, quarter / 2, quarter)), 10, vec![file]);
-        backlog.flush_if_due(&manifest, &poisoned);
+        backlog.flush_if_due(&manifest, &health);
         assert!(
             backlog.flushing.is_some(),
             "20 range bytes, but a quarter held"
         );
         flush_ended(&mut backlog.flushing).await;
-        assert!(lock(&poisoned).is_none());
+        assert!(!health.is_poisoned());
         let _ = std::fs::remove_dir_all(dir);
     }
 
@@ -1339,12 +1527,13 @@ mod tests {
     async fn a_poisoned_backlog_keeps_its_files_and_drops_its_deadline() {
         let dir = scratch("backlog-poisoned");
         let (mut backlog, manifest, _) = backlog_in(&dir, 100);
-        let poisoned = Arc::new(Mutex::new(Some("a flush failed".to_string())));
+        let health = Health::default();
+        health.poison("a flush failed");
         let file = Arc::new(File::create(dir.join("a")).unwrap());
         backlog.add(Some((1, 10, 20)), 10, vec![file]);
         assert!(backlog.deadline().is_some());
 
-        backlog.flush_if_due(&manifest, &poisoned);
+        backlog.flush_if_due(&manifest, &health);
         assert!(backlog.flushing.is_none());
         assert_eq!(backlog.files.len(), 1, "kept for the replay");
         assert!(backlog.deadline().is_none());

@@ -14,14 +14,14 @@
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
 use crate::confine::{Root, sync_dir};
+use crate::health::Health;
 
 /// How a commit round makes its files durable.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SyncStrategy {
     /// `syncfs` for rounds touching several files when the root is on a
@@ -142,15 +142,15 @@ pub(crate) struct Flusher {
     syncfs_from: Option<usize>,
     /// Only while the machine holds little dirty data (`Auto`).
     syncfs_only_if_clean: bool,
-    /// Set the moment any flush fails. The kernel reports a writeback error
-    /// once per open file description, and every flush of a file (or of the
-    /// filesystem) shares one: a flush that succeeds after another one failed
-    /// may have succeeded only because the other took the error.
-    failed: Arc<AtomicBool>,
+    /// Poisoned the moment any flush fails. The kernel reports a writeback
+    /// error once per open file description, and every flush of a file (or
+    /// of the filesystem) shares one: a flush that succeeds after another one
+    /// failed may have succeeded only because the other took the error.
+    health: Health,
 }
 
 impl Flusher {
-    pub fn new(root: &Root, strategy: SyncStrategy) -> std::io::Result<Self> {
+    pub fn new(root: &Root, strategy: SyncStrategy, health: Health) -> std::io::Result<Self> {
         let fd = root.dir().try_clone()?;
         let root_device = rustix::fs::fstat(&fd)?.st_dev;
         let filesystem = rustix::fs::fstatfs(&fd)?.f_type as i64;
@@ -185,19 +185,14 @@ impl Flusher {
             root_device,
             syncfs_from,
             syncfs_only_if_clean: strategy == SyncStrategy::Auto,
-            failed: Arc::default(),
+            health,
         })
     }
 
-    /// The flag a failed flush sets, for flushes made elsewhere (placement,
-    /// a round's leftovers) to set too.
-    pub fn failures(&self) -> Arc<AtomicBool> {
-        self.failed.clone()
-    }
-
-    /// Whether any flush has failed since the sink started.
+    /// Whether any flush has failed since the sink started (or anything
+    /// else poisoned the sink).
     pub fn has_failed(&self) -> bool {
-        self.failed.load(Ordering::SeqCst)
+        self.health.is_poisoned()
     }
 
     /// Makes journaled files durable behind the commit rounds, a few at a
@@ -216,7 +211,7 @@ impl Flusher {
         parallelism: usize,
     ) -> Result<(), String> {
         if targets.len() <= BACKGROUND_EACH_UP_TO {
-            return flush_each(targets, parallelism, &self.failed).await;
+            return flush_each(targets, parallelism, &self.health).await;
         }
         self.flush(targets, parallelism.max(DIRTY_FALLBACK_PARALLELISM))
             .await
@@ -238,14 +233,15 @@ impl Flusher {
                 .filter(|target| target.device() != Some(root_device))
                 .collect();
             let root = self.root.clone();
-            let failed = self.failed.clone();
+            let health = self.health.clone();
             let whole = tokio::task::spawn_blocking(move || {
                 rustix::fs::syncfs(&root).map_err(|e| {
-                    failed.store(true, Ordering::SeqCst);
-                    format!("syncfs of the sink root: {e}")
+                    let reason = format!("syncfs of the sink root: {e}");
+                    health.poison(reason.clone());
+                    reason
                 })
             });
-            let rest = flush_each(elsewhere, parallelism, &self.failed).await;
+            let rest = flush_each(elsewhere, parallelism, &self.health).await;
             whole
                 .await
                 .map_err(|e| format!("the syncfs task failed: {e}"))??;
@@ -257,7 +253,7 @@ impl Flusher {
         } else {
             parallelism
         };
-        flush_each(targets, parallelism, &self.failed).await
+        flush_each(targets, parallelism, &self.health).await
     }
 
     /// Whether a `syncfs` would write back little besides the round's own
@@ -299,7 +295,7 @@ fn dirty_bytes(meminfo: &str) -> Option<u64> {
 async fn flush_each(
     targets: Vec<SyncTarget>,
     parallelism: usize,
-    failed: &Arc<AtomicBool>,
+    health: &Health,
 ) -> Result<(), String> {
     if targets.is_empty() {
         return Ok(());
@@ -309,11 +305,13 @@ async fn flush_each(
     let mut targets = targets.into_iter().peekable();
     while targets.peek().is_some() {
         let part: Vec<SyncTarget> = targets.by_ref().take(per_task).collect();
-        let failed = failed.clone();
+        let health = health.clone();
         tasks.push(tokio::task::spawn_blocking(move || {
             part.iter()
                 .try_for_each(SyncTarget::sync)
-                .inspect_err(|_| failed.store(true, Ordering::SeqCst))
+                .inspect_err(|reason| {
+                    health.poison(reason.clone());
+                })
         }));
     }
     for task in tasks {
@@ -366,7 +364,7 @@ mod tests {
             SyncStrategy::Files,
             SyncStrategy::Filesystem,
         ] {
-            let flusher = Flusher::new(&root, strategy).unwrap();
+            let flusher = Flusher::new(&root, strategy, Health::default()).unwrap();
             if strategy == SyncStrategy::Files {
                 assert_eq!(flusher.syncfs_from, None);
             }

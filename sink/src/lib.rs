@@ -3,6 +3,10 @@
 //! manifest, and only then acknowledges.
 //!
 //! - [`confine`]: keeps destination paths under the root;
+//! - [`error`]: what can go wrong, by whose fault;
+//! - [`health`]: whether the sink can still be trusted with work;
+//! - [`feed`]: the commit feed, what became durable, for listeners;
+//! - `service`: the Flight-facing side (the only place gRPC codes appear);
 //! - `placement`: writes ranges and applies control rows, exactly once;
 //! - `commit`: group commit (fdatasync, then one synced manifest write);
 //! - `flush`: how a round makes files durable (syncfs or fdatasync each);
@@ -13,9 +17,13 @@
 mod commit;
 pub mod confine;
 mod direct;
+pub mod error;
+pub mod feed;
 mod flush;
+pub mod health;
 mod journal;
 mod placement;
+mod service;
 mod stage_cpu;
 pub mod verify;
 mod written_crc;
@@ -33,28 +41,63 @@ mod test_support {
     }
 }
 
+/// Fault points the unit tests arm to make the sink panic where a bug
+/// could. Armed per source name, so tests running at once in one process
+/// only hit their own.
+#[cfg(test)]
+pub(crate) mod fault {
+    use std::sync::Mutex;
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub enum Point {
+        /// In a placement thread, after the batch was placed and before its
+        /// commit request was submitted.
+        AfterPlacement,
+        /// In the committer's task, outside the parts that catch panics.
+        CommitterLoop,
+    }
+
+    static ARMED: Mutex<Vec<(Point, String)>> = Mutex::new(Vec::new());
+
+    /// The next batch of `source` to reach `point` panics there (once).
+    pub fn arm(point: Point, source: &str) {
+        crate::placement::lock(&ARMED).push((point, source.to_owned()));
+    }
+
+    pub fn hit(point: Point, source: &str) {
+        let mut armed = crate::placement::lock(&ARMED);
+        if let Some(at) = armed.iter().position(|(p, s)| *p == point && s == source) {
+            armed.remove(at);
+            drop(armed);
+            panic!("fault injected at {point:?} for source {source}");
+        }
+    }
+}
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
-use flight_server::protocol::{ACTION_STATUS, ACTION_WATERMARKS, FileWatermark};
+use flight_server::protocol::FileWatermark;
 use flight_server::service::ServerConfig;
 use flight_server::tls::ServerTls;
-use flight_server::{Ack, Ingest, RangeBatch};
+use flight_server::{Ack, RangeBatch};
 use manifest_db::SinkManifest;
 use serde::{Deserialize, Serialize};
-use tonic::Status;
 
 use crate::commit::{CommitAnswer, Committer};
 use crate::confine::Root;
-use crate::placement::{PlaceError, Placer};
+use crate::placement::Placer;
 
+pub use crate::error::SinkError;
+pub use crate::feed::{CommitRound, DurableFile, FeedHandle, FileChange, FileCommit};
 pub use crate::flush::SyncStrategy;
+pub use crate::health::Health;
 
 /// Where files of a source land under the root.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Layout {
     /// `<root>/<source>/<relative path>`.
@@ -67,7 +110,7 @@ pub enum Layout {
 
 /// What happens at the destination to a generation that a newer one replaces
 /// (the source file was truncated, or deleted and created again).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SupersededPolicy {
     /// Mirror the source: the old generation's file is removed.
@@ -244,6 +287,8 @@ pub struct Sink {
     committer: Committer,
     counts: Arc<placement::FileCounts>,
     placing: Arc<PlacementThreads>,
+    health: Health,
+    feed: feed::FeedHandle,
 }
 
 impl Sink {
@@ -251,7 +296,9 @@ impl Sink {
     pub fn open(config: &SinkConfig) -> anyhow::Result<Self> {
         let root = Root::open(&config.root)
             .with_context(|| format!("cannot open the sink root {}", config.root.display()))?;
-        let flusher = flush::Flusher::new(&root, config.sync)
+        let health = Health::default();
+        let (feed, feed_handle) = feed::CommitFeed::new(feed::FEED_CAPACITY);
+        let flusher = flush::Flusher::new(&root, config.sync, health.clone())
             .with_context(|| format!("cannot inspect the sink root {}", config.root.display()))?;
         let direct_min = config
             .direct_min
@@ -287,7 +334,7 @@ impl Sink {
         )
         .with_direct_writes(direct_min)
         .with_seal_read_back(config.seal_read_back)
-        .with_flush_failures(flusher.failures());
+        .with_health(health.clone());
         let journal_path = config.state_dir.join(journal::JOURNAL_FILE_NAME);
         let replayed = placer.replay_journal(&journal_path)?;
         if replayed > 0 {
@@ -315,32 +362,71 @@ impl Sink {
                 })?,
             ),
         };
-        let committer = Committer::start(
+        let committer = Committer::start(commit::CommitterParts {
             manifest,
             commit_log,
             gate,
-            commit::CommitJournal {
+            journal: commit::CommitJournal {
                 file: journal,
                 backlog_bytes: journal_backlog,
                 flush_at_files: config.max_open_files,
             },
-            counts.clone(),
+            counts: counts.clone(),
             flusher,
-        );
+            health: health.clone(),
+            feed,
+        });
         Ok(Self {
             placer: Arc::new(placer),
             committer,
             counts,
             placing: PlacementThreads::new(config.placement_threads),
+            health,
+            feed: feed_handle,
         })
     }
 
-    fn status(&self) -> Result<SinkStatus, Status> {
+    /// The commit feed: every durable commit, for in-process listeners.
+    pub fn feed(&self) -> &feed::FeedHandle {
+        &self.feed
+    }
+
+    /// Every file generation the manifest holds, as durable as the feed
+    /// says: read between rounds (under the commit gate), so a listener
+    /// that subscribed before this call misses nothing and sees, after it,
+    /// only rounds that were not yet durable. Blocking: call it off the
+    /// async workers (or before serving).
+    pub fn durable_files(&self) -> Result<Vec<DurableFile>, SinkError> {
+        let _gate = self.placer.commit_gate();
+        self.health.check()?;
+        let files =
+            self.placer.manifest.all_files().map_err(|e| {
+                SinkError::Storage(format!("reading the manifest's file records: {e}"))
+            })?;
+        Ok(files
+            .into_iter()
+            .map(|(id, record)| DurableFile::of(id, record))
+            .collect())
+    }
+
+    /// The sink's health, shared by everything in it.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Finishes the commit rounds of what is queued and joins the
+    /// committer and its threads. Batches still being placed are not
+    /// acknowledged; their senders send them again.
+    pub async fn shutdown(&self) {
+        self.committer.stop().await;
+    }
+
+    fn status(&self) -> Result<SinkStatus, SinkError> {
         let counters = self
             .placer
             .manifest
             .counters()
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| SinkError::Storage(format!("reading the manifest's counters: {e}")))?;
         let count = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
         Ok(SinkStatus {
             placed_bytes: counters.placed_bytes,
@@ -353,26 +439,21 @@ impl Sink {
             placements_running: self.placing.running.load(Ordering::Relaxed),
             placements_running_peak: self.placing.running_peak.load(Ordering::Relaxed),
             placements_waiting: self.placing.waiting.load(Ordering::Relaxed),
-            poisoned: self.committer.poisoned(),
+            poisoned: self.health.reason().map(|reason| reason.to_string()),
         })
     }
 
     /// Blocks on the commit gate and scans the manifest: call it off the
     /// async workers.
-    fn watermarks(&self, source: &str) -> Result<Vec<FileWatermark>, Status> {
+    fn watermarks(&self, source: &str) -> Result<Vec<FileWatermark>, SinkError> {
         let records = {
-            let gate = self.placer.commit_gate();
-            // A round that failed after changing records said so in the gate
+            let _gate = self.placer.commit_gate();
+            // A round that failed after changing records poisoned the health
             // before it let go: those records may name ranges to be withdrawn.
-            if let Some(reason) = gate.clone().or_else(|| self.committer.poisoned()) {
-                return Err(Status::unavailable(format!(
-                    "sink storage failed earlier, restart it: {reason}"
-                )));
-            }
-            self.placer
-                .manifest
-                .files_of_source(source)
-                .map_err(|e| Status::internal(e.to_string()))?
+            self.health.check()?;
+            self.placer.manifest.files_of_source(source).map_err(|e| {
+                SinkError::Storage(format!("reading the records of source {source:?}: {e}"))
+            })?
         };
         let prefix = match self.placer.layout {
             Layout::PerSource => format!("{source}/"),
@@ -380,15 +461,22 @@ impl Sink {
         };
         Ok(records
             .into_iter()
-            .map(|(id, record)| {
+            .filter_map(|(id, record)| {
                 let contiguous_end = record.placed.contiguous_end();
                 let head_len = contiguous_end.min(HEAD_LEN);
-                FileWatermark {
-                    head_crc32c: placement::head_crc(
-                        &self.placer.root,
-                        &record.dest_path,
-                        head_len,
-                    ),
+                // A head that cannot be read proves nothing: the watcher is
+                // not told of the file and sends it again, which the
+                // manifest recognises byte for byte.
+                let head_crc32c =
+                    match placement::head_crc(&self.placer.root, &record.dest_path, head_len) {
+                        Ok(crc) => crc,
+                        Err(error) => {
+                            tracing::warn!(file = %record.dest_path, %error, "cannot read the head of a recorded file; leaving it out of the watermarks");
+                            return None;
+                        }
+                    };
+                Some(FileWatermark {
+                    head_crc32c,
                     head_len,
                     key: id.key,
                     generation: id.generation,
@@ -401,31 +489,21 @@ impl Sink {
                     placed_bytes: record.placed.total_len(),
                     sealed_size: record.sealed.map(|s| s.size),
                     superseded: record.superseded,
-                }
+                })
             })
             .collect())
     }
-}
 
-/// Bytes at the head of a file compared during reconciliation.
-pub const HEAD_LEN: u64 = 4096;
-
-impl Ingest for Sink {
-    fn accept_source(&self, source: &str) -> Result<(), Status> {
-        match confine::components(source) {
-            Ok(parts) if parts.len() == 1 => Ok(()),
-            _ => Err(Status::invalid_argument(format!(
-                "source name {source:?} must be one plain path component (letters, digits, '-', '_', '.')"
-            ))),
-        }
-    }
-
-    async fn ingest(&self, source: Arc<str>, seq: u64, batch: RangeBatch) -> Result<Ack, Status> {
-        if let Some(reason) = self.committer.poisoned() {
-            return Err(Status::unavailable(format!(
-                "sink storage failed earlier, restart it: {reason}"
-            )));
-        }
+    /// Places one batch and waits until everything its ack reports is
+    /// durable. A panic while placing it poisons the sink: the slots it
+    /// held may be half updated, and nothing may be acknowledged from them.
+    async fn ingest_batch(
+        &self,
+        source: Arc<str>,
+        seq: u64,
+        batch: RangeBatch,
+    ) -> Result<Ack, SinkError> {
+        self.health.check()?;
         let placer = self.placer.clone();
         let committer = self.committer.clone();
         // Placing and submitting run on a blocking thread, which runs to the
@@ -437,49 +515,31 @@ impl Ingest for Sink {
             .placing
             .run(move || place_and_submit(&placer, &committer, &source, seq, &batch, received))
             .await
-            .map_err(|e| match e.is_panic() {
-                true => Status::internal(format!("placing batch {seq} panicked: {e}")),
-                false => {
-                    Status::unavailable(format!("placing batch {seq}: the sink is shutting down"))
+            .map_err(|e| match e.try_into_panic() {
+                Ok(panic) => {
+                    let reason = format!(
+                        "placing batch {seq} panicked: {}",
+                        error::panic_message(panic.as_ref())
+                    );
+                    self.health.poison(reason.clone());
+                    SinkError::Internal(reason)
                 }
+                Err(_) => SinkError::Shutdown,
             })?;
-        let (answer, ack) = placed.map_err(|e| match e {
-            PlaceError::Peer(detail) => Status::invalid_argument(detail),
-            PlaceError::Storage(detail) => Status::unavailable(format!("sink storage: {detail}")),
-        })?;
-        answer.durable().await.map_err(Status::unavailable)?;
+        let (answer, ack) = placed?;
+        answer
+            .durable()
+            .await
+            .map_err(|reason| match self.health.reason() {
+                Some(poisoned) => SinkError::Poisoned(poisoned),
+                None => SinkError::Storage(reason),
+            })?;
         Ok(ack)
     }
-
-    async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, Status> {
-        let json =
-            |value: serde_json::Result<Vec<u8>>| value.map_err(|e| Status::internal(e.to_string()));
-        match name {
-            ACTION_STATUS => json(serde_json::to_vec(&self.status()?)),
-            ACTION_WATERMARKS => {
-                #[derive(Deserialize)]
-                struct Request {
-                    source: String,
-                }
-                let request: Request = serde_json::from_slice(body).map_err(|e| {
-                    Status::invalid_argument(format!("watermarks wants {{\"source\": NAME}}: {e}"))
-                })?;
-                let sink = self.clone();
-                // On a placement thread: these too may wait for the commit
-                // gate, and peers could ask for many at once.
-                let marks = self
-                    .placing
-                    .run(move || sink.watermarks(&request.source))
-                    .await
-                    .map_err(|e| Status::internal(format!("reading watermarks: {e}")))??;
-                json(serde_json::to_vec(&marks))
-            }
-            other => Err(Status::invalid_argument(format!(
-                "unknown action {other:?} (known: {ACTION_STATUS}, {ACTION_WATERMARKS})"
-            ))),
-        }
-    }
 }
+
+/// Bytes at the head of a file compared during reconciliation.
+pub const HEAD_LEN: u64 = 4096;
 
 /// Places a batch, hands its commit to the committer, then does its
 /// deferred writes (the round waits for them). Blocking.
@@ -490,7 +550,7 @@ fn place_and_submit(
     seq: u64,
     batch: &RangeBatch,
     received: std::time::SystemTime,
-) -> Result<(CommitAnswer, Ack), PlaceError> {
+) -> Result<(CommitAnswer, Ack), SinkError> {
     let started = std::time::Instant::now();
     let source_state = placer.source(source)?;
     let placing = stage_cpu::StageTimer::start(stage_cpu::Stage::Place);
@@ -504,7 +564,9 @@ fn place_and_submit(
         request.written = Some(written);
         done
     });
-    let answer = committer.submit(request).map_err(PlaceError::Storage)?;
+    #[cfg(test)]
+    fault::hit(fault::Point::AfterPlacement, source);
+    let answer = committer.submit(request)?;
     if let Some(done) = written {
         // The round waits for this, and a failure stops the sink: the
         // ranges are recorded, and only the replay of the journal at the
@@ -527,7 +589,18 @@ pub async fn run(
     config: SinkConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let sink = Arc::new(Sink::open(&config)?);
+    let sink = Sink::open(&config)?;
+    serve(sink, &config, shutdown).await
+}
+
+/// Serves an opened sink until `shutdown` resolves, then drains its commit
+/// rounds and joins its tasks (listeners of its feed attach in between).
+pub async fn serve(
+    sink: Sink,
+    config: &SinkConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let sink = Arc::new(sink);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -540,9 +613,14 @@ pub async fn run(
         connection_window_bytes: config.window_bytes,
         ..ServerConfig::default()
     };
-    flight_server::serve(sink, server, listener, shutdown)
+    let served = flight_server::serve(sink.clone(), server, listener, shutdown)
         .await
-        .map_err(|e| anyhow::anyhow!("sink server on {} failed: {e}", config.listen))
+        .map_err(|e| anyhow::anyhow!("sink server on {} failed: {e}", config.listen));
+    sink.shutdown().await;
+    if let Some(reason) = sink.health.reason() {
+        tracing::warn!(%reason, "the sink stopped poisoned; its next start recovers from the manifest");
+    }
+    served
 }
 
 /// What `tailflight audit` reports about a manifest.
@@ -652,7 +730,7 @@ mod tests {
                 let mut builder = BatchBuilder::with_capacity(1, 256 << 10);
                 builder.push_data(&format!("f{file}.dat"), 1, 0, &content(file));
                 let batch = RangeBatch::validate(builder.finish()).unwrap();
-                tokio::spawn(async move { sink.ingest(Arc::from("s"), file, batch).await })
+                tokio::spawn(async move { sink.ingest_batch(Arc::from("s"), file, batch).await })
             })
             .collect();
         for (file, placed) in (1..=24u64).zip(placing) {
@@ -675,6 +753,226 @@ mod tests {
         );
         assert_eq!(status.placements_running, 0);
         assert_eq!(status.placements_waiting, 0);
+        drop(sink);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn open_sink(dir: &std::path::Path) -> Sink {
+        std::fs::create_dir_all(dir.join("root")).unwrap();
+        Sink::open(&SinkConfig {
+            root: dir.join("root"),
+            state_dir: dir.join("state"),
+            ..SinkConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn data_batch(key: &str, offset: u64, bytes: &[u8]) -> RangeBatch {
+        let mut builder = BatchBuilder::with_capacity(1, bytes.len());
+        builder.push_data(key, 1, offset, bytes);
+        RangeBatch::validate(builder.finish()).unwrap()
+    }
+
+    /// Waits (bounded) until the sink reports itself poisoned.
+    async fn poisoned_reason(sink: &Sink) -> String {
+        tokio::time::timeout(std::time::Duration::from_secs(30), sink.health().poisoned())
+            .await
+            .expect("the sink never reported the failure")
+            .to_string()
+    }
+
+    /// A panic while placing is the sink's bug: reported as internal (never
+    /// as the peer's bad input), it poisons the sink (its slots may be half
+    /// updated), and a re-sent batch leaning on the ranges the panicked one
+    /// had claimed gets an answer instead of waiting for them forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_while_placing_poisons_the_sink_and_strands_no_batch() {
+        let dir = test_support::scratch("placement-panic");
+        let sink = open_sink(&dir);
+        fault::arm(fault::Point::AfterPlacement, "panicky");
+        let bytes = vec![42u8; 4096];
+        let first = sink
+            .ingest_batch(Arc::from("panicky"), 1, data_batch("f", 0, &bytes))
+            .await;
+        assert!(
+            matches!(first, Err(SinkError::Internal(_))),
+            "a panic must be an internal error: {first:?}"
+        );
+        assert!(poisoned_reason(&sink).await.contains("panicked"));
+        assert!(sink.status().unwrap().poisoned.is_some());
+        let again = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            sink.ingest_batch(Arc::from("panicky"), 2, data_batch("f", 0, &bytes)),
+        )
+        .await
+        .expect("the re-sent batch waited forever for ranges a panicked batch had claimed");
+        assert!(
+            matches!(again, Err(SinkError::Poisoned(_))),
+            "a poisoned sink refuses work until restarted: {again:?}"
+        );
+        sink.shutdown().await;
+        drop(sink);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A committer task that dies poisons the sink, visibly in `status`,
+    /// instead of leaving it healthy while nothing commits; shutdown still
+    /// joins everything.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_committer_poisons_the_sink() {
+        let dir = test_support::scratch("committer-dies");
+        let sink = open_sink(&dir);
+        fault::arm(fault::Point::CommitterLoop, "doomed");
+        let first = sink
+            .ingest_batch(Arc::from("doomed"), 1, data_batch("f", 0, b"0123456789"))
+            .await;
+        assert!(first.is_err(), "nothing may be acknowledged: {first:?}");
+        let reason = poisoned_reason(&sink).await;
+        assert!(reason.contains("committer"), "{reason}");
+        assert_eq!(
+            sink.status().unwrap().poisoned.as_deref(),
+            Some(reason.as_str())
+        );
+        let later = sink
+            .ingest_batch(Arc::from("other"), 1, data_batch("g", 0, b"abc"))
+            .await;
+        assert!(matches!(later, Err(SinkError::Poisoned(_))), "{later:?}");
+        sink.shutdown().await;
+        drop(sink);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Shutdown finishes the rounds of what was queued: every batch
+    /// acknowledged before it is in the manifest after a restart.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_drains_and_joins_the_committer() {
+        let dir = test_support::scratch("shutdown-drains");
+        let sink = open_sink(&dir);
+        for seq in 0..8u64 {
+            let ack = sink
+                .ingest_batch(
+                    Arc::from("s"),
+                    seq,
+                    data_batch("f", seq * 10, b"0123456789"),
+                )
+                .await
+                .unwrap();
+            assert_eq!(ack.placed, 10);
+        }
+        sink.shutdown().await;
+        let after = sink
+            .ingest_batch(Arc::from("s"), 9, data_batch("f", 80, b"0123456789"))
+            .await;
+        assert!(after.is_err(), "a stopped committer takes no more work");
+        drop(sink);
+        let report = audit(&dir.join("state"), false).unwrap();
+        assert_eq!(report.placed_bytes, 80);
+        assert_eq!(report.overlapping_placements, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The commit feed's listener sees each durable byte exactly once: the
+    /// ranges it is told of per file never overlap and add up to what the
+    /// manifest holds, whatever order and however often batches arrive, and
+    /// each file is opened once, with a watermark that only grows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_feed_tells_each_durable_range_once() {
+        let dir = test_support::scratch("feed-once");
+        let sink = open_sink(&dir);
+        let mut feed = sink.feed().subscribe().unwrap();
+        let content: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7) as u8).collect();
+        // Pieces of two files, overlapping and repeated, out of order.
+        let mut pieces = Vec::new();
+        for (i, key) in ["a", "b"].iter().enumerate() {
+            for start in (0..64u64).rev().step_by(3) {
+                let end = (start + 1 + (start + i as u64) % 5).min(64);
+                pieces.push((*key, start * 1024, end * 1024));
+            }
+            pieces.push((*key, 0, 64 * 1024));
+        }
+        let placing: Vec<_> = pieces
+            .iter()
+            .enumerate()
+            .map(|(seq, &(key, start, end))| {
+                let sink = sink.clone();
+                let batch = data_batch(key, start, &content[start as usize..end as usize]);
+                tokio::spawn(
+                    async move { sink.ingest_batch(Arc::from("s"), seq as u64, batch).await },
+                )
+            })
+            .collect();
+        for placed in placing {
+            placed.await.unwrap().unwrap();
+        }
+        sink.shutdown().await;
+        let mut told: std::collections::HashMap<String, manifest_db::IntervalSet> =
+            Default::default();
+        let mut opened: std::collections::HashMap<String, usize> = Default::default();
+        let mut watermark: std::collections::HashMap<String, u64> = Default::default();
+        let mut last_sequence = 0;
+        while let Ok(round) = feed.try_recv() {
+            assert_eq!(round.sequence, last_sequence + 1, "no round is missed");
+            last_sequence = round.sequence;
+            for file in &round.files {
+                let key = file.id.key.clone();
+                let set = told.entry(key.clone()).or_default();
+                for &(start, end) in &file.ranges {
+                    assert_eq!(
+                        set.missing(start, end),
+                        vec![(start, end)],
+                        "{key}: {start}..{end} told twice"
+                    );
+                    set.insert(start, end);
+                }
+                *opened.entry(key.clone()).or_default() += file
+                    .changes
+                    .iter()
+                    .filter(|c| **c == FileChange::Opened)
+                    .count();
+                let mark = watermark.entry(key.clone()).or_default();
+                assert!(
+                    file.contiguous_end >= *mark,
+                    "{key}: the watermark went back"
+                );
+                *mark = file.contiguous_end;
+                assert_eq!(file.path, format!("s/{key}"));
+            }
+        }
+        for key in ["a", "b"] {
+            assert_eq!(
+                told[key].ranges(),
+                [(0, 64 * 1024)],
+                "{key}: every byte told"
+            );
+            assert_eq!(opened[key], 1, "{key} opened once");
+            assert_eq!(watermark[key], 64 * 1024);
+        }
+        drop(sink);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A recorded file whose head cannot be read is left out of the
+    /// watermarks (the watcher sends it again, and the manifest recognises
+    /// it), instead of being vouched for with a checksum of 0, a value a
+    /// real CRC takes too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watermarks_leave_out_files_whose_head_cannot_be_read() {
+        let dir = test_support::scratch("watermarks-unreadable");
+        let sink = open_sink(&dir);
+        for key in ["kept", "lost"] {
+            sink.ingest_batch(Arc::from("s"), 1, data_batch(key, 0, b"head bytes"))
+                .await
+                .unwrap();
+        }
+        std::fs::remove_file(dir.join("root/s/lost")).unwrap();
+        let marks = sink.watermarks("s").unwrap();
+        let keys: Vec<&str> = marks.iter().map(|m| m.key.as_str()).collect();
+        assert_eq!(keys, ["kept"]);
+        assert_eq!(
+            marks[0].head_crc32c,
+            flight_server::checksum::crc32c(b"head bytes")
+        );
+        sink.shutdown().await;
         drop(sink);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -28,23 +28,18 @@ use manifest_db::{
     FileId, FileRecord, IntervalSet, JournalBytes, Sealed, SinkCommit, SinkManifest,
 };
 
+use crate::SinkError;
 use crate::commit::{CommitGate, CommitRequest, Dependency, Pending};
 use crate::confine::{ConfineError, Root, SettledMove};
 use crate::direct::{self, DirectFile};
+use crate::health::Health;
 use crate::written_crc::WrittenCrc;
 use crate::{Layout, SupersededPolicy};
 
-/// Why a batch failed as a whole.
-#[derive(Debug, thiserror::Error)]
-pub enum PlaceError {
-    /// The peer sent something the sink will not accept.
-    #[error("{0}")]
-    Peer(String),
-    /// The sink's storage failed (disk full, I/O error): the batch may be retried.
-    #[error("{0}")]
-    Storage(String),
-}
-
+/// Locks a mutex of the sink's shared state. A mutex a panic left poisoned
+/// may hold half-updated state; it is taken anyway, because every panic in
+/// placement or in a commit round poisons the sink's [`Health`] first, and
+/// from then on nothing read under these locks is recorded or acknowledged.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
@@ -81,6 +76,11 @@ pub(crate) struct SlotState {
     /// it is recorded at all, and recorded as sealed.
     pub recorded: bool,
     pub recorded_sealed: bool,
+    /// The path and superseded flag the manifest holds for it, so the
+    /// commit feed can tell what a round changed (a rename recorded outside
+    /// a round reaches the feed with the round that records the file next).
+    pub recorded_path: Option<String>,
+    pub recorded_superseded: bool,
     /// Deferred writes into this file not done yet: their ranges may be
     /// recorded already (by a round still in progress) before their bytes
     /// are in the file.
@@ -285,8 +285,9 @@ pub(crate) struct Placer {
     /// Seals compare the digest of the file read back from disk, even when
     /// the checksum of the bytes as written is known.
     seal_read_back: bool,
-    /// Set by a flush placement makes itself that fails (see [`crate::flush::Flusher::failures`]).
-    flush_failed: Arc<std::sync::atomic::AtomicBool>,
+    /// Poisoned by any failure memory cannot follow: a flush placement makes
+    /// itself, a manifest write outside a round, a panic.
+    pub health: Health,
     /// With the flat layout, the one source this sink serves (the first
     /// one seen, in the manifest or on the wire).
     flat_source: Mutex<Option<String>>,
@@ -408,7 +409,7 @@ impl Placer {
             direct_min: 0,
             direct_buffers: direct::Buffers::default(),
             seal_read_back: false,
-            flush_failed: Arc::default(),
+            health: Health::default(),
             flat_source: Mutex::new(None),
             max_sources: MAX_SOURCES,
         }
@@ -421,10 +422,10 @@ impl Placer {
         self
     }
 
-    /// Shares the flusher's failure flag: after a failed flush, the
-    /// background flush must not trust a later successful one.
-    pub fn with_flush_failures(mut self, failed: Arc<std::sync::atomic::AtomicBool>) -> Self {
-        self.flush_failed = failed;
+    /// Shares the sink's health (and with it the flusher's: after a failed
+    /// flush, the background flush must not trust a later successful one).
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = health;
         self
     }
 
@@ -502,12 +503,12 @@ impl Placer {
     }
 
     /// The source's state, loaded from the manifest on first use.
-    pub fn source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
+    pub fn source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
         loop {
             let cell = {
                 let mut sources = lock(&self.sources);
                 if sources.len() >= self.max_sources && !sources.contains_key(name) {
-                    return Err(PlaceError::Peer(format!(
+                    return Err(SinkError::Peer(format!(
                         "this sink serves at most {} sources, and source {name:?} is not one of them",
                         self.max_sources
                     )));
@@ -548,7 +549,7 @@ impl Placer {
         }
     }
 
-    fn load_source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
+    fn load_source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
         if self.layout == Layout::Flat {
             self.claim_flat_root(name)?;
         }
@@ -556,9 +557,9 @@ impl Placer {
     }
 
     /// A source's state as the manifest has it (no claim on a flat root).
-    fn read_source(&self, name: &str) -> Result<Arc<Source>, PlaceError> {
+    fn read_source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
         let records = self.manifest.files_of_source(name).map_err(|e| {
-            PlaceError::Storage(format!("loading the manifest of source {name:?}: {e}"))
+            SinkError::Storage(format!("loading the manifest of source {name:?}: {e}"))
         })?;
         // Only the path index is kept for every file; slots are loaded on
         // demand and sealed ones are dropped again, so memory follows the
@@ -593,17 +594,17 @@ impl Placer {
     /// where two sources' files of the same name would be one file: the
     /// first source (in the manifest's order, else on the wire) is the only
     /// one, whichever connects first.
-    fn claim_flat_root(&self, name: &str) -> Result<(), PlaceError> {
+    fn claim_flat_root(&self, name: &str) -> Result<(), SinkError> {
         let mut owner = lock(&self.flat_source);
         if owner.is_none() {
             let first = self
                 .manifest
                 .first_source()
-                .map_err(|e| PlaceError::Storage(format!("reading the manifest's sources: {e}")))?;
+                .map_err(|e| SinkError::Storage(format!("reading the manifest's sources: {e}")))?;
             *owner = Some(first.unwrap_or_else(|| name.to_owned()));
         }
         match owner.as_deref() {
-            Some(only) if only != name => Err(PlaceError::Peer(format!(
+            Some(only) if only != name => Err(SinkError::Peer(format!(
                 "this sink writes the flat layout, which serves one source, {only:?}: \
                  source {name:?} needs a sink of its own or the per-source layout"
             ))),
@@ -615,7 +616,7 @@ impl Placer {
     /// records are written until its journal write and its deferred writes
     /// are done too; it says why
     /// the sink stopped if a round failed meanwhile.
-    pub fn commit_gate(&self) -> MutexGuard<'_, Option<String>> {
+    pub fn commit_gate(&self) -> MutexGuard<'_, ()> {
         lock(&self.commit_gate)
     }
 
@@ -624,8 +625,8 @@ impl Placer {
     /// the machine may have lost them from the files with the page cache.
     /// Runs at startup, before any batch; returns the bytes written back.
     /// `journal_path` is the journal file the entries point into.
-    pub fn replay_journal(&self, journal_path: &Path) -> Result<u64, PlaceError> {
-        let storage = |e: String| PlaceError::Storage(format!("replaying the journal: {e}"));
+    pub fn replay_journal(&self, journal_path: &Path) -> Result<u64, SinkError> {
+        let storage = |e: String| SinkError::Storage(format!("replaying the journal: {e}"));
         let redone =
             crate::journal::redo_lost_rounds(&self.manifest, journal_path).map_err(storage)?;
         if redone > 0 {
@@ -660,7 +661,7 @@ impl Placer {
         let mut refused: HashMap<String, Arc<Source>> = HashMap::new();
         for (id, offset, stored) in entries {
             let source = match self.source(&id.source) {
-                Err(PlaceError::Peer(why)) if self.layout == Layout::Flat => {
+                Err(SinkError::Peer(why)) if self.layout == Layout::Flat => {
                     match refused.get(&id.source) {
                         Some(source) => source.clone(),
                         None => {
@@ -802,11 +803,12 @@ impl Placer {
         Ok(replayed)
     }
 
-    /// The commit gate, unless a failed round closed it (then the sink
-    /// refuses work until it is restarted).
-    fn open_gate(&self) -> Result<MutexGuard<'_, Option<String>>, RowError> {
+    /// The commit gate, unless the sink is poisoned (then it refuses work
+    /// until it is restarted). Checked under the gate: a round that fails
+    /// poisons the health before it lets go.
+    fn open_gate(&self) -> Result<MutexGuard<'_, ()>, RowError> {
         let gate = lock(&self.commit_gate);
-        match gate.as_ref() {
+        match self.health.reason() {
             Some(reason) => Err(RowError::Storage(format!(
                 "sink storage failed earlier, restart it: {reason}"
             ))),
@@ -830,7 +832,7 @@ impl Placer {
         source: &Source,
         seq: u64,
         batch: &RangeBatch,
-    ) -> Result<(CommitRequest, Ack, DeferredWrites), PlaceError> {
+    ) -> Result<(CommitRequest, Ack, DeferredWrites), SinkError> {
         let mut work = BatchWork {
             request: CommitRequest::default(),
             ack: Ack {
@@ -873,8 +875,8 @@ impl Placer {
                     });
                     continue;
                 }
-                Err(RowError::Peer(error)) => PlaceError::Peer(context(error)),
-                Err(RowError::Storage(error)) => PlaceError::Storage(context(error)),
+                Err(RowError::Peer(error)) => SinkError::Peer(context(error)),
+                Err(RowError::Storage(error)) => SinkError::Storage(context(error)),
             };
             // What this batch wrote will not be recorded: others must not
             // wait for it, and a re-delivery must write it again.
@@ -920,6 +922,8 @@ impl Placer {
             state: Mutex::new(SlotState {
                 recorded: true,
                 recorded_sealed: record.sealed.is_some(),
+                recorded_path: Some(record.dest_path.clone()),
+                recorded_superseded: record.superseded,
                 deferred_writes: 0,
                 // Bytes placed by an earlier run are vouched for only by the
                 // file itself.
@@ -1020,6 +1024,8 @@ impl Placer {
                 direct: DirectFile::NotOpened,
                 recorded: false,
                 recorded_sealed: false,
+                recorded_path: None,
+                recorded_superseded: false,
                 deferred_writes: 0,
                 written_crc: WrittenCrc::new(true),
                 inode: None,
@@ -1122,19 +1128,11 @@ impl Placer {
         to: &str,
         work: &mut BatchWork,
     ) -> Result<bool, RowError> {
-        let mut gate = self.open_gate()?;
-        self.flush_moves_away_from(source, files, to, &mut gate, work)?;
+        let gate = self.open_gate()?;
+        self.flush_moves_away_from(source, files, to, &gate, work)?;
         let mut state = lock(&slot.state);
         self.settle_rename(source, slot, &mut state, work)?;
-        self.flush_unsynced_now(slot, &mut gate)?;
-        // A failed manifest write may or may not have left its record in the
-        // manifest, and memory cannot follow both: the sink stops, as after
-        // a failed round, and its restart settles an intent by inode.
-        let stop = |gate: &mut Option<String>, error: RowError| {
-            let reason = error.into_message();
-            gate.get_or_insert_with(|| reason.clone());
-            RowError::Storage(reason)
-        };
+        self.flush_unsynced_now(slot, &gate)?;
         let Some(inode) = self.inode_at(from)? else {
             tracing::warn!(path = %from, "a superseded file to keep aside is gone from the sink; nothing to keep");
             let mut record = state.record.clone();
@@ -1142,8 +1140,7 @@ impl Placer {
             record.kept = false;
             self.record_now(vec![(slot.id.clone(), record.clone())], || {
                 format!("recording the superseded file {from}, which is gone")
-            })
-            .map_err(|error| stop(&mut gate, error))?;
+            })?;
             state.record = record;
             state.close_file();
             drop(state);
@@ -1163,7 +1160,7 @@ impl Placer {
             format!("recording the move of {from} aside to {to}")
         }) {
             undo(&mut state);
-            return Err(stop(&mut gate, error));
+            return Err(error);
         }
         let dirs = match self.root.rename(from, to) {
             Ok(dirs) => dirs,
@@ -1174,8 +1171,7 @@ impl Placer {
                 let withdrawn = vec![(slot.id.clone(), state.record.clone())];
                 self.record_now(withdrawn, || {
                     format!("withdrawing the intent to move {from} aside to {to}")
-                })
-                .map_err(|error| stop(&mut gate, error))?;
+                })?;
                 return Err(confine_error(error));
             }
         };
@@ -1301,7 +1297,7 @@ impl Placer {
     /// place of the one they lead up to. The caller holds the gate (and the
     /// slot's state). A failed flush stops the sink, as a round's does: the
     /// page cache proves nothing after one.
-    fn flush_unsynced_now(&self, slot: &Slot, gate: &mut Option<String>) -> Result<(), RowError> {
+    fn flush_unsynced_now(&self, slot: &Slot, _gate: &MutexGuard<'_, ()>) -> Result<(), RowError> {
         // Not holding `unsynced` across a flush: the committer reads it. No
         // move of this file can queue more meanwhile (the caller holds its
         // state), and a round can only take some off.
@@ -1317,8 +1313,7 @@ impl Placer {
                     "flushing a change to {:?} before recording it again: {error}",
                     slot.id.key
                 );
-                self.flush_failed.store(true, Ordering::SeqCst);
-                *gate = Some(reason.clone());
+                self.health.poison(reason.clone());
                 return Err(RowError::Storage(reason));
             }
             lock(&slot.unsynced).retain(|pending| pending.token() != token);
@@ -1565,19 +1560,19 @@ impl Placer {
             // move before the file is opened again. The files it supersedes
             // are recorded with it: after a crash, two live records must not
             // name one path.
-            let mut gate = self.open_gate()?;
+            let gate = self.open_gate()?;
             let mut records = Vec::with_capacity(1 + superseded.len());
             for other in &superseded {
                 let other_state = lock(&other.state);
-                self.flush_unsynced_now(other, &mut gate)?;
+                self.flush_unsynced_now(other, &gate)?;
                 records.push((other.id.clone(), other_state.record.clone()));
             }
-            self.flush_moves_away_from(source, &mut files, &new_dest, &mut gate, work)?;
+            self.flush_moves_away_from(source, &mut files, &new_dest, &gate, work)?;
             let mut state = lock(&slot.state);
             // A move recorded before and not seen through is finished, and
             // made durable, before this intent takes the place of its record.
             self.settle_rename(source, &slot, &mut state, work)?;
-            self.flush_unsynced_now(&slot, &mut gate)?;
+            self.flush_unsynced_now(&slot, &gate)?;
             let Some(inode) = self.inode_at(&old_dest)? else {
                 return Err(RowError::Storage(format!(
                     "the file at {old_dest} went away while it was renamed to {new_dest}"
@@ -1724,14 +1719,14 @@ impl Placer {
         {
             // As in `rename`: the intents are durable before any file moves,
             // and no round writes these records meanwhile.
-            let mut gate = self.open_gate()?;
+            let gate = self.open_gate()?;
             for m in &moves {
-                self.flush_moves_away_from(source, &mut files, &m.to, &mut gate, work)?;
+                self.flush_moves_away_from(source, &mut files, &m.to, &gate, work)?;
             }
             let mut records = Vec::with_capacity(moves.len());
             for m in &moves {
                 let state = lock(&m.slot.state);
-                self.flush_unsynced_now(&m.slot, &mut gate)?;
+                self.flush_unsynced_now(&m.slot, &gate)?;
                 let mut record = state.record.clone();
                 record.begin_move(m.to.clone(), m.inode);
                 records.push((m.slot.id.clone(), record));
@@ -1799,7 +1794,7 @@ impl Placer {
         source: &Source,
         files: &mut SourceFiles,
         to: &str,
-        gate: &mut Option<String>,
+        gate: &MutexGuard<'_, ()>,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         self.settle_recorded_move_from(source, files, to, work)?;
@@ -1838,6 +1833,9 @@ impl Placer {
 
     /// Writes `records` to the manifest at once, synced, outside a commit
     /// round. The caller holds the gate, so no round writes them meanwhile.
+    /// A failed write may or may not have left the records in the manifest,
+    /// and memory cannot follow both: it poisons the sink, as a failed round
+    /// does, and the restart settles an intent by inode.
     fn record_now(
         &self,
         records: Vec<(FileId, FileRecord)>,
@@ -1847,9 +1845,11 @@ impl Placer {
             records,
             ..SinkCommit::default()
         };
-        self.manifest
-            .commit(&commit)
-            .map_err(|e| RowError::Storage(format!("{}: {e}", what())))
+        self.manifest.commit(&commit).map_err(|e| {
+            let reason = format!("{}: {e}", what());
+            self.health.poison(reason.clone());
+            RowError::Storage(reason)
+        })
     }
 
     /// Takes back the rename intents of files whose move failed: each lives
@@ -2017,7 +2017,26 @@ impl Placer {
         };
         let (actual, of_what) = match written {
             Some(crc) => (checksum::crc64nvme_digest(crc), "the bytes written to"),
-            None => (self.digest_on_disk(&dest, size, kind)?, "the file"),
+            None => {
+                // Reading a whole file back must not hold up the batches of
+                // this file (nor the rounds recording it) meanwhile: bytes
+                // 0..size are all recorded, and only a sealed file is never
+                // written again, so what may change while unlocked is checked
+                // again after.
+                drop(state);
+                let actual = self.digest_on_disk(&dest, size, kind)?;
+                state = lock(&slot.state);
+                let unchanged = state.record.sealed.is_none()
+                    && !state.record.superseded
+                    && state.pending.is_empty()
+                    && state.record.placed.total_len() == size;
+                if !unchanged {
+                    return Err(RowError::Storage(format!(
+                        "{dest} changed while its seal at size {size} was checked; the batch is sent again"
+                    )));
+                }
+                (actual, "the file")
+            }
         };
         if actual != digest {
             return Err(RowError::Reject(format!(
@@ -2080,12 +2099,14 @@ fn confine_error(e: ConfineError) -> RowError {
     }
 }
 
-/// Reads the first `len` bytes of a destination file for reconciliation.
-pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> u32 {
-    let Ok(file) = root.open_for_read(dest) else {
-        return 0;
-    };
-    flight_server::checksum::crc32c_of_file_prefix(&file, len).unwrap_or(0)
+/// The CRC-32C of the first `len` bytes of a destination file, for
+/// reconciliation; an error says which file could not be read, and why.
+pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> Result<u32, String> {
+    let file = root
+        .open_for_read(dest)
+        .map_err(|e| format!("opening {dest}: {e}"))?;
+    flight_server::checksum::crc32c_of_file_prefix(&file, len)
+        .map_err(|e| format!("reading the first {len} bytes of {dest}: {e}"))
 }
 
 #[cfg(test)]
@@ -2721,7 +2742,7 @@ mod tests {
             b.push_rename("a.tmp", 1, "a");
             b.push_data("never-opened", 5, 0, b"refused");
         });
-        assert!(matches!(failed, Err(PlaceError::Peer(_))));
+        assert!(matches!(failed, Err(SinkError::Peer(_))));
         assert!(
             fixture.dest("s/a").exists(),
             "moved before the batch failed"
@@ -3153,7 +3174,7 @@ mod tests {
             first.manifest.commit(&commit).unwrap();
         }
         let refused = |placer: &Placer| match placer.source("other") {
-            Err(PlaceError::Peer(message)) => message,
+            Err(SinkError::Peer(message)) => message,
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a second source was accepted"),
         };
@@ -3213,7 +3234,7 @@ mod tests {
         placer.source("a").unwrap();
         placer.source("b").unwrap();
         match placer.source("c") {
-            Err(PlaceError::Peer(message)) => assert!(message.contains("\"c\""), "{message}"),
+            Err(SinkError::Peer(message)) => assert!(message.contains("\"c\""), "{message}"),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a source past the cap was served"),
         }
@@ -3463,12 +3484,12 @@ mod tests {
         assert_eq!(placer.replay_journal(&fixture.journal_file()).unwrap(), 8);
         assert_eq!(std::fs::read(fixture.dest("a.dat")).unwrap(), b"AAAA");
         assert_eq!(std::fs::read(fixture.dest("b.dat")).unwrap(), b"BBBB");
-        assert!(matches!(placer.source("beta"), Err(PlaceError::Peer(_))));
+        assert!(matches!(placer.source("beta"), Err(SinkError::Peer(_))));
         placer.source("alpha").unwrap();
         // The same source wins when the other one asks first.
         drop(placer);
         let restarted = fixture.placer_with(Layout::Flat, SupersededPolicy::Mirror, 0);
-        assert!(matches!(restarted.source("beta"), Err(PlaceError::Peer(_))));
+        assert!(matches!(restarted.source("beta"), Err(SinkError::Peer(_))));
         restarted.source("alpha").unwrap();
     }
 

@@ -461,3 +461,118 @@ pub fn files_of_run(dir: &Path, run: &str) -> u64 {
     let marker: serde_json::Value = serde_json::from_str(&text).expect("end marker JSON");
     marker["files"].as_array().map_or(0, |f| f.len() as u64) + 1
 }
+
+/// The sink arguments that make it write its commit feed to `path` (see
+/// [`assert_feed_told_each_byte_once`]).
+pub fn feed_log_args(path: &Path) -> Vec<String> {
+    vec!["--feed-log".into(), path.display().to_string()]
+}
+
+/// Reads a sink's `--feed-log` and the audit of its stopped manifest, and
+/// asserts that the commit feed told each durable byte exactly once: in
+/// every run of the sink (from one start line to the next), no range twice
+/// and none that was durable when the run started; at the end, per file,
+/// exactly what the manifest holds. Returns the rounds read.
+pub fn assert_feed_told_each_byte_once(feed_log: &Path, state: &Path) -> usize {
+    type Key = (String, String, u64);
+    let key_of = |id: &serde_json::Value| -> Key {
+        (
+            id["source"].as_str().unwrap_or_default().to_owned(),
+            id["key"].as_str().unwrap_or_default().to_owned(),
+            id["generation"].as_u64().unwrap_or_default(),
+        )
+    };
+    let ranges_of = |ranges: &serde_json::Value| -> Vec<(u64, u64)> {
+        ranges
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let text = std::fs::read_to_string(feed_log)
+        .unwrap_or_else(|e| panic!("cannot read the feed log {}: {e}", feed_log.display()));
+    let lines: Vec<&str> = text.lines().collect();
+    let mut told: std::collections::HashMap<Key, manifest_db::IntervalSet> = Default::default();
+    let (mut runs, mut rounds) = (0, 0);
+    for (number, line) in lines.iter().enumerate() {
+        let value: serde_json::Value = match serde_json::from_str(line) {
+            Ok(value) => value,
+            Err(error) => {
+                // A kill may cut a run's last line short, nothing else.
+                let ends_a_run = lines
+                    .get(number + 1)
+                    .is_none_or(|next| next.starts_with("{\"start\""));
+                assert!(ends_a_run, "feed log line {number}: {error}: {line}");
+                continue;
+            }
+        };
+        if let Some(files) = value.get("start") {
+            runs += 1;
+            told.clear();
+            for file in files.as_array().expect("start lists files") {
+                let ranges = ranges_of(&file["ranges"]);
+                told.insert(
+                    key_of(&file["id"]),
+                    manifest_db::IntervalSet::from_ranges(ranges),
+                );
+            }
+            continue;
+        }
+        assert!(
+            value.get("missed").is_none(),
+            "the feed log's listener fell behind and missed rounds: {line}"
+        );
+        rounds += 1;
+        for file in value["files"].as_array().expect("a round lists files") {
+            let key = key_of(&file["id"]);
+            let set = told.entry(key.clone()).or_default();
+            for (start, end) in ranges_of(&file["ranges"]) {
+                assert_eq!(
+                    set.missing(start, end),
+                    vec![(start, end)],
+                    "run {runs}: the feed told {key:?} {start}..{end} again"
+                );
+                set.insert(start, end);
+            }
+        }
+    }
+    assert!(runs > 0, "the feed log has no start line");
+    let (ok, text) = run(&[
+        "audit".into(),
+        "--files".into(),
+        "--state".into(),
+        state.display().to_string(),
+    ]);
+    assert!(ok, "audit failed: {text}");
+    let report: serde_json::Value =
+        serde_json::from_str(&text[text.find('{').expect("audit printed JSON")..])
+            .expect("audit JSON");
+    let mut held = 0;
+    for pair in report["records"]
+        .as_array()
+        .expect("audit --files lists records")
+    {
+        let key = key_of(&pair[0]);
+        let placed = ranges_of(&pair[1]["placed"]["ranges"]);
+        if placed.is_empty() {
+            continue;
+        }
+        held += 1;
+        let said = told.remove(&key).unwrap_or_default();
+        assert_eq!(
+            said.ranges(),
+            placed.as_slice(),
+            "{key:?}: the feed told other ranges than the manifest holds"
+        );
+    }
+    told.retain(|_, set| !set.is_empty());
+    assert!(
+        told.is_empty(),
+        "the feed told ranges of files the manifest does not hold: {told:?}"
+    );
+    println!("feed log: {runs} runs, {rounds} rounds, {held} files told exactly once");
+    rounds
+}

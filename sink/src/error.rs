@@ -1,0 +1,51 @@
+//! What can go wrong in the sink, said by whose fault it is.
+//!
+//! Only the service module turns these into gRPC codes: a peer's bad input
+//! is refused (the watcher gives up on that row or file), everything else
+//! asks the peer to retry later, and an internal failure (a panic, a dead
+//! task) is never reported as the peer's fault.
+
+use std::sync::Arc;
+
+/// Why the sink did not do what was asked.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SinkError {
+    /// The peer sent something this sink will not accept; sending it again
+    /// will not help.
+    #[error("{0}")]
+    Peer(String),
+    /// The sink's storage failed for this request (disk full, I/O error);
+    /// nothing of it was acknowledged, and it may be retried.
+    #[error("sink storage: {0}")]
+    Storage(String),
+    /// An earlier failure poisoned the sink (see [`crate::Health`]): it
+    /// refuses work until it is restarted and recovers from its manifest.
+    #[error("the sink failed earlier and refuses work until restarted: {0}")]
+    Poisoned(Arc<str>),
+    /// The sink is stopping; what was not acknowledged is sent again later.
+    #[error("the sink is shutting down")]
+    Shutdown,
+    /// A bug in the sink (a panic, a task that died): not the peer's fault.
+    #[error("internal error in the sink: {0}")]
+    Internal(String),
+}
+
+impl SinkError {
+    /// The message without the variant's prefix, for wrapping in more context.
+    pub fn into_detail(self) -> String {
+        match self {
+            Self::Peer(detail) | Self::Storage(detail) | Self::Internal(detail) => detail,
+            Self::Poisoned(reason) => reason.to_string(),
+            Self::Shutdown => "the sink is shutting down".to_string(),
+        }
+    }
+}
+
+/// The text a panic was raised with, if it had one.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(a panic without a message)".to_string())
+}

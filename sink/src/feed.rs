@@ -1,0 +1,129 @@
+//! The commit feed: one in-process stream of what became durable.
+//!
+//! The committer publishes one [`CommitRound`] per commit round, after the
+//! round's bytes and records are durable and before its acks go out: for
+//! each file the round touched, its identity, current path, the ranges the
+//! round made durable, the new contiguous watermark and what happened to
+//! the file (opened, renamed, sealed, superseded). Live subscriptions,
+//! commit events and metrics are its listeners; none of them is known here.
+//!
+//! The feed is bounded: a listener that falls more than its capacity behind
+//! is told how many rounds it missed (`RecvError::Lagged`) and re-reads
+//! what it needs from the manifest; the committer never waits for anyone.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use manifest_db::{FileId, FileRecord};
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// Rounds a listener may fall behind before it misses some.
+pub const FEED_CAPACITY: usize = 1024;
+
+/// What one commit round made durable.
+#[derive(Clone, Debug, Serialize)]
+pub struct CommitRound {
+    /// Counts rounds from 1 within one run of the sink: a listener that
+    /// sees a gap missed rounds.
+    pub sequence: u64,
+    /// When the round was durable.
+    pub committed_at: SystemTime,
+    pub files: Vec<FileCommit>,
+}
+
+/// One file generation in a commit round.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FileCommit {
+    pub id: FileId,
+    /// Its destination path, relative to the sink's root, after this round.
+    pub path: String,
+    /// The ranges `[start, end)` this round made durable, coalesced; empty
+    /// for a round that only changed what the file is (a rename, a seal).
+    pub ranges: Vec<(u64, u64)>,
+    /// Every byte below this is durable.
+    pub contiguous_end: u64,
+    /// What else the round recorded of the file, in this order.
+    pub changes: Vec<FileChange>,
+}
+
+/// A change to a file other than its bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "change")]
+pub enum FileChange {
+    /// First recorded: a new file or a new generation.
+    Opened,
+    /// Recorded under a new path (the commit's `path`).
+    Renamed { from: String },
+    /// Sealed at its final size, with the whole file's digest.
+    Sealed { size: u64, digest: String },
+    /// A newer generation replaced this one.
+    Superseded,
+}
+
+/// The sending side, owned by the committer: the feed closes (listeners
+/// get `RecvError::Closed`) when the committer stops.
+pub(crate) struct CommitFeed {
+    sender: broadcast::Sender<Arc<CommitRound>>,
+}
+
+impl CommitFeed {
+    /// The feed, and the handle listeners subscribe through.
+    pub(crate) fn new(capacity: usize) -> (Self, FeedHandle) {
+        let (sender, _) = broadcast::channel(capacity.max(1));
+        let handle = FeedHandle {
+            sender: sender.downgrade(),
+        };
+        (Self { sender }, handle)
+    }
+
+    /// Whether anyone listens: a round is described only if so.
+    pub(crate) fn has_listeners(&self) -> bool {
+        self.sender.receiver_count() > 0
+    }
+
+    pub(crate) fn publish(&self, round: CommitRound) {
+        // No listener (any more) is not an error: the feed is for them.
+        let _ = self.sender.send(Arc::new(round));
+    }
+}
+
+/// Where listeners subscribe; it does not keep the feed open.
+#[derive(Clone)]
+pub struct FeedHandle {
+    sender: broadcast::WeakSender<Arc<CommitRound>>,
+}
+
+impl FeedHandle {
+    /// A listener from the next round on; `None` once the committer has
+    /// stopped (nothing will be committed any more).
+    pub fn subscribe(&self) -> Option<broadcast::Receiver<Arc<CommitRound>>> {
+        self.sender.upgrade().map(|sender| sender.subscribe())
+    }
+}
+
+/// What the manifest holds of one file generation: where a listener starts,
+/// or what it re-reads after it missed rounds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DurableFile {
+    pub id: FileId,
+    pub path: String,
+    /// Every durable range `[start, end)`.
+    pub ranges: Vec<(u64, u64)>,
+    pub contiguous_end: u64,
+    pub sealed: Option<manifest_db::Sealed>,
+    pub superseded: bool,
+}
+
+impl DurableFile {
+    pub(crate) fn of(id: FileId, record: FileRecord) -> Self {
+        Self {
+            contiguous_end: record.placed.contiguous_end(),
+            ranges: record.placed.ranges().to_vec(),
+            path: record.dest_path,
+            sealed: record.sealed,
+            superseded: record.superseded,
+            id,
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! The sink as a Flight service sees it: the [`Ingest`] the wire plugs into.
+//! The only module of this crate that speaks gRPC: it maps a [`SinkError`]
+//! to the code that tells a watcher whether to give up on what it sent
+//! (the peer's fault) or to send it again later (everything else).
+
+use std::sync::Arc;
+
+use flight_server::protocol::{ACTION_STATUS, ACTION_WATERMARKS};
+use flight_server::{Ack, Ingest, RangeBatch};
+use serde::Deserialize;
+use tonic::Status;
+
+use crate::{Sink, SinkError, confine};
+
+/// The gRPC status of a sink error. Only a peer's bad input is refused
+/// (`InvalidArgument`); storage trouble, a poisoned or stopping sink ask for
+/// a retry (`Unavailable`), and a bug in the sink is `Internal`, which the
+/// watcher also retries: a sink's own failure never makes it give up on a file.
+pub(crate) fn status_of(error: SinkError) -> Status {
+    match error {
+        SinkError::Peer(detail) => Status::invalid_argument(detail),
+        error @ (SinkError::Storage(_) | SinkError::Poisoned(_) | SinkError::Shutdown) => {
+            Status::unavailable(error.to_string())
+        }
+        error @ SinkError::Internal(_) => Status::internal(error.to_string()),
+    }
+}
+
+impl Ingest for Sink {
+    fn accept_source(&self, source: &str) -> Result<(), Status> {
+        match confine::components(source) {
+            Ok(parts) if parts.len() == 1 => Ok(()),
+            _ => Err(Status::invalid_argument(format!(
+                "source name {source:?} must be one plain path component (letters, digits, '-', '_', '.')"
+            ))),
+        }
+    }
+
+    async fn ingest(&self, source: Arc<str>, seq: u64, batch: RangeBatch) -> Result<Ack, Status> {
+        self.ingest_batch(source, seq, batch)
+            .await
+            .map_err(status_of)
+    }
+
+    async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, Status> {
+        let json = |value: serde_json::Result<Vec<u8>>| {
+            value.map_err(|e| Status::internal(format!("encoding the {name} answer: {e}")))
+        };
+        match name {
+            ACTION_STATUS => json(serde_json::to_vec(&self.status().map_err(status_of)?)),
+            ACTION_WATERMARKS => {
+                #[derive(Deserialize)]
+                struct Request {
+                    source: String,
+                }
+                let request: Request = serde_json::from_slice(body).map_err(|e| {
+                    Status::invalid_argument(format!("watermarks wants {{\"source\": NAME}}: {e}"))
+                })?;
+                let sink = self.clone();
+                // On a placement thread: these too may wait for the commit
+                // gate, and peers could ask for many at once.
+                let marks = self
+                    .placing
+                    .run(move || sink.watermarks(&request.source))
+                    .await
+                    .map_err(|e| {
+                        status_of(SinkError::Internal(format!("reading watermarks: {e}")))
+                    })?
+                    .map_err(status_of)?;
+                json(serde_json::to_vec(&marks))
+            }
+            other => Err(Status::invalid_argument(format!(
+                "unknown action {other:?} (known: {ACTION_STATUS}, {ACTION_WATERMARKS})"
+            ))),
+        }
+    }
+}
