@@ -1,0 +1,16 @@
+"""The scenarios of the benchmark issue, one module each (P1 and P2 share one, as they run
+interleaved), and the order the suite runs them in. Each scenario_* function takes the Bench,
+stores its figures in b.results["scenarios"] and adds its rows and notes."""
+
+from __future__ import annotations
+
+from ..ceilings import scenario_ceilings
+from .p1_p2 import scenario_p1_p2
+from .p3 import scenario_p3
+from .p4 import scenario_p4
+from .p5 import scenario_p5
+from .p6 import scenario_p6
+from .p7 import scenario_p7
+
+SCENARIOS = [("ceilings", scenario_ceilings), ("P1", scenario_p1_p2), ("P3", scenario_p3),
+             ("P6", scenario_p6), ("P7", scenario_p7), ("P4", scenario_p4), ("P5", scenario_p5)]
