@@ -105,11 +105,42 @@ impl IntervalSet {
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
+
+    /// Takes [start, end) out, splitting a range it falls inside of.
+    pub fn remove(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let lo = self.ranges.partition_point(|&(_, e)| e <= start);
+        let hi = self.ranges.partition_point(|&(s, _)| s < end);
+        if lo >= hi {
+            return;
+        }
+        let (first, last) = (self.ranges[lo], self.ranges[hi - 1]);
+        let left = (first.0 < start).then_some((first.0, start));
+        let right = (last.1 > end).then_some((end, last.1));
+        self.ranges.splice(lo..hi, left.into_iter().chain(right));
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remove_takes_ranges_out_and_splits_what_it_falls_inside_of() {
+        let mut set = IntervalSet::from_ranges([(0, 10), (20, 30), (40, 50)]);
+        set.remove(5, 25);
+        assert_eq!(set.ranges(), [(0, 5), (25, 30), (40, 50)]);
+        set.remove(42, 44);
+        assert_eq!(set.ranges(), [(0, 5), (25, 30), (40, 42), (44, 50)]);
+        set.remove(30, 40);
+        assert_eq!(set.ranges(), [(0, 5), (25, 30), (40, 42), (44, 50)]);
+        set.remove(0, 100);
+        assert!(set.is_empty());
+        set.remove(3, 3);
+        assert!(set.is_empty());
+    }
 
     #[test]
     fn overlapping_and_adjacent_merge() {

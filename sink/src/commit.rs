@@ -1272,7 +1272,7 @@ fn record_round_under_gate(
             }
             let pending: Vec<(u64, u64)> = ranges.clone();
             for (start, end) in pending {
-                remove_range(&mut state.pending, start, end);
+                state.pending.remove(start, end);
             }
         }
         for slot in &request.touched {
@@ -1383,19 +1383,6 @@ fn record_round_under_gate(
         journal_round,
         journal_bytes,
     })
-}
-
-pub(crate) fn remove_range(set: &mut manifest_db::IntervalSet, start: u64, end: u64) {
-    let kept: Vec<(u64, u64)> = set
-        .ranges()
-        .iter()
-        .flat_map(|&(s, e)| {
-            let left = (s < start).then_some((s, e.min(start)));
-            let right = (e > end).then_some((s.max(end), e));
-            [left, right].into_iter().flatten()
-        })
-        .collect();
-    *set = manifest_db::IntervalSet::from_ranges(kept);
 }
 
 /// The files and directories a request touched, for a flush at startup

@@ -743,11 +743,7 @@ impl Placer {
                                     work.request.touched.push(slot.clone());
                                 }
                                 if state.record.placed.covers(offset, end) {
-                                    crate::commit::remove_range(
-                                        &mut state.record.placed,
-                                        offset,
-                                        end,
-                                    );
+                                    state.record.placed.remove(offset, end);
                                     withdrawn.push((id.clone(), offset, u64::from(len)));
                                     work.request.touched.push(slot.clone());
                                 }
@@ -883,7 +879,7 @@ impl Placer {
             for (slot, ranges) in &work.request.placed {
                 let mut state = lock(&slot.state);
                 for &(start, end) in ranges {
-                    crate::commit::remove_range(&mut state.pending, start, end);
+                    state.pending.remove(start, end);
                 }
             }
             return Err(failure);
@@ -1453,7 +1449,7 @@ impl Placer {
             } else if let Err(error) = self.write_in_place(&mut state, &file, &row.data[within], s)
             {
                 for &(ws, we) in &to_write[..i] {
-                    crate::commit::remove_range(&mut state.pending, ws, we);
+                    state.pending.remove(ws, we);
                 }
                 state.written_crc = WrittenCrc::Unknown;
                 return Err(RowError::Storage(error));
@@ -2170,7 +2166,7 @@ mod tests {
             let mut state = lock(&slot.state);
             for &(start, end) in ranges {
                 state.record.placed.insert(start, end);
-                crate::commit::remove_range(&mut state.pending, start, end);
+                state.pending.remove(start, end);
             }
         }
     }
@@ -2353,7 +2349,7 @@ mod tests {
                     let mut state = lock(&slot.state);
                     for &(s, e) in ranges {
                         state.record.placed.insert(s, e);
-                        crate::commit::remove_range(&mut state.pending, s, e);
+                        state.pending.remove(s, e);
                     }
                     let commit = SinkCommit {
                         records: vec![(slot.id.clone(), state.record.clone())],
@@ -2417,7 +2413,7 @@ mod tests {
         {
             let mut state = lock(&slot.state);
             state.record.placed.insert(0, 120_000);
-            crate::commit::remove_range(&mut state.pending, 0, 120_000);
+            state.pending.remove(0, 120_000);
             state.close_file();
         }
         std::fs::remove_file(fixture.dest("s/f.dat")).unwrap();
@@ -2428,7 +2424,7 @@ mod tests {
         {
             let mut state = lock(&slot.state);
             state.record.placed.insert(120_000, 200_000);
-            crate::commit::remove_range(&mut state.pending, 120_000, 200_000);
+            state.pending.remove(120_000, 200_000);
         }
         let error = rejected(&placer, &source, &digest(&data)).expect("read back");
         assert!(error.contains("digest of the file"), "{error}");
