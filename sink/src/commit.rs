@@ -34,143 +34,20 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use manifest_db::{FileId, JournalEntry, SinkCommit, SinkCounters, SinkManifest};
+use manifest_db::{FileId, JournalEntry, SinkCommit, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::panic_message;
 use crate::feed::{CommitFeed, CommitRound, FileChange, FileCommit};
-use crate::flush::{Flusher, SyncTarget, flush_now};
+use crate::flush::{Flusher, SyncTarget};
 use crate::health::Health;
 use crate::journal::{JournalFile, JournalSpace, RoundWrite};
-use crate::placement::{FileCounts, Slot, lock};
 use crate::stage_cpu::{Stage, StageTimer};
-
-/// Ranges of a file another batch already placed or is placing.
-pub(crate) struct Dependency {
-    pub slot: Arc<Slot>,
-    pub start: u64,
-    pub end: u64,
-}
-
-/// Serialises every write of file records to the manifest. A round that
-/// fails after changing records in memory poisons the sink's [`Health`]
-/// before it lets go of the gate: from then on those records may name
-/// ranges that are not durable, so whoever takes the gate checks the health
-/// before it writes or hands out records.
-pub(crate) type CommitGate = Arc<Mutex<()>>;
-
-/// Ranges one batch wrote into one file generation.
-pub(crate) type PlacedRanges = (Arc<Slot>, Vec<(u64, u64)>);
-
-/// What one batch needs made durable before its ack.
-#[derive(Default)]
-pub(crate) struct CommitRequest {
-    /// Every slot whose record this batch changed (written in full).
-    pub touched: Vec<Arc<Slot>>,
-    /// Ranges this batch wrote, per slot.
-    pub placed: Vec<PlacedRanges>,
-    pub files_to_sync: Vec<Arc<File>>,
-    pub dirs_to_sync: Vec<Arc<OwnedFd>>,
-    pub dependencies: Vec<Dependency>,
-    pub counters: SinkCounters,
-    /// Ranges to journal, (file, offset, bytes), if the round can...
-    pub journal: Vec<(FileId, u64, Vec<u8>)>,
-    pub journal_bytes: u64,
-    /// ...so their files are flushed later, in the background.
-    pub journaled_files: Vec<Arc<File>>,
-    /// When the batch reached the sink (for the commit log).
-    pub received: Option<std::time::SystemTime>,
-    /// How long placing it took, from the moment it reached the sink (µs).
-    pub placing_us: u64,
-    /// How much of that the placement itself took, on its thread (µs).
-    pub place_us: u64,
-    /// Answers once the batch's deferred writes (its journaled ranges, put
-    /// in their files after it was submitted) are done: no round ends, and
-    /// no file of it is flushed, before that.
-    pub written: Option<oneshot::Receiver<Result<(), String>>>,
-    /// The directories in `dirs_to_sync`, by (device, inode).
-    dirs_seen: HashMap<(u64, u64), Arc<OwnedFd>>,
-}
-
-impl CommitRequest {
-    /// Whether its round must flush files anyway: then the journal saves
-    /// nothing for its small ranges. Directories alone (a renamed or removed
-    /// file) do not count: a round fsyncs those on their own, a few small
-    /// writes, and its ranges still go to the journal instead of making it
-    /// flush every file they touched.
-    pub fn flushes_anyway(&self) -> bool {
-        !self.files_to_sync.is_empty()
-    }
-
-    /// Adds a directory to fsync, once: a batch creating thousands of files
-    /// in one directory holds one descriptor for it, not thousands.
-    fn add_dir(&mut self, dir: OwnedFd) -> Arc<OwnedFd> {
-        let Ok(st) = rustix::fs::fstat(&dir) else {
-            let dir = Arc::new(dir);
-            self.dirs_to_sync.push(dir.clone());
-            return dir;
-        };
-        let identity = (st.st_dev, st.st_ino);
-        if let Some(known) = self.dirs_seen.get(&identity) {
-            return known.clone();
-        }
-        let dir = Arc::new(dir);
-        self.dirs_seen.insert(identity, dir.clone());
-        self.dirs_to_sync.push(dir.clone());
-        dir
-    }
-
-    /// What a change to a file's name, existence or size needs flushed
-    /// before any record of that file may be written: its directories, and
-    /// the file itself when it is new (fsyncing a directory makes the entry
-    /// durable, not the inode the entry names) or was cut short. They go to this request, and to the
-    /// file's own `unsynced` list (`Slot::unsynced`): a round that writes
-    /// the file's record flushes what is still there first, even when this
-    /// request never reaches a round (its batch failed) or another batch's
-    /// round records the file before this one.
-    pub fn flush_before_record(
-        &mut self,
-        unsynced: &mut Vec<Pending>,
-        file: Option<&Arc<File>>,
-        dirs: impl IntoIterator<Item = OwnedFd>,
-    ) {
-        if let Some(file) = file {
-            self.files_to_sync.push(file.clone());
-            unsynced.push(Pending::new(SyncTarget::File(file.clone())));
-        }
-        for dir in dirs {
-            let dir = self.add_dir(dir);
-            unsynced.push(Pending::new(SyncTarget::Dir(dir)));
-        }
-    }
-}
-
-/// A flush one change to a file still needs before the file's record may
-/// be written. Its token tells it apart from a later change that needs the
-/// same directory flushed again: a round forgets only what it flushed.
-pub(crate) struct Pending {
-    token: u64,
-    pub target: SyncTarget,
-}
-
-impl Pending {
-    pub fn token(&self) -> u64 {
-        self.token
-    }
-
-    fn new(target: SyncTarget) -> Self {
-        static TOKENS: AtomicU64 = AtomicU64::new(0);
-        Self {
-            token: TOKENS.fetch_add(1, Ordering::Relaxed),
-            target,
-        }
-    }
-}
+use crate::state::{CommitGate, CommitRequest, FileCounts, Slot, lock};
 
 pub(crate) struct Queued {
     pub request: CommitRequest,
@@ -988,7 +865,7 @@ pub(crate) fn sync_targets(round: &[Queued]) -> (Vec<SyncTarget>, HashSet<u64>) 
         }
         for slot in &request.touched {
             for pending in lock(&slot.unsynced).iter() {
-                tokens.insert(pending.token);
+                tokens.insert(pending.token());
                 add(pending.target.clone());
             }
         }
@@ -1001,7 +878,7 @@ pub(crate) fn sync_targets(round: &[Queued]) -> (Vec<SyncTarget>, HashSet<u64>) 
 pub(crate) fn forget_flushed(round: &[Queued], flushed: &HashSet<u64>) {
     for queued in round {
         for slot in &queued.request.touched {
-            lock(&slot.unsynced).retain(|pending| !flushed.contains(&pending.token));
+            lock(&slot.unsynced).retain(|pending| !flushed.contains(&pending.token()));
         }
     }
 }
@@ -1147,7 +1024,7 @@ struct RoundSink<'a> {
 /// the manifest held of it before (kept in the slot's state).
 fn describe_commit(
     id: &FileId,
-    before: &crate::placement::SlotState,
+    before: &crate::state::SlotState,
     record: &manifest_db::FileRecord,
     made: manifest_db::IntervalSet,
 ) -> FileCommit {
@@ -1383,26 +1260,6 @@ fn record_round_under_gate(
         journal_round,
         journal_bytes,
     })
-}
-
-/// The files and directories a request touched, for a flush at startup
-/// (the journal replay), before any round runs.
-pub(crate) fn sync_now(request: &CommitRequest) -> Result<(), String> {
-    let mut files: HashMap<*const File, &Arc<File>> = HashMap::new();
-    for file in &request.files_to_sync {
-        files.insert(Arc::as_ptr(file), file);
-    }
-    let targets: Vec<SyncTarget> = files
-        .into_values()
-        .map(|f| SyncTarget::File(f.clone()))
-        .chain(
-            request
-                .dirs_to_sync
-                .iter()
-                .map(|d| SyncTarget::Dir(d.clone())),
-        )
-        .collect();
-    flush_now(&targets)
 }
 
 /// Most flushes the background journal flush issues at once.

@@ -7,6 +7,7 @@
 //! - [`health`]: whether the sink can still be trusted with work;
 //! - [`feed`]: the commit feed, what became durable, for listeners;
 //! - `service`: the Flight-facing side (the only place gRPC codes appear);
+//! - `state`: what placement and the committer share (slots, commit requests);
 //! - `placement`: writes ranges and applies control rows, exactly once;
 //! - `commit`: group commit (fdatasync, then one synced manifest write);
 //! - `flush`: how a round makes files durable (syncfs or fdatasync each);
@@ -25,6 +26,7 @@ mod journal;
 mod placement;
 mod service;
 mod stage_cpu;
+mod state;
 pub mod verify;
 mod written_crc;
 
@@ -61,11 +63,11 @@ pub(crate) mod fault {
 
     /// The next batch of `source` to reach `point` panics there (once).
     pub fn arm(point: Point, source: &str) {
-        crate::placement::lock(&ARMED).push((point, source.to_owned()));
+        crate::state::lock(&ARMED).push((point, source.to_owned()));
     }
 
     pub fn hit(point: Point, source: &str) {
-        let mut armed = crate::placement::lock(&ARMED);
+        let mut armed = crate::state::lock(&ARMED);
         if let Some(at) = armed.iter().position(|(p, s)| *p == point && s == source) {
             armed.remove(at);
             drop(armed);
@@ -285,7 +287,7 @@ impl Drop for Gauge<'_> {
 pub struct Sink {
     placer: Arc<Placer>,
     committer: Committer,
-    counts: Arc<placement::FileCounts>,
+    counts: Arc<state::FileCounts>,
     placing: Arc<PlacementThreads>,
     health: Health,
     feed: feed::FeedHandle,
@@ -318,7 +320,7 @@ impl Sink {
             ),
             None => None,
         };
-        let gate = commit::CommitGate::default();
+        let gate = state::CommitGate::default();
         let journal_backlog = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let placer = Placer::new(
             root,
@@ -344,7 +346,7 @@ impl Sink {
             );
         }
         let counts = Arc::new(
-            placement::FileCounts::from_manifest(&manifest)
+            state::FileCounts::from_manifest(&manifest)
                 .context("counting the manifest's file records")?,
         );
         // Opened after the replay, which leaves no entry pointing into it:

@@ -29,123 +29,12 @@ use manifest_db::{
 };
 
 use crate::SinkError;
-use crate::commit::{CommitGate, CommitRequest, Dependency, Pending};
 use crate::confine::{ConfineError, Root, SettledMove};
 use crate::direct::{self, DirectFile};
 use crate::health::Health;
+use crate::state::{CommitGate, CommitRequest, Dependency, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
 use crate::{Layout, SupersededPolicy};
-
-/// Locks a mutex of the sink's shared state. A mutex a panic left poisoned
-/// may hold half-updated state; it is taken anyway, because every panic in
-/// placement or in a commit round poisons the sink's [`Health`] first, and
-/// from then on nothing read under these locks is recorded or acknowledged.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// One generation of one source file.
-pub(crate) struct Slot {
-    pub id: FileId,
-    pub state: Mutex<SlotState>,
-    /// Flushes a change to this file's name or existence still needs
-    /// before its record may be written (see
-    /// [`CommitRequest::flush_before_record`]). Locked after `state`, never
-    /// before it, and never held across other work, so the committer can
-    /// read it without waiting for placement.
-    pub unsynced: Mutex<Vec<Pending>>,
-}
-
-pub(crate) struct SlotState {
-    /// The record as it will be committed; `placed` holds only ranges that
-    /// are committed or being committed by the committer right now.
-    pub record: FileRecord,
-    /// Written, not yet handed to the committer's merge.
-    pub pending: IntervalSet,
-    /// Length of the destination file when this process first opened it:
-    /// bytes below it that are not recorded were written by an earlier run
-    /// that crashed before recording them, and writing them again counts as
-    /// a rewrite.
-    disk_len: Option<u64>,
-    file: Option<Arc<File>>,
-    /// A second descriptor on `file` for direct writes (see [`crate::direct`]).
-    direct: DirectFile,
-    /// What the manifest holds of this record, for the file counts: whether
-    /// it is recorded at all, and recorded as sealed.
-    pub recorded: bool,
-    pub recorded_sealed: bool,
-    /// The path and superseded flag the manifest holds for it, so the
-    /// commit feed can tell what a round changed (a rename recorded outside
-    /// a round reaches the feed with the round that records the file next).
-    pub recorded_path: Option<String>,
-    pub recorded_superseded: bool,
-    /// Deferred writes into this file not done yet: their ranges may be
-    /// recorded already (by a round still in progress) before their bytes
-    /// are in the file.
-    deferred_writes: u32,
-    /// CRC-64 of the bytes written so far, for the seal.
-    written_crc: WrittenCrc,
-    /// (device, inode) of the file those bytes went to: a descriptor
-    /// reopened after eviction that finds another file there (replaced
-    /// behind the sink's back) ends what `written_crc` can vouch for.
-    inode: Option<(u64, u64)>,
-}
-
-impl SlotState {
-    /// Notes the file a descriptor just opened on the destination refers to.
-    fn opened(&mut self, file: &File) {
-        use std::os::unix::fs::MetadataExt;
-        let inode = file.metadata().ok().map(|meta| (meta.dev(), meta.ino()));
-        if self.inode.is_some() && self.inode != inode {
-            self.written_crc = WrittenCrc::Unknown;
-        }
-        self.inode = inode;
-    }
-}
-
-impl SlotState {
-    /// Lets go of the file's descriptors (a commit still holding one keeps
-    /// it open until synced).
-    fn close_file(&mut self) {
-        self.file = None;
-        self.direct = DirectFile::NotOpened;
-    }
-}
-
-/// How many file records the manifest holds, and how many are sealed;
-/// counted once at startup and kept up by the committer, so `status` does
-/// not read every record.
-#[derive(Default)]
-pub(crate) struct FileCounts {
-    pub files: AtomicU64,
-    pub sealed: AtomicU64,
-}
-
-impl FileCounts {
-    pub fn from_manifest(manifest: &SinkManifest) -> Result<Self, manifest_db::Error> {
-        let records = manifest.all_files()?;
-        let sealed = records.iter().filter(|(_, r)| r.sealed.is_some()).count();
-        Ok(Self {
-            files: AtomicU64::new(records.len() as u64),
-            sealed: AtomicU64::new(sealed as u64),
-        })
-    }
-
-    /// Counts what a successful commit of this slot's record changed;
-    /// `sealed` says whether the record it wrote was sealed.
-    pub fn committed(&self, state: &mut SlotState, sealed: bool) {
-        if !state.recorded {
-            state.recorded = true;
-            self.files.fetch_add(1, Ordering::Relaxed);
-        }
-        if sealed && !state.recorded_sealed {
-            state.recorded_sealed = true;
-            self.sealed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
 
 /// Writes a range at its offset; the error names the destination (asked
 /// for only then).
@@ -766,7 +655,7 @@ impl Placer {
             replayed += bytes.len() as u64;
         }
         let request = work.request;
-        crate::commit::sync_now(&request).map_err(storage)?;
+        request.sync_now().map_err(storage)?;
         for slot in &request.touched {
             lock(&slot.unsynced).clear();
         }

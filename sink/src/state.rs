@@ -1,0 +1,267 @@
+//! The state placement and the committer share, and how they hand work
+//! over: a file generation's [`Slot`] (its record as it will be committed,
+//! the ranges being written, its descriptors), the [`CommitRequest`] a
+//! placed batch hands to the committer, the gate that serialises record
+//! writes, and the file counts. Both sides depend on this module; it
+//! depends on neither.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use manifest_db::{FileId, FileRecord, IntervalSet, SinkCounters, SinkManifest};
+use tokio::sync::oneshot;
+
+use crate::direct::DirectFile;
+use crate::flush::{SyncTarget, flush_now};
+use crate::written_crc::WrittenCrc;
+
+/// Locks a mutex of the sink's shared state. A mutex a panic left poisoned
+/// may hold half-updated state; it is taken anyway, because every panic in
+/// placement or in a commit round poisons the sink's [`Health`] first, and
+/// from then on nothing read under these locks is recorded or acknowledged.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One generation of one source file.
+pub(crate) struct Slot {
+    pub id: FileId,
+    pub state: Mutex<SlotState>,
+    /// Flushes a change to this file's name or existence still needs
+    /// before its record may be written (see
+    /// [`CommitRequest::flush_before_record`]). Locked after `state`, never
+    /// before it, and never held across other work, so the committer can
+    /// read it without waiting for placement.
+    pub unsynced: Mutex<Vec<Pending>>,
+}
+
+pub(crate) struct SlotState {
+    /// The record as it will be committed; `placed` holds only ranges that
+    /// are committed or being committed by the committer right now.
+    pub record: FileRecord,
+    /// Written, not yet handed to the committer's merge.
+    pub pending: IntervalSet,
+    /// Length of the destination file when this process first opened it:
+    /// bytes below it that are not recorded were written by an earlier run
+    /// that crashed before recording them, and writing them again counts as
+    /// a rewrite.
+    pub disk_len: Option<u64>,
+    pub file: Option<Arc<File>>,
+    /// A second descriptor on `file` for direct writes (see [`crate::direct`]).
+    pub direct: DirectFile,
+    /// What the manifest holds of this record, for the file counts: whether
+    /// it is recorded at all, and recorded as sealed.
+    pub recorded: bool,
+    pub recorded_sealed: bool,
+    /// The path and superseded flag the manifest holds for it, so the
+    /// commit feed can tell what a round changed (a rename recorded outside
+    /// a round reaches the feed with the round that records the file next).
+    pub recorded_path: Option<String>,
+    pub recorded_superseded: bool,
+    /// Deferred writes into this file not done yet: their ranges may be
+    /// recorded already (by a round still in progress) before their bytes
+    /// are in the file.
+    pub deferred_writes: u32,
+    /// CRC-64 of the bytes written so far, for the seal.
+    pub written_crc: WrittenCrc,
+    /// (device, inode) of the file those bytes went to: a descriptor
+    /// reopened after eviction that finds another file there (replaced
+    /// behind the sink's back) ends what `written_crc` can vouch for.
+    pub inode: Option<(u64, u64)>,
+}
+
+impl SlotState {
+    /// Notes the file a descriptor just opened on the destination refers to.
+    pub fn opened(&mut self, file: &File) {
+        use std::os::unix::fs::MetadataExt;
+        let inode = file.metadata().ok().map(|meta| (meta.dev(), meta.ino()));
+        if self.inode.is_some() && self.inode != inode {
+            self.written_crc = WrittenCrc::Unknown;
+        }
+        self.inode = inode;
+    }
+}
+
+impl SlotState {
+    /// Lets go of the file's descriptors (a commit still holding one keeps
+    /// it open until synced).
+    pub fn close_file(&mut self) {
+        self.file = None;
+        self.direct = DirectFile::NotOpened;
+    }
+}
+
+/// How many file records the manifest holds, and how many are sealed;
+/// counted once at startup and kept up by the committer, so `status` does
+/// not read every record.
+#[derive(Default)]
+pub(crate) struct FileCounts {
+    pub files: AtomicU64,
+    pub sealed: AtomicU64,
+}
+
+impl FileCounts {
+    pub fn from_manifest(manifest: &SinkManifest) -> Result<Self, manifest_db::Error> {
+        let records = manifest.all_files()?;
+        let sealed = records.iter().filter(|(_, r)| r.sealed.is_some()).count();
+        Ok(Self {
+            files: AtomicU64::new(records.len() as u64),
+            sealed: AtomicU64::new(sealed as u64),
+        })
+    }
+
+    /// Counts what a successful commit of this slot's record changed;
+    /// `sealed` says whether the record it wrote was sealed.
+    pub fn committed(&self, state: &mut SlotState, sealed: bool) {
+        if !state.recorded {
+            state.recorded = true;
+            self.files.fetch_add(1, Ordering::Relaxed);
+        }
+        if sealed && !state.recorded_sealed {
+            state.recorded_sealed = true;
+            self.sealed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Ranges of a file another batch already placed or is placing.
+pub(crate) struct Dependency {
+    pub slot: Arc<Slot>,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Serialises every write of file records to the manifest. A round that
+/// fails after changing records in memory poisons the sink's [`Health`]
+/// before it lets go of the gate: from then on those records may name
+/// ranges that are not durable, so whoever takes the gate checks the health
+/// before it writes or hands out records.
+pub(crate) type CommitGate = Arc<Mutex<()>>;
+
+/// Ranges one batch wrote into one file generation.
+pub(crate) type PlacedRanges = (Arc<Slot>, Vec<(u64, u64)>);
+
+/// What one batch needs made durable before its ack.
+#[derive(Default)]
+pub(crate) struct CommitRequest {
+    /// Every slot whose record this batch changed (written in full).
+    pub touched: Vec<Arc<Slot>>,
+    /// Ranges this batch wrote, per slot.
+    pub placed: Vec<PlacedRanges>,
+    pub files_to_sync: Vec<Arc<File>>,
+    pub dirs_to_sync: Vec<Arc<OwnedFd>>,
+    pub dependencies: Vec<Dependency>,
+    pub counters: SinkCounters,
+    /// Ranges to journal, (file, offset, bytes), if the round can...
+    pub journal: Vec<(FileId, u64, Vec<u8>)>,
+    pub journal_bytes: u64,
+    /// ...so their files are flushed later, in the background.
+    pub journaled_files: Vec<Arc<File>>,
+    /// When the batch reached the sink (for the commit log).
+    pub received: Option<std::time::SystemTime>,
+    /// How long placing it took, from the moment it reached the sink (µs).
+    pub placing_us: u64,
+    /// How much of that the placement itself took, on its thread (µs).
+    pub place_us: u64,
+    /// Answers once the batch's deferred writes (its journaled ranges, put
+    /// in their files after it was submitted) are done: no round ends, and
+    /// no file of it is flushed, before that.
+    pub written: Option<oneshot::Receiver<Result<(), String>>>,
+    /// The directories in `dirs_to_sync`, by (device, inode).
+    dirs_seen: HashMap<(u64, u64), Arc<OwnedFd>>,
+}
+
+impl CommitRequest {
+    /// The files and directories a request touched, for a flush at startup
+    /// (the journal replay), before any round runs.
+    pub fn sync_now(&self) -> Result<(), String> {
+        let mut files: HashMap<*const File, &Arc<File>> = HashMap::new();
+        for file in &self.files_to_sync {
+            files.insert(Arc::as_ptr(file), file);
+        }
+        let targets: Vec<SyncTarget> = files
+            .into_values()
+            .map(|f| SyncTarget::File(f.clone()))
+            .chain(self.dirs_to_sync.iter().map(|d| SyncTarget::Dir(d.clone())))
+            .collect();
+        flush_now(&targets)
+    }
+
+    /// Whether its round must flush files anyway: then the journal saves
+    /// nothing for its small ranges. Directories alone (a renamed or removed
+    /// file) do not count: a round fsyncs those on their own, a few small
+    /// writes, and its ranges still go to the journal instead of making it
+    /// flush every file they touched.
+    pub fn flushes_anyway(&self) -> bool {
+        !self.files_to_sync.is_empty()
+    }
+
+    /// Adds a directory to fsync, once: a batch creating thousands of files
+    /// in one directory holds one descriptor for it, not thousands.
+    fn add_dir(&mut self, dir: OwnedFd) -> Arc<OwnedFd> {
+        let Ok(st) = rustix::fs::fstat(&dir) else {
+            let dir = Arc::new(dir);
+            self.dirs_to_sync.push(dir.clone());
+            return dir;
+        };
+        let identity = (st.st_dev, st.st_ino);
+        if let Some(known) = self.dirs_seen.get(&identity) {
+            return known.clone();
+        }
+        let dir = Arc::new(dir);
+        self.dirs_seen.insert(identity, dir.clone());
+        self.dirs_to_sync.push(dir.clone());
+        dir
+    }
+
+    /// What a change to a file's name, existence or size needs flushed
+    /// before any record of that file may be written: its directories, and
+    /// the file itself when it is new (fsyncing a directory makes the entry
+    /// durable, not the inode the entry names) or was cut short. They go to this request, and to the
+    /// file's own `unsynced` list (`Slot::unsynced`): a round that writes
+    /// the file's record flushes what is still there first, even when this
+    /// request never reaches a round (its batch failed) or another batch's
+    /// round records the file before this one.
+    pub fn flush_before_record(
+        &mut self,
+        unsynced: &mut Vec<Pending>,
+        file: Option<&Arc<File>>,
+        dirs: impl IntoIterator<Item = OwnedFd>,
+    ) {
+        if let Some(file) = file {
+            self.files_to_sync.push(file.clone());
+            unsynced.push(Pending::new(SyncTarget::File(file.clone())));
+        }
+        for dir in dirs {
+            let dir = self.add_dir(dir);
+            unsynced.push(Pending::new(SyncTarget::Dir(dir)));
+        }
+    }
+}
+
+/// A flush one change to a file still needs before the file's record may
+/// be written. Its token tells it apart from a later change that needs the
+/// same directory flushed again: a round forgets only what it flushed.
+pub(crate) struct Pending {
+    token: u64,
+    pub target: SyncTarget,
+}
+
+impl Pending {
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    pub fn new(target: SyncTarget) -> Self {
+        static TOKENS: AtomicU64 = AtomicU64::new(0);
+        Self {
+            token: TOKENS.fetch_add(1, Ordering::Relaxed),
+            target,
+        }
+    }
+}
