@@ -23,8 +23,8 @@ use tonic::transport::Endpoint;
 use crate::encode::EncodedBatch;
 use crate::protocol::{self, Ack, Hello};
 use crate::put_stream::{self, MessageFrames, frames};
+use crate::schema::range_schema;
 use crate::tls::ClientTls;
-use crate::wire::range_schema;
 
 /// How to reach one sink.
 #[derive(Clone, Debug)]

@@ -14,7 +14,7 @@ use arrow_buffer::Buffer;
 use arrow_flight::FlightData;
 use arrow_ipc::MessageHeader;
 
-use crate::wire::range_schema;
+use crate::schema::range_schema;
 
 /// What one FlightData message carried.
 pub(crate) enum Message {

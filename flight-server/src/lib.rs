@@ -1,6 +1,7 @@
 //! The tailflight wire.
 //!
-//! - [`wire`]: the Arrow schema of byte-range batches and typed row access;
+//! - [`schema`]: the Arrow schema of byte-range batches;
+//! - [`wire`]: typed row access and the batch builder;
 //! - [`encode`]: IPC encoding of a batch without copying its payload;
 //! - [`checksum`]: CRC-32C of each row and the whole-file digest of a seal;
 //! - [`protocol`]: what travels beside the batches (stream hello, acks, actions);
@@ -15,6 +16,7 @@ mod decode;
 pub mod encode;
 pub mod protocol;
 mod put_stream;
+pub mod schema;
 pub mod service;
 pub mod tls;
 pub mod wire;

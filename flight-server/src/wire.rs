@@ -1,68 +1,19 @@
-//! The Arrow schema of a tailflight batch and typed access to its rows.
-//!
-//! One schema carries both byte ranges and control records, so a single DoPut
-//! stream keeps them in the order the watcher chose. A batch holds many rows,
-//! from many files; each row is one of [`RowKind`]. Control rows reuse the
-//! numeric columns (`offset` is the final size of a seal) and leave `data`
-//! empty.
+//! Typed access to the rows of a tailflight batch ([`RangeBatch`]), and the
+//! builder that makes one ([`BatchBuilder`]). The schema itself is
+//! [`crate::schema`]'s.
 
 use std::mem::MaybeUninit;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use arrow_array::builder::{StringBuilder, UInt8Builder, UInt32Builder, UInt64Builder};
 use arrow_array::{
     Array, ArrayRef, BinaryArray, RecordBatch, StringArray, UInt8Array, UInt32Array, UInt64Array,
 };
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::WireError;
 use crate::encode::{BodyWriter, EncodedBatch};
-
-/// What a row means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum RowKind {
-    /// Bytes of `file_key` generation `generation` at `offset`.
-    Data = 0,
-    /// A new generation (after truncation or inode reuse) placed at `path`.
-    Open = 1,
-    /// The file now lives at `path` (relative to the source root).
-    Rename = 2,
-    /// The file is complete: `offset` is its final size, `digest` its whole-file
-    /// digest (`crc64nvme:<hex>` or `blake3:<hex>`, see [`crate::checksum`]).
-    Seal = 3,
-}
-
-impl RowKind {
-    fn from_u8(value: u8) -> Option<Self> {
-        match value {
-            0 => Some(Self::Data),
-            1 => Some(Self::Open),
-            2 => Some(Self::Rename),
-            3 => Some(Self::Seal),
-            _ => None,
-        }
-    }
-}
-
-static SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        Field::new("kind", DataType::UInt8, false),
-        Field::new("file_key", DataType::Utf8, false),
-        Field::new("generation", DataType::UInt64, false),
-        Field::new("offset", DataType::UInt64, false),
-        Field::new("data", DataType::Binary, false),
-        Field::new("crc32c", DataType::UInt32, false),
-        Field::new("path", DataType::Utf8, true),
-        Field::new("digest", DataType::Utf8, true),
-    ]))
-});
-
-/// The schema every batch on the wire must have, nullability included.
-pub fn range_schema() -> SchemaRef {
-    SCHEMA.clone()
-}
+pub use crate::schema::{RowKind, range_schema};
 
 /// One row of a batch, borrowed from its Arrow buffers (no copy of `data`).
 #[derive(Clone, Copy, Debug)]
@@ -512,6 +463,7 @@ impl BatchBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_schema::{Field, Schema};
 
     /// Fills the room with `bytes` (at most its length), as a pread would.
     fn write_into<'b>(room: &'b mut [MaybeUninit<u8>], bytes: &[u8]) -> &'b mut [u8] {
