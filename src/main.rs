@@ -54,55 +54,6 @@ enum Command {
     Audit(AuditArgs),
     /// Run simulator, watcher and sink on loopback with live progress, then verify.
     Demo(demo::DemoArgs),
-    /// TCP relay that delays each direction by half an RTT (WAN emulation for benchmarks).
-    DelayLine(DelayLineArgs),
-    /// The bare latency floor for benchmarks: ship a directory's appends, land them durably.
-    #[command(subcommand)]
-    Floor(FloorCommand),
-}
-
-#[derive(Subcommand)]
-enum FloorCommand {
-    /// Tail the files of one directory (inotify) and send their appends to `land`.
-    Ship {
-        /// Directory whose files to tail (not its subdirectories).
-        #[arg(long)]
-        src: PathBuf,
-        /// Address of `tailflight floor land`.
-        #[arg(long)]
-        to: SocketAddr,
-        /// Stop after this long.
-        #[arg(long, value_parser = parse_duration, default_value = "10m")]
-        limit: Duration,
-    },
-    /// Make what `ship` sends durable in a ring file, logging each range's commit time.
-    Land {
-        /// Address to accept the shipper on.
-        #[arg(long)]
-        listen: SocketAddr,
-        /// The ring file (created, 64 MiB).
-        #[arg(long)]
-        ring: PathBuf,
-        /// Where to log commits, in the format of the sink's --commit-log.
-        #[arg(long)]
-        commit_log: PathBuf,
-        /// Stop after this long.
-        #[arg(long, value_parser = parse_duration, default_value = "10m")]
-        limit: Duration,
-    },
-}
-
-#[derive(Args, Clone)]
-pub struct DelayLineArgs {
-    /// Address to accept connections on.
-    #[arg(long)]
-    listen: SocketAddr,
-    /// Address to relay them to.
-    #[arg(long)]
-    to: SocketAddr,
-    /// Round-trip time to add (each direction gets half).
-    #[arg(long, value_parser = parse_duration)]
-    rtt: Duration,
 }
 
 #[derive(Args, Clone)]
@@ -628,36 +579,6 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
             });
         }
         Command::Demo(args) => return demo::run(args),
-        Command::Floor(FloorCommand::Ship { src, to, limit }) => {
-            detector_sim::floor::ship(&src, to, limit)?;
-        }
-        Command::Floor(FloorCommand::Land {
-            listen,
-            ring,
-            commit_log,
-            limit,
-        }) => {
-            let listener = std::net::TcpListener::bind(listen)
-                .with_context(|| format!("cannot listen on {listen}"))?;
-            detector_sim::floor::land(
-                listener,
-                &ring,
-                detector_sim::floor::RING_BYTES,
-                &commit_log,
-                limit,
-            )?;
-        }
-        Command::DelayLine(args) => {
-            runtime()?.block_on(async {
-                let listener = tokio::net::TcpListener::bind(args.listen)
-                    .await
-                    .with_context(|| format!("cannot listen on {}", args.listen))?;
-                tokio::select! {
-                    result = detector_sim::delay_line::serve(listener, args.to, args.rtt / 2) => result,
-                    _ = terminated() => Ok(()),
-                }
-            })?;
-        }
     }
     Ok(ExitCode::SUCCESS)
 }

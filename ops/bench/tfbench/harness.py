@@ -373,6 +373,8 @@ class Bench:
                 raise SystemExit(f"--set: unknown parameter {key!r}; known: {', '.join(sorted(self.p))}")
             self.p[key] = parse_set_value(value)
         self.bin = str(Path(args.bin).resolve())
+        # The benchmark-only tools (floor, delay-line), built beside it.
+        self.bench_bin = str(Path(self.bin).parent / "tailflight-bench")
         self.work = Path(args.work).resolve()
         self.made: list[Path] = []
         self.shm = Path(args.shm)

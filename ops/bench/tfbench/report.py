@@ -158,11 +158,11 @@ METHOD = """\
   due at the same moment.{p3_two_writers} Peers get the same simulator workload; their destination folder is swept every ~1 ms by a
   Python thread and a write counts as arrived when the destination file first reaches its end offset (so
   the peers are credited with bytes that are only in the page cache: neither rsync nor lsyncd fsyncs).
-  Destination content is compared with the source at the end. The **floor** (`tailflight floor ship` / `land`)
+  Destination content is compared with the source at the end. The **floor** (`tailflight-bench floor ship` / `land`)
   runs the same workload after each tailflight run through the least such a tool must do: inotify, one read
   per file with events, one TCP message per read of events, one write + fdatasync of a preallocated ring file
   per round of arrived messages; it places nothing into destination files and keeps no manifest.
-- **WAN** (P4): watcher → `tailflight delay-line` on the host (holds each chunk RTT/2 per direction,
+- **WAN** (P4): watcher → `tailflight-bench delay-line` on the host (holds each chunk RTT/2 per direction,
   unbounded buffer, so TCP windows do not see the delay; HTTP/2 and tailflight windows and acks do) →
   veth pair with `tbf rate {rate} burst 2mb latency 100ms` on both ends → sink in a network namespace.
   The data set is written first; each run copies it whole (files are found by the watcher's first walk).

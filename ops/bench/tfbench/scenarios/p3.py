@@ -1,5 +1,5 @@
 """P3: append→durable latency of many files each appended 4 KiB at a fixed rate: tailflight's runs,
-the machine's floor (`tailflight floor`) after each, the peers (scenarios/p3_peers.py) interleaved
+the machine's floor (`tailflight-bench floor`) after each, the peers (scenarios/p3_peers.py) interleaved
 with them, and the diagnostics (watcher --linger 0ms, no journal, 2 writer threads, rotating
 chunks, sources on the sink's disk)."""
 
@@ -96,7 +96,7 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
 
 
 def p3_floor(b: Bench, i: int) -> dict:
-    """The same workload through `tailflight floor`: inotify, one read per named file, one TCP message,
+    """The same workload through `tailflight-bench floor`: inotify, one read per named file, one TCP message,
     one write + fdatasync of a preallocated ring file per round. No destination files, manifest, acks,
     checksums or window: what this machine allows any tail-and-ship tool, not a peer."""
     d = b.fresh("p3", f"floor-{i}")
@@ -108,9 +108,9 @@ def p3_floor(b: Bench, i: int) -> dict:
     cl = CommitLog(logs / "commit.log")
     land = ship = None
     try:
-        land = Proc("land", [b.bin, "floor", "land", "--listen", f"127.0.0.1:{port}", "--ring", d / "ring",
+        land = Proc("land", [b.bench_bin, "floor", "land", "--listen", f"127.0.0.1:{port}", "--ring", d / "ring",
                              "--commit-log", cl.path, "--limit", limit], logs, env=b.env)
-        ship = Proc("ship", [b.bin, "floor", "ship", "--src", src, "--to", f"127.0.0.1:{port}",
+        ship = Proc("ship", [b.bench_bin, "floor", "ship", "--src", src, "--to", f"127.0.0.1:{port}",
                              "--limit", limit], logs, env=b.env)
         time.sleep(1.0)
         sim = b.sim(logs, "sim", src, *p3_sim_args(b), "--write-log", logs / "writes.log")
@@ -232,7 +232,7 @@ def scenario_p3(b: Bench):
         say(f"[P3] floor (inotify → TCP → ring write + fdatasync, nothing else): p50 {fmt(f50, '.2f')} ms, "
             f"p99 {fmt(f99, '.2f')} ms; tailflight is ×{fmt(ratio(p50, f50), '.2f')} (p50), "
             f"×{fmt(ratio(p99, f99), '.2f')} (p99) of it")
-        b.row(id="P3", scenario="… the machine's floor on the same workload (`tailflight floor`: inotify → one TCP "
+        b.row(id="P3", scenario="… the machine's floor on the same workload (`tailflight-bench floor`: inotify → one TCP "
                                  "connection → ring-file write + fdatasync; no placement, manifest or acks): p50 (p99)",
               figure=f"{fmt_ms(p50)} ({fmt_ms(p99)})", peer=f"{fmt_ms(f50)} ({fmt_ms(f99)})",
               ratio_text=f"{fmt(ratio(p50, f50), '.2f')}× ({fmt(ratio(p99, f99), '.2f')}×) the floor",

@@ -1,4 +1,4 @@
-"""P4: throughput of a data set copied whole at emulated RTTs (`tailflight delay-line`) over a
+"""P4: throughput of a data set copied whole at emulated RTTs (`tailflight-bench delay-line`) over a
 rate-limited veth to a sink in a network namespace, with 4 connections and 1, against tailflight
 at the lowest RTT and an rsync daemon behind the same path."""
 
@@ -19,7 +19,7 @@ from ..harness import (Bench, BenchError, NetNs, Pipeline, Proc, dir_bytes, free
 
 def delay_line(b: Bench, d: Path, name: str, to: str, rtt_ms: int) -> tuple[Proc, int]:
     port = free_port()
-    p = Proc(name, [b.bin, "delay-line", "--listen", f"127.0.0.1:{port}", "--to", to,
+    p = Proc(name, [b.bench_bin, "delay-line", "--listen", f"127.0.0.1:{port}", "--to", to,
                     "--rtt", f"{rtt_ms}ms"], d, env=b.env)
     wait_port("127.0.0.1", port, 20, p)
     return p, port

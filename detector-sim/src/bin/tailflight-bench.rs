@@ -1,0 +1,127 @@
+//! `tailflight-bench`: the tools only the benchmark suite runs, kept out of
+//! the production `tailflight` binary: the machine's latency floor (`floor
+//! ship` / `floor land`) and the WAN emulation (`delay-line`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "tailflight-bench",
+    about = "Benchmark-only tools of tailflight"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// TCP relay that delays each direction by half an RTT (WAN emulation).
+    DelayLine {
+        /// Address to accept connections on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Address to relay them to.
+        #[arg(long)]
+        to: SocketAddr,
+        /// Round-trip time to add (each direction gets half).
+        #[arg(long, value_parser = parse_duration)]
+        rtt: Duration,
+    },
+    /// The bare latency floor: ship a directory's appends, land them durably.
+    #[command(subcommand)]
+    Floor(FloorCommand),
+}
+
+#[derive(Subcommand)]
+enum FloorCommand {
+    /// Tail the files of one directory (inotify) and send their appends to `land`.
+    Ship {
+        /// Directory whose files to tail (not its subdirectories).
+        #[arg(long)]
+        src: PathBuf,
+        /// Address of `tailflight-bench floor land`.
+        #[arg(long)]
+        to: SocketAddr,
+        /// Stop after this long.
+        #[arg(long, value_parser = parse_duration, default_value = "10m")]
+        limit: Duration,
+    },
+    /// Make what `ship` sends durable in a ring file, logging each range's commit time.
+    Land {
+        /// Address to accept the shipper on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// The ring file (created, 64 MiB).
+        #[arg(long)]
+        ring: PathBuf,
+        /// Where to log commits, in the format of the sink's --commit-log.
+        #[arg(long)]
+        commit_log: PathBuf,
+        /// Stop after this long.
+        #[arg(long, value_parser = parse_duration, default_value = "10m")]
+        limit: Duration,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    detector_sim::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Floor(FloorCommand::Ship { src, to, limit }) => {
+            detector_sim::floor::ship(&src, to, limit)?;
+        }
+        Command::Floor(FloorCommand::Land {
+            listen,
+            ring,
+            commit_log,
+            limit,
+        }) => {
+            let listener = std::net::TcpListener::bind(listen)
+                .with_context(|| format!("cannot listen on {listen}"))?;
+            detector_sim::floor::land(
+                listener,
+                &ring,
+                detector_sim::floor::RING_BYTES,
+                &commit_log,
+                limit,
+            )?;
+        }
+        Command::DelayLine { listen, to, rtt } => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            runtime.block_on(async {
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {listen}"))?;
+                tokio::select! {
+                    result = detector_sim::delay_line::serve(listener, to, rtt / 2) => result,
+                    _ = terminated() => Ok(()),
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM (the suite stops its tools with SIGTERM).
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
