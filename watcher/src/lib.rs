@@ -3,7 +3,8 @@
 //!
 //! - `discover`: tree walks and inotify;
 //! - `tail`: the tailer thread (identity, reading, batching, seals, checkpoints);
-//! - [`progress`]: what the watcher reports about itself.
+//! - [`progress`]: what the watcher reports about itself;
+//! - `stop`: the stop signal every part of the watcher honours.
 //!
 //! The tailer does blocking file I/O on a thread of its own; the connections
 //! to the sinks run on tokio. Bounded channels between them are the
@@ -11,12 +12,12 @@
 
 mod discover;
 pub mod progress;
+mod stop;
 mod tail;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -26,6 +27,15 @@ use flight_server::{ClientConfig, FlightPool, SealDigest};
 use manifest_db::WatchState;
 
 pub use progress::{FileProgress, Progress};
+
+use crate::stop::{Stop, StopOnDrop};
+
+/// One watermarks request may take this long before it is tried again: a
+/// sink that accepts connections but never answers (stopped, hung) must not
+/// hold the reconciliation on one attempt forever.
+const RECONCILE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait between reconciliation attempts.
+const RECONCILE_MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub struct WatchConfig {
@@ -115,6 +125,10 @@ pub fn rendezvous(key: &str, sinks: &[String]) -> usize {
 }
 
 /// Runs the watcher until `shutdown` resolves or the tailer fails.
+///
+/// Once `shutdown` resolves, `run` returns in bounded time whatever the
+/// sinks do: what they have not acknowledged is not recorded, and the next
+/// run sends it again.
 pub async fn run(
     config: WatchConfig,
     progress: Arc<Progress>,
@@ -147,6 +161,10 @@ pub async fn run(
     })?;
     let config = Arc::new(WatchConfig { root, ..config });
     let state = WatchState::open(&config.state_dir)?;
+    tokio::pin!(shutdown);
+    // Every task started here ends with `run`: none may outlive it holding
+    // a pool (and its connections) or a batch.
+    let mut tasks = AbortOnDrop(Vec::new());
     let mut pools = Vec::new();
     let (delivery_tx, delivery_rx) = std::sync::mpsc::channel();
     for endpoint in &config.sinks {
@@ -161,17 +179,24 @@ pub async fn run(
         })?;
         let index = pools.len();
         let forward = delivery_tx.clone();
-        tokio::spawn(async move {
+        tasks.0.push(tokio::spawn(async move {
             while let Some(delivery) = deliveries.recv().await {
                 if forward.send((index, delivery)).is_err() {
                     break;
                 }
             }
-        });
+        }));
         pools.push(Arc::new(pool));
     }
     let watermarks = if state.is_empty()? {
-        reconcile(&config.source, &pools).await
+        tokio::select! {
+            marks = reconcile(&config.source, &pools) => marks,
+            () = &mut shutdown => {
+                // Nothing was recorded, so the next run reconciles again.
+                tracing::info!("stopped before every sink was reconciled; nothing was sent");
+                return Ok(());
+            }
+        }
     } else {
         Vec::new()
     };
@@ -179,14 +204,15 @@ pub async fn run(
     for pool in &pools {
         let (tx, mut rx) = tokio::sync::mpsc::channel(2);
         let pool = pool.clone();
-        tokio::spawn(async move {
+        tasks.0.push(tokio::spawn(async move {
             while let Some(out) = rx.recv().await {
                 pool.send(out).await;
             }
-        });
+        }));
         outboxes.push(tx);
     }
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(Stop::default());
+    let _stop_on_drop = StopOnDrop(stop.clone());
     let tailer = tail::Tailer::new(
         config.clone(),
         state,
@@ -194,35 +220,64 @@ pub async fn run(
         outboxes,
         delivery_rx,
         progress,
+        stop.clone(),
     )?;
-    let thread_stop = stop.clone();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("tailer".into())
         .spawn(move || {
-            let _ = done_tx.send(tailer.run(&thread_stop));
-        })?;
+            let _ = done_tx.send(tailer.run());
+        })
+        .context("starting the tailer thread")?;
     tracing::info!(root = %config.root.display(), source = %config.source, sinks = ?config.sinks, poll = config.poll, "watching");
     tokio::pin!(done_rx);
     tokio::select! {
         result = &mut done_rx => return result.unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked"))),
-        _ = shutdown => {}
+        () = &mut shutdown => {}
     }
-    stop.store(true, Ordering::Relaxed);
+    stop.request();
     done_rx
         .await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked")))
 }
 
+/// Aborts its tasks when dropped.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// A watcher without state asks every sink what it already holds, so nothing
-/// placed is sent again. Waits for the sinks to answer.
+/// placed is sent again.
+///
+/// It waits for every sink to answer, retrying without end (callers cancel
+/// it on shutdown). Going on without a sink's watermarks would not be safe:
+/// besides sending again everything that sink holds, it would start each
+/// file at generation 1, and the sink acknowledges the data of a generation
+/// it has seen replaced without placing it.
 async fn reconcile(source: &str, pools: &[Arc<FlightPool>]) -> Vec<(usize, FileWatermark)> {
     let body = serde_json::to_vec(&serde_json::json!({ "source": source })).unwrap_or_default();
     let mut all = Vec::new();
     for (index, pool) in pools.iter().enumerate() {
         let mut delay = Duration::from_millis(100);
-        loop {
-            match pool.action(ACTION_WATERMARKS, body.clone()).await {
+        for attempt in 1u64.. {
+            let answer = tokio::time::timeout(
+                RECONCILE_ATTEMPT_TIMEOUT,
+                pool.action(ACTION_WATERMARKS, body.clone()),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(flight_server::client::ClientError::Endpoint {
+                    endpoint: pool.endpoint().to_owned(),
+                    detail: format!("no answer within {RECONCILE_ATTEMPT_TIMEOUT:?}"),
+                })
+            });
+            match answer {
                 Ok(reply) => match serde_json::from_slice::<Vec<FileWatermark>>(&reply) {
                     Ok(marks) => {
                         tracing::info!(
@@ -239,9 +294,9 @@ async fn reconcile(source: &str, pools: &[Arc<FlightPool>]) -> Vec<(usize, FileW
                     }
                 },
                 Err(e) => {
-                    tracing::warn!(sink = pool.endpoint(), error = %e, "sink not reachable for reconciliation; retrying");
+                    tracing::warn!(sink = pool.endpoint(), attempt, error = %e, retry_in = ?delay, "the sink does not give its watermarks; tailing waits until every sink has (Ctrl-C stops)");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(500));
+                    delay = (delay * 2).min(RECONCILE_MAX_BACKOFF);
                 }
             }
         }

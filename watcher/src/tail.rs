@@ -13,7 +13,7 @@ use std::fs::File;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use flight_server::{
@@ -21,9 +21,11 @@ use flight_server::{
 };
 use manifest_db::{IntervalSet, WatchState, WatchedFile};
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 
 use crate::discover::{self, Change, Events, Found};
 use crate::progress::{FileProgress, Progress};
+use crate::stop::Stop;
 use crate::{WatchConfig, rendezvous};
 
 /// Bytes at the head of a file used as its fingerprint.
@@ -34,6 +36,11 @@ const SEAL_SWEEP_EVERY: Duration = Duration::from_millis(250);
 const MAX_GROWTH_MARKS: usize = 64;
 /// How often acknowledged offsets are written to the state store.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+/// After a stop, how long acknowledgements of what was already sent are
+/// awaited: long enough that a clean stop with healthy sinks records nearly
+/// everything (less to send again), short enough that a stop does not
+/// depend on the sinks.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 
 type FileKey = (String, u64);
 
@@ -201,6 +208,7 @@ pub(crate) struct Tailer {
     /// Descriptors opened since the last check against the open-file cap.
     opened_since_shed: usize,
     next_sweep: Instant,
+    stop: Arc<Stop>,
 }
 
 impl Tailer {
@@ -211,6 +219,7 @@ impl Tailer {
         outboxes: Vec<mpsc::Sender<Outgoing>>,
         deliveries: std::sync::mpsc::Receiver<(usize, Delivery)>,
         progress: Arc<Progress>,
+        stop: Arc<Stop>,
     ) -> anyhow::Result<Self> {
         let mut max_generation: Map<String, u64> = Map::default();
         let mut resumable = Map::default();
@@ -256,14 +265,16 @@ impl Tailer {
             attention: Set::default(),
             opened_since_shed: 0,
             next_sweep: Instant::now(),
+            stop,
         })
     }
 
-    pub fn run(mut self, stop: &AtomicBool) -> anyhow::Result<()> {
+    /// Tails until a stop is requested (see [`Stop`]) or something fails.
+    pub fn run(mut self) -> anyhow::Result<()> {
         self.rescan()?;
         let mut next_rescan = Instant::now() + self.config.rescan_every;
         let mut next_checkpoint = Instant::now() + CHECKPOINT_EVERY;
-        while !stop.load(Ordering::Relaxed) {
+        while !self.stop.is_requested() {
             let timeout = self.wait_budget();
             let changes = match &mut self.events {
                 Some(events) => events.wait(timeout)?,
@@ -293,9 +304,32 @@ impl Tailer {
                 next_checkpoint = Instant::now() + CHECKPOINT_EVERY;
             }
         }
-        self.flush_all();
+        self.settle();
         self.checkpoint()?;
         Ok(())
+    }
+
+    /// After a stop: sends what is batched if there is room and collects
+    /// the acknowledgements that arrive within [`STOP_GRACE`]. Whatever is
+    /// still unacknowledged then stays unrecorded and is read again by the
+    /// next run.
+    fn settle(&mut self) {
+        self.drain_deliveries();
+        self.flush_all();
+        let deadline = Instant::now() + STOP_GRACE;
+        while !self.in_flight.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.deliveries.recv_timeout(left) {
+                Ok((_, delivery)) => self.on_delivery(delivery),
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        if !self.in_flight.is_empty() {
+            tracing::info!(
+                batches = self.in_flight.len(),
+                "stopping with batches unacknowledged; they are sent again after a restart"
+            );
+        }
     }
 
     /// How long to wait for events: short while a batch lingers or polls are due.
@@ -948,7 +982,7 @@ impl Tailer {
     }
 
     /// Hands the open batch of a sink to its connections (blocking while the
-    /// queue is full: that is the backpressure that bounds memory).
+    /// queue is full, until a stop: see [`hand_over`]).
     fn flush(&mut self, sink: usize) {
         let batch = &mut self.batches[sink];
         if batch.builder.rows() == 0 {
@@ -961,17 +995,22 @@ impl Tailer {
         let token = self.next_token;
         self.next_token += 1;
         self.in_flight.insert(token, rows);
-        if self.outboxes[sink]
-            .blocking_send(Outgoing {
-                token,
-                batch: encoded,
-            })
-            .is_err()
-        {
-            tracing::error!(
-                sink,
-                "the connection pool is gone; batch dropped (it will be re-read after restart)"
-            );
+        let out = Outgoing {
+            token,
+            batch: encoded,
+        };
+        if let Err(why) = hand_over(&self.outboxes[sink], out, &self.stop) {
+            // Never acknowledged, so never recorded: the next run reads it again.
+            self.in_flight.remove(&token);
+            match why {
+                NotSent::Stopping => {
+                    tracing::debug!(sink, "stopping; a batch waiting for room was dropped")
+                }
+                NotSent::PoolGone => tracing::error!(
+                    sink,
+                    "the connection pool is gone; batch dropped (it will be re-read after restart)"
+                ),
+            }
         }
     }
 
@@ -1051,28 +1090,32 @@ impl Tailer {
 
     fn drain_deliveries(&mut self) {
         while let Ok((_sink, delivery)) = self.deliveries.try_recv() {
-            match delivery {
-                Delivery::Acked { token, ack } => {
-                    let Some(rows) = self.in_flight.remove(&token) else {
-                        continue;
-                    };
-                    let rejected: Map<usize, RejectedRow> =
-                        ack.rejected.into_iter().map(|r| (r.row, r)).collect();
-                    self.progress
-                        .add_acked(ack.placed + ack.duplicate + ack.stale);
-                    for (index, row) in rows.into_iter().enumerate() {
-                        self.on_row_acked(row, rejected.get(&index));
-                    }
+            self.on_delivery(delivery);
+        }
+    }
+
+    fn on_delivery(&mut self, delivery: Delivery) {
+        match delivery {
+            Delivery::Acked { token, ack } => {
+                let Some(rows) = self.in_flight.remove(&token) else {
+                    return;
+                };
+                let rejected: Map<usize, RejectedRow> =
+                    ack.rejected.into_iter().map(|r| (r.row, r)).collect();
+                self.progress
+                    .add_acked(ack.placed + ack.duplicate + ack.stale);
+                for (index, row) in rows.into_iter().enumerate() {
+                    self.on_row_acked(row, rejected.get(&index));
                 }
-                Delivery::Refused { token, error } => {
-                    let Some(rows) = self.in_flight.remove(&token) else {
-                        continue;
-                    };
-                    for row in rows {
-                        if let Some(t) = self.files.get_mut(&row.file) {
-                            tracing::error!(path = %t.path, offset = row.offset, %error, "the sink refused this file's data; it stays unacknowledged");
-                            t.failed = Some(error.clone());
-                        }
+            }
+            Delivery::Refused { token, error } => {
+                let Some(rows) = self.in_flight.remove(&token) else {
+                    return;
+                };
+                for row in rows {
+                    if let Some(t) = self.files.get_mut(&row.file) {
+                        tracing::error!(path = %t.path, offset = row.offset, %error, "the sink refused this file's data; it stays unacknowledged");
+                        t.failed = Some(error.clone());
                     }
                 }
             }
@@ -1193,6 +1236,35 @@ impl Tailer {
         self.progress.publish(snapshot, self.finished.len() as u64);
         Ok(())
     }
+}
+
+enum NotSent {
+    Stopping,
+    PoolGone,
+}
+
+/// Hands a batch to a sink's connections. Waiting while the outbox is full
+/// is the backpressure that bounds memory, but the room comes from the sink
+/// acknowledging: a stop must end that wait, or an unresponsive sink holds
+/// the watcher forever.
+fn hand_over(outbox: &mpsc::Sender<Outgoing>, out: Outgoing, stop: &Stop) -> Result<(), NotSent> {
+    let out = match outbox.try_send(out) {
+        Ok(()) => return Ok(()),
+        Err(TrySendError::Closed(_)) => return Err(NotSent::PoolGone),
+        Err(TrySendError::Full(out)) => out,
+    };
+    if stop.is_requested() {
+        return Err(NotSent::Stopping);
+    }
+    // The tailer is a plain thread: a local executor waits for whichever
+    // comes first, room or the stop.
+    futures::executor::block_on(async {
+        tokio::select! {
+            biased;
+            () = stop.requested() => Err(NotSent::Stopping),
+            sent = outbox.send(out) => sent.map_err(|_| NotSent::PoolGone),
+        }
+    })
 }
 
 fn new_batch(config: &WatchConfig) -> OpenBatch {
