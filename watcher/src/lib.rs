@@ -3,6 +3,7 @@
 //!
 //! - `discover`: tree walks and inotify;
 //! - `tail`: the tailer thread (identity, reading, batching, seals, checkpoints);
+//! - `seal_hash`: the worker that digests files for seals off the tailer thread;
 //! - [`progress`]: what the watcher reports about itself;
 //! - `stop`: the stop signal every part of the watcher honours.
 //!
@@ -12,6 +13,7 @@
 
 mod discover;
 pub mod progress;
+mod seal_hash;
 mod stop;
 mod tail;
 

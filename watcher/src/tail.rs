@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use flight_server::{
-    BatchBuilder, Delivery, FileHasher, FileWatermark, Outgoing, RejectedRow, RowKind, SealDigest,
+    BatchBuilder, Delivery, FileHasher, FileWatermark, Outgoing, RejectedRow, RowKind,
 };
 use manifest_db::{IntervalSet, WatchState, WatchedFile};
 use tokio::sync::mpsc;
@@ -25,6 +26,7 @@ use tokio::sync::mpsc::error::TrySendError;
 
 use crate::discover::{self, Change, Events, Found};
 use crate::progress::{FileProgress, Progress};
+use crate::seal_hash::{Hashed, Job, SealHasher};
 use crate::stop::Stop;
 use crate::{WatchConfig, rendezvous};
 
@@ -87,6 +89,8 @@ struct Tracked {
     open_acked: bool,
     controls: VecDeque<Control>,
     control_in_flight: bool,
+    /// Its seal's digest is being read from disk by the seal hasher.
+    seal_hashing: bool,
     sealed: bool,
     failed: Option<String>,
     /// Where the sink has this file (the last acknowledged name).
@@ -208,6 +212,7 @@ pub(crate) struct Tailer {
     /// Descriptors opened since the last check against the open-file cap.
     opened_since_shed: usize,
     next_sweep: Instant,
+    seal_hasher: SealHasher<FileKey>,
     stop: Arc<Stop>,
 }
 
@@ -265,6 +270,8 @@ impl Tailer {
             attention: Set::default(),
             opened_since_shed: 0,
             next_sweep: Instant::now(),
+            seal_hasher: SealHasher::start(stop.clone())
+                .context("starting the seal hasher thread")?,
             stop,
         })
     }
@@ -284,6 +291,7 @@ impl Tailer {
                 }
             };
             self.drain_deliveries();
+            self.collect_seal_digests();
             let mut overflow = false;
             for change in changes {
                 overflow |= self.on_change(change);
@@ -685,6 +693,7 @@ impl Tailer {
             open_acked: true,
             controls: VecDeque::new(),
             control_in_flight: false,
+            seal_hashing: false,
             sealed: false,
             failed: None,
             rename_only: false,
@@ -1035,12 +1044,26 @@ impl Tailer {
             if t.control_in_flight || t.sealed || t.failed.is_some() {
                 continue;
             }
-            if t.controls.is_empty() && self.config.seal && seal_due(t, now, &self.config) {
-                match seal_control(t, &self.root, self.config.seal_digest) {
-                    Ok(Some(control)) => t.controls.push_back(control),
-                    Ok(None) => {}
+            if t.controls.is_empty()
+                && !t.seal_hashing
+                && self.config.seal
+                && seal_due(t, now, &self.config)
+            {
+                match seal_step(t, &self.root) {
+                    Ok(SealStep::Ready(control)) => t.controls.push_back(control),
+                    Ok(SealStep::Grew) => {}
+                    Ok(SealStep::Hash(file)) => {
+                        let job = Job {
+                            id: key.clone(),
+                            file,
+                            size: t.read_offset,
+                            kind: self.config.seal_digest,
+                        };
+                        // With the queue full, a later sweep asks again.
+                        t.seal_hashing = self.seal_hasher.submit(job).is_ok();
+                    }
                     Err(error) => {
-                        tracing::warn!(path = %t.path, %error, "cannot hash the file for its seal; will retry")
+                        tracing::warn!(path = %t.path, %error, "cannot size the file up for its seal; will retry")
                     }
                 }
             }
@@ -1085,6 +1108,36 @@ impl Tailer {
         }
         for sink in to_flush {
             self.flush(sink);
+        }
+    }
+
+    /// Takes the digests the seal hasher finished and queues their seals,
+    /// unless the file changed while it was being hashed.
+    fn collect_seal_digests(&mut self) {
+        while let Some(Hashed { id, size, digest }) = self.seal_hasher.try_result() {
+            let Some(t) = self.files.get_mut(&id) else {
+                continue;
+            };
+            t.seal_hashing = false;
+            self.attention.insert(id);
+            let digest = match digest {
+                Ok(digest) => digest,
+                Err(error) => {
+                    tracing::warn!(path = %t.path, %error, "cannot hash the file for its seal; will retry");
+                    continue;
+                }
+            };
+            let unchanged = t.read_offset == size
+                && t.size_seen == size
+                && current_size(t, &self.root).is_ok_and(|now| now == size);
+            if unchanged
+                && t.controls.is_empty()
+                && !t.control_in_flight
+                && !t.sealed
+                && t.failed.is_none()
+            {
+                t.controls.push_back(Control::Seal { size, digest });
+            }
         }
     }
 
@@ -1288,36 +1341,45 @@ fn seal_due(t: &Tracked, now: Instant, config: &WatchConfig) -> bool {
     idle && may_be_done && !t.path.ends_with(config.inprogress_suffix.as_str())
 }
 
-/// The seal of a complete file: its final size and digest, or None if it grew meanwhile.
-fn seal_control(
-    t: &mut Tracked,
-    root: &std::path::Path,
-    kind: SealDigest,
-) -> std::io::Result<Option<Control>> {
-    let size = t.read_offset;
+/// What sealing a complete file takes next.
+enum SealStep {
+    /// It grew meanwhile: not complete after all.
+    Grew,
+    Ready(Control),
+    /// Its digest must be read from disk (by the seal hasher, see [`SealHasher`]).
+    Hash(File),
+}
+
+/// The size of a tracked file now (a deleted one without a descriptor
+/// cannot change any more); records its modification time.
+fn current_size(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<u64> {
     let meta = match &t.file {
-        Some(file) => Some(file.metadata()?),
-        None if t.deleted => None,
-        None => Some(std::fs::symlink_metadata(root.join(&t.path))?),
+        Some(file) => file.metadata()?,
+        None if t.deleted => return Ok(t.read_offset),
+        None => std::fs::symlink_metadata(root.join(&t.path))?,
     };
-    let current = meta.as_ref().map_or(size, |m| m.len());
-    if let Some(meta) = &meta {
-        t.mtime_ns = discover::mtime_ns(meta);
+    t.mtime_ns = discover::mtime_ns(&meta);
+    Ok(meta.len())
+}
+
+/// The next step towards the seal of a complete file: its digest if it was
+/// hashed while read, else a handle to hash it from.
+fn seal_step(t: &mut Tracked, root: &std::path::Path) -> std::io::Result<SealStep> {
+    let size = t.read_offset;
+    if current_size(t, root)? != size {
+        return Ok(SealStep::Grew);
     }
-    if current != size {
-        return Ok(None);
+    if let Some(hasher) = t.hasher.take()
+        && t.hashed_to == size
+    {
+        let digest = hasher.finish();
+        return Ok(SealStep::Ready(Control::Seal { size, digest }));
     }
-    let digest = match t.hasher.take() {
-        Some(hasher) if t.hashed_to == size => hasher.finish(),
-        _ => {
-            let file = match &t.file {
-                Some(file) => file.try_clone()?,
-                None => File::open(root.join(&t.path))?,
-            };
-            kind.of_file_prefix(&file, size)?
-        }
+    let file = match &t.file {
+        Some(file) => file.try_clone()?,
+        None => File::open(root.join(&t.path))?,
     };
-    Ok(Some(Control::Seal { size, digest }))
+    Ok(SealStep::Hash(file))
 }
 
 /// crc32c of the first `len` bytes, or None if the file is shorter or unreadable.
