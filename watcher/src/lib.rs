@@ -12,10 +12,14 @@
 //! backpressure that keeps memory bounded.
 
 mod discover;
+#[cfg(test)]
+mod model_tests;
 pub mod progress;
 mod seal_hash;
 mod stop;
 mod tail;
+#[cfg(test)]
+mod testkit;
 
 use std::future::Future;
 use std::path::PathBuf;
