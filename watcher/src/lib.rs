@@ -5,6 +5,7 @@
 //! - `tail`: the tailer thread (identity, reading, batching, seals, checkpoints);
 //! - `seal_hash`: the worker that digests files for seals off the tailer thread;
 //! - [`progress`]: what the watcher reports about itself;
+//! - `reconcile`: what the sinks hold, for a watcher without state;
 //! - `stop`: the stop signal every part of the watcher honours.
 //!
 //! The tailer does blocking file I/O on a thread of its own; the connections
@@ -15,6 +16,7 @@ mod discover;
 #[cfg(test)]
 mod model_tests;
 pub mod progress;
+mod reconcile;
 mod seal_hash;
 mod stop;
 mod tail;
@@ -27,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use flight_server::protocol::{ACTION_WATERMARKS, FileWatermark};
 use flight_server::tls::ClientTls;
 use flight_server::{ClientConfig, FlightPool, SealDigest};
 use manifest_db::WatchState;
@@ -35,13 +36,6 @@ use manifest_db::WatchState;
 pub use progress::{FileProgress, Progress};
 
 use crate::stop::{Stop, StopOnDrop};
-
-/// One watermarks request may take this long before it is tried again: a
-/// sink that accepts connections but never answers (stopped, hung) must not
-/// hold the reconciliation on one attempt forever.
-const RECONCILE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest wait between reconciliation attempts.
-const RECONCILE_MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub struct WatchConfig {
@@ -196,7 +190,7 @@ pub async fn run(
     }
     let watermarks = if state.is_empty()? {
         tokio::select! {
-            marks = reconcile(&config.source, &pools) => marks,
+            marks = reconcile::reconcile(&config.source, &pools) => marks,
             () = &mut shutdown => {
                 // Nothing was recorded, so the next run reconciles again.
                 tracing::info!("stopped before every sink was reconciled; nothing was sent");
@@ -256,58 +250,6 @@ impl Drop for AbortOnDrop {
             task.abort();
         }
     }
-}
-
-/// A watcher without state asks every sink what it already holds, so nothing
-/// placed is sent again.
-///
-/// It waits for every sink to answer, retrying without end (callers cancel
-/// it on shutdown). Going on without a sink's watermarks would not be safe:
-/// besides sending again everything that sink holds, it would start each
-/// file at generation 1, and the sink acknowledges the data of a generation
-/// it has seen replaced without placing it.
-async fn reconcile(source: &str, pools: &[Arc<FlightPool>]) -> Vec<(usize, FileWatermark)> {
-    let body = serde_json::to_vec(&serde_json::json!({ "source": source })).unwrap_or_default();
-    let mut all = Vec::new();
-    for (index, pool) in pools.iter().enumerate() {
-        let mut delay = Duration::from_millis(100);
-        for attempt in 1u64.. {
-            let answer = tokio::time::timeout(
-                RECONCILE_ATTEMPT_TIMEOUT,
-                pool.action(ACTION_WATERMARKS, body.clone()),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(flight_server::client::ClientError::Endpoint {
-                    endpoint: pool.endpoint().to_owned(),
-                    detail: format!("no answer within {RECONCILE_ATTEMPT_TIMEOUT:?}"),
-                })
-            });
-            match answer {
-                Ok(reply) => match serde_json::from_slice::<Vec<FileWatermark>>(&reply) {
-                    Ok(marks) => {
-                        tracing::info!(
-                            sink = pool.endpoint(),
-                            files = marks.len(),
-                            "reconciled with the sink"
-                        );
-                        all.extend(marks.into_iter().map(|m| (index, m)));
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::error!(sink = pool.endpoint(), error = %e, "unreadable watermarks; starting from scratch for this sink");
-                        break;
-                    }
-                },
-                Err(e) => {
-                    tracing::warn!(sink = pool.endpoint(), attempt, error = %e, retry_in = ?delay, "the sink does not give its watermarks; tailing waits until every sink has (Ctrl-C stops)");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(RECONCILE_MAX_BACKOFF);
-                }
-            }
-        }
-    }
-    all
 }
 
 #[cfg(test)]
