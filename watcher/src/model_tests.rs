@@ -60,9 +60,19 @@ struct Running {
 }
 
 fn start(config: &Arc<WatchConfig>, state: &WatchState, dest: &Arc<Mutex<Dest>>) -> Running {
+    start_with(config, state, dest, |_| {})
+}
+
+/// Starts a tailer after `prepare` had its way with it.
+fn start_with(
+    config: &Arc<WatchConfig>,
+    state: &WatchState,
+    dest: &Arc<Mutex<Dest>>,
+    prepare: impl FnOnce(&mut Tailer),
+) -> Running {
     let (sinks, outboxes, deliveries) = FakeSinks::start(config.sinks.len(), dest.clone());
     let stop = Arc::new(Stop::default());
-    let tailer = Tailer::new(
+    let mut tailer = Tailer::new(
         config.clone(),
         state.clone(),
         Vec::new(),
@@ -72,6 +82,7 @@ fn start(config: &Arc<WatchConfig>, state: &WatchState, dest: &Arc<Mutex<Dest>>)
         stop.clone(),
     )
     .expect("start a tailer");
+    prepare(&mut tailer);
     let thread = std::thread::spawn(move || tailer.run());
     Running {
         stop,
@@ -380,4 +391,56 @@ fn wait_until_held(dest: &Arc<Mutex<Dest>>, path: &str, content: &[u8]) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("the destination never held {path}");
+}
+
+/// While a seal's digest is being read from disk, the other files are
+/// still tailed: the digest is the seal hasher's work, not the tailer's.
+#[test]
+fn tailing_goes_on_while_a_seal_is_being_hashed() {
+    let scratch = Scratch::new("seal-off-thread");
+    let root = scratch.path().join("src");
+    std::fs::create_dir_all(&root).expect("create the source root");
+    let config = config(&root, true);
+    let state = WatchState::open(&scratch.path().join("state")).expect("open the watch state");
+    let dest = Arc::new(Mutex::new(Dest::default()));
+    let mut rng = Rng(13);
+    let big = rng.bytes(300_000);
+    append(&root.join("big.inprogress"), &big);
+    let running = start(&config, &state, &dest);
+    wait_until_held(&dest, "big.inprogress", &big);
+    running.stop();
+    // Resumed from the checkpoint, the file has no running digest: its
+    // seal needs the hasher, which is held back.
+    let (release, gate) = std::sync::mpsc::channel();
+    let running = start_with(&config, &state, &dest, |tailer| {
+        tailer
+            .hold_seal_hashing(gate)
+            .expect("start a held seal hasher")
+    });
+    std::fs::rename(root.join("big.inprogress"), root.join("big")).expect("rename");
+    let other = rng.bytes(20_000);
+    append(&root.join("other"), &other);
+    wait_until_held(&dest, "other", &other);
+    let sealed = |dest: &Arc<Mutex<Dest>>| {
+        let dest = dest.lock().unwrap_or_else(|p| p.into_inner());
+        dest.files
+            .values()
+            .find(|f| f.path == "big")
+            .and_then(|f| f.seal.clone())
+    };
+    assert_eq!(sealed(&dest), None, "sealed without the hasher's digest");
+    release.send(()).expect("release the seal hasher");
+    let mut seal = None;
+    for _ in 0..600 {
+        seal = sealed(&dest);
+        if seal.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(release);
+    running.stop();
+    let dest = dest.lock().unwrap_or_else(|p| p.into_inner());
+    assert!(dest.violations.is_empty(), "{:?}", dest.violations);
+    assert_eq!(seal.map(|(size, _)| size), Some(big.len() as u64));
 }

@@ -47,12 +47,26 @@ pub(crate) struct SealHasher<Id: Send + 'static> {
 
 impl<Id: Send + 'static> SealHasher<Id> {
     pub fn start(stop: Arc<Stop>) -> io::Result<Self> {
+        Self::spawn(stop, None)
+    }
+
+    /// A hasher whose worker takes each job only once `gate` yields (or
+    /// is dropped), so tests can hold a digest back.
+    #[cfg(test)]
+    pub fn start_held(stop: Arc<Stop>, gate: Receiver<()>) -> io::Result<Self> {
+        Self::spawn(stop, Some(gate))
+    }
+
+    fn spawn(stop: Arc<Stop>, gate: Option<Receiver<()>>) -> io::Result<Self> {
         let (jobs, queued) = std::sync::mpsc::sync_channel::<Job<Id>>(QUEUE);
         let (done, results) = std::sync::mpsc::channel();
         let worker = std::thread::Builder::new()
             .name("seal-hasher".into())
             .spawn(move || {
                 while let Ok(job) = queued.recv() {
+                    if let Some(gate) = &gate {
+                        let _ = gate.recv();
+                    }
                     let digest = digest_prefix(&job.file, job.size, job.kind, &stop);
                     if stop.is_requested() {
                         return;

@@ -291,6 +291,14 @@ impl Tailer {
         })
     }
 
+    /// Makes the seal hasher take each job only once `gate` yields.
+    #[cfg(test)]
+    pub fn hold_seal_hashing(&mut self, gate: std::sync::mpsc::Receiver<()>) -> anyhow::Result<()> {
+        self.seal_hasher = SealHasher::start_held(self.stop.clone(), gate)
+            .context("starting the seal hasher thread")?;
+        Ok(())
+    }
+
     /// Tails until a stop is requested (see [`Stop`]) or something fails.
     pub fn run(mut self) -> anyhow::Result<()> {
         self.rescan()?;
