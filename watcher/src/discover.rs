@@ -1,5 +1,6 @@
 //! Finding files and hearing about changes: a recursive walk of the watched
-//! tree, and inotify watches on its directories.
+//! tree, and a [`Discovery`] between walks: inotify watches on its
+//! directories, or nothing but the passing of time for polling.
 //!
 //! inotify is a hint, never the truth: events can be lost (queue overflow) and
 //! writes from other nodes of a network filesystem raise none. The tailer
@@ -79,6 +80,49 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
     meta.mtime()
         .saturating_mul(1_000_000_000)
         .saturating_add(meta.mtime_nsec())
+}
+
+/// How the tailer hears about changes between walks.
+pub trait Discovery: Send {
+    /// Waits up to `timeout` and returns the changes heard of meanwhile.
+    fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>>;
+
+    /// Starts hearing about a directory (relative to the root); doing so
+    /// twice is harmless.
+    fn watch_dir(&mut self, rel: &str);
+}
+
+/// The discovery `poll` asks for: inotify, or polling where events do not
+/// reach (network and parallel filesystems).
+pub fn discovery(root: &Path, poll: bool) -> io::Result<Box<dyn Discovery>> {
+    Ok(if poll {
+        Box::new(Polling)
+    } else {
+        Box::new(Events::new(root)?)
+    })
+}
+
+/// Hears nothing: the tailer stats its files on a schedule of its own, and
+/// walks find what is new.
+pub struct Polling;
+
+impl Discovery for Polling {
+    fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>> {
+        std::thread::sleep(timeout);
+        Ok(Vec::new())
+    }
+
+    fn watch_dir(&mut self, _rel: &str) {}
+}
+
+impl Discovery for Events {
+    fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>> {
+        Events::wait(self, timeout)
+    }
+
+    fn watch_dir(&mut self, rel: &str) {
+        Events::watch_dir(self, rel)
+    }
 }
 
 /// What an inotify event tells the tailer.
@@ -308,6 +352,29 @@ mod tests {
             &mut events,
             |c| matches!(c, Change::Touched { path, .. } if path == "sub/h"),
         );
+    }
+
+    #[test]
+    fn polling_hears_nothing_and_inotify_hears_through_the_trait() {
+        let scratch = Scratch::new("discovery");
+        let mut polling = discovery(scratch.path(), true).expect("polling");
+        polling.watch_dir("");
+        std::fs::write(scratch.path().join("p"), b"").expect("write");
+        assert!(polling.wait(Duration::ZERO).expect("wait").is_empty());
+        let mut inotify = discovery(scratch.path(), false).expect("inotify");
+        inotify.watch_dir("");
+        std::fs::write(scratch.path().join("q"), b"").expect("write");
+        let mut heard = Vec::new();
+        for _ in 0..200 {
+            heard.extend(inotify.wait(Duration::from_millis(10)).expect("wait"));
+            if heard
+                .iter()
+                .any(|c| matches!(c, Change::Touched { path, .. } if path == "q"))
+            {
+                return;
+            }
+        }
+        panic!("inotify never told of q: {heard:?}");
     }
 
     #[test]

@@ -37,7 +37,7 @@ use manifest_db::{IntervalSet, WatchState, WatchedFile};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
-use crate::discover::{self, Change, Events, Found};
+use crate::discover::{self, Change, Discovery, Found};
 use crate::progress::{FileProgress, Progress};
 use crate::seal_hash::{Hashed, Job, SealHasher};
 use crate::stop::Stop;
@@ -217,7 +217,7 @@ pub(crate) struct Tailer {
     progress: Arc<Progress>,
     /// Largest single data row read at once.
     max_row_bytes: usize,
-    events: Option<Events>,
+    discovery: Box<dyn Discovery>,
     /// Set while a walk (not an event) brings files under tracking.
     walking: bool,
     /// Files whose controls or seal may be able to move.
@@ -250,11 +250,8 @@ impl Tailer {
             let g = max_generation.entry(mark.key.clone()).or_default();
             *g = (*g).max(mark.generation);
         }
-        let events = if config.poll {
-            None
-        } else {
-            Some(Events::new(&config.root)?)
-        };
+        let discovery = discover::discovery(&config.root, config.poll)
+            .with_context(|| format!("watching {} for changes", config.root.display()))?;
         let batches = (0..outboxes.len())
             .map(|_| batcher::new_batch(&config))
             .collect();
@@ -280,7 +277,7 @@ impl Tailer {
             ready_set: Set::default(),
             dirty: Set::default(),
             progress,
-            events,
+            discovery,
             walking: false,
             attention: Set::default(),
             opened_since_shed: 0,
@@ -306,13 +303,7 @@ impl Tailer {
         let mut next_checkpoint = Instant::now() + CHECKPOINT_EVERY;
         while !self.stop.is_requested() {
             let timeout = self.wait_budget();
-            let changes = match &mut self.events {
-                Some(events) => events.wait(timeout)?,
-                None => {
-                    std::thread::sleep(timeout);
-                    Vec::new()
-                }
-            };
+            let changes = self.discovery.wait(timeout)?;
             self.drain_deliveries();
             self.collect_seal_digests();
             let mut overflow = false;

@@ -13,9 +13,7 @@ impl Tailer {
                 return true;
             }
             Change::NewDir { path } => {
-                if let Some(events) = &mut self.events {
-                    events.watch_dir(&path);
-                }
+                self.discovery.watch_dir(&path);
                 // Files may have been written before the watch existed.
                 return true;
             }
@@ -360,10 +358,8 @@ impl Tailer {
     /// events missed, and re-checks every tracked file.
     pub(super) fn rescan(&mut self) -> anyhow::Result<()> {
         let (found, dirs) = discover::walk(&self.root)?;
-        if let Some(events) = &mut self.events {
-            for dir in &dirs {
-                events.watch_dir(dir);
-            }
+        for dir in &dirs {
+            self.discovery.watch_dir(dir);
         }
         let present: Set<(u64, u64)> = found.iter().map(|f| (f.dev, f.ino)).collect();
         self.walking = true;
