@@ -12,6 +12,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
@@ -43,6 +44,9 @@ pub(crate) struct SealHasher<Id: Send + 'static> {
     jobs: Option<SyncSender<Job<Id>>>,
     results: Receiver<Hashed<Id>>,
     worker: Option<JoinHandle<()>>,
+    /// Set when the hasher is dropped: the tailer is gone (stopped or
+    /// failed) and nobody wants the digest of the job at hand.
+    quit: Arc<AtomicBool>,
 }
 
 impl<Id: Send + 'static> SealHasher<Id> {
@@ -60,6 +64,11 @@ impl<Id: Send + 'static> SealHasher<Id> {
     fn spawn(stop: Arc<Stop>, gate: Option<Receiver<()>>) -> io::Result<Self> {
         let (jobs, queued) = std::sync::mpsc::sync_channel::<Job<Id>>(QUEUE);
         let (done, results) = std::sync::mpsc::channel();
+        let quit = Arc::new(AtomicBool::new(false));
+        let halted = {
+            let quit = quit.clone();
+            move || stop.is_requested() || quit.load(Ordering::Relaxed)
+        };
         let worker = std::thread::Builder::new()
             .name("seal-hasher".into())
             .spawn(move || {
@@ -67,8 +76,8 @@ impl<Id: Send + 'static> SealHasher<Id> {
                     if let Some(gate) = &gate {
                         let _ = gate.recv();
                     }
-                    let digest = digest_prefix(&job.file, job.size, job.kind, &stop);
-                    if stop.is_requested() {
+                    let digest = digest_prefix(&job.file, job.size, job.kind, &halted);
+                    if halted() {
                         return;
                     }
                     let hashed = Hashed {
@@ -85,6 +94,7 @@ impl<Id: Send + 'static> SealHasher<Id> {
             jobs: Some(jobs),
             results,
             worker: Some(worker),
+            quit,
         })
     }
 
@@ -106,8 +116,10 @@ impl<Id: Send + 'static> SealHasher<Id> {
 
 impl<Id: Send + 'static> Drop for SealHasher<Id> {
     fn drop(&mut self) {
-        // Closing the queue ends the worker after its current job (which a
-        // stop cuts short).
+        // Closing the queue ends the worker after its current job, which
+        // `quit` cuts short: a tailer that failed must not wait for the
+        // digest of a large file before it can report why.
+        self.quit.store(true, Ordering::Relaxed);
         self.jobs = None;
         if let Some(worker) = self.worker.take() {
             let _ = worker.join();
@@ -115,14 +127,19 @@ impl<Id: Send + 'static> Drop for SealHasher<Id> {
     }
 }
 
-/// The digest of the first `size` bytes of `file`, or an error if a stop
-/// came first or the file is shorter.
-fn digest_prefix(file: &File, size: u64, kind: SealDigest, stop: &Stop) -> io::Result<String> {
+/// The digest of the first `size` bytes of `file`, or an error if it was
+/// `halted` first or the file is shorter.
+fn digest_prefix(
+    file: &File,
+    size: u64,
+    kind: SealDigest,
+    halted: &dyn Fn() -> bool,
+) -> io::Result<String> {
     let mut hasher = kind.hasher();
     let mut buffer = vec![0u8; CHUNK.min(size as usize)];
     let mut offset = 0;
     while offset < size {
-        if stop.is_requested() {
+        if halted() {
             return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
         }
         let want = buffer.len().min((size - offset) as usize);
@@ -200,6 +217,25 @@ mod tests {
         };
         assert!(hasher.submit(job).is_ok());
         assert!(wait_result(&hasher).digest.is_err());
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn dropping_the_hasher_ends_its_work_without_a_stop() {
+        let data = vec![3u8; 4 * CHUNK];
+        let (path, file) = temp_file("drop", &data);
+        let hasher = SealHasher::start(Arc::new(Stop::default())).expect("start the worker");
+        for id in 0..QUEUE {
+            let job = Job {
+                id,
+                file: file.try_clone().expect("clone the handle"),
+                size: data.len() as u64,
+                kind: SealDigest::Blake3,
+            };
+            let _ = hasher.submit(job);
+        }
+        // Returns at all: the worker gave up the queued jobs.
+        drop(hasher);
         let _ = std::fs::remove_file(path);
     }
 
