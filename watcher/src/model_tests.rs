@@ -444,3 +444,64 @@ fn tailing_goes_on_while_a_seal_is_being_hashed() {
     assert!(dest.violations.is_empty(), "{:?}", dest.violations);
     assert_eq!(seal.map(|(size, _)| size), Some(big.len() as u64));
 }
+
+/// A file renamed while its seal is on its way must still be renamed at
+/// the sink: the rename waits for the seal's acknowledgement and must not
+/// be forgotten with the file when that arrives.
+#[test]
+fn a_rename_during_an_unacknowledged_seal_reaches_the_sink() {
+    let scratch = Scratch::new("rename-during-seal");
+    let root = scratch.path().join("src");
+    std::fs::create_dir_all(&root).expect("create the source root");
+    let config = config(&root, true);
+    let state = WatchState::open(&scratch.path().join("state")).expect("open the watch state");
+    let dest = Arc::new(Mutex::new(Dest::default()));
+    dest.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .hold_seal_acks = true;
+    let content = Rng(17).bytes(10_000);
+    let running = start(&config, &state, &dest);
+    write_new(&root.join("x"), &content);
+    let mut seal_arrived = false;
+    for _ in 0..600 {
+        let held = dest.lock().unwrap_or_else(|p| p.into_inner());
+        if held
+            .files
+            .values()
+            .any(|f| f.path == "x" && f.seal.is_some())
+        {
+            seal_arrived = true;
+            break;
+        }
+        drop(held);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(seal_arrived, "the seal never reached the sink");
+    std::fs::rename(root.join("x"), root.join("y")).expect("rename");
+    // Gives the tailer time to hear of the rename before the seal's
+    // acknowledgement; the outcome must be the same either way.
+    std::thread::sleep(Duration::from_millis(300));
+    dest.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .hold_seal_acks = false;
+    let mut renamed = false;
+    for _ in 0..200 {
+        if dest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .holds("y", &content)
+        {
+            renamed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    running.stop();
+    let dest = dest.lock().unwrap_or_else(|p| p.into_inner());
+    assert!(dest.violations.is_empty(), "{:?}", dest.violations);
+    assert!(
+        renamed,
+        "the sink never heard of the rename: {:?}",
+        dest.files
+    );
+}

@@ -35,6 +35,9 @@ pub struct Dest {
     pub files: BTreeMap<(String, u64), DestFile>,
     pub violations: Vec<String>,
     pub batches: u64,
+    /// While set, batches with a seal row are applied but not yet
+    /// acknowledged (as by a slow sink), so tests can act meanwhile.
+    pub hold_seal_acks: bool,
 }
 
 impl Dest {
@@ -141,9 +144,24 @@ impl FakeSinks {
                         .and_then(|b| RangeBatch::validate(b).map_err(|e| e.to_string()));
                     let ack = match batch {
                         Ok(batch) => {
-                            let mut dest = dest.lock().unwrap_or_else(|p| p.into_inner());
-                            dest.batches += 1;
-                            dest.apply(&batch)
+                            let mut held = dest.lock().unwrap_or_else(|p| p.into_inner());
+                            held.batches += 1;
+                            let ack = held.apply(&batch);
+                            drop(held);
+                            if batch.rows().any(|row| row.kind == RowKind::Seal) {
+                                // Bounded: a test that forgets to let go still ends.
+                                for _ in 0..2000 {
+                                    if !dest
+                                        .lock()
+                                        .unwrap_or_else(|p| p.into_inner())
+                                        .hold_seal_acks
+                                    {
+                                        break;
+                                    }
+                                    std::thread::sleep(std::time::Duration::from_millis(5));
+                                }
+                            }
+                            ack
                         }
                         Err(error) => {
                             let mut dest = dest.lock().unwrap_or_else(|p| p.into_inner());

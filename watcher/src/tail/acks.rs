@@ -75,6 +75,15 @@ impl Tailer {
                         let key = row.file.clone();
                         self.mark_ready(&key);
                     }
+                    RowKind::Seal if !t.controls.is_empty() => {
+                        // Renamed while its seal was on its way: complete at
+                        // the sink, but the queued rename must get there
+                        // before the file is let go (the rename's
+                        // acknowledgement then finishes it).
+                        t.rename_only = true;
+                        t.file = None;
+                        tracing::info!(path = %t.path, size = row.offset, "sealed; a rename follows");
+                    }
                     RowKind::Seal => {
                         t.sealed = true;
                         t.file = None;
