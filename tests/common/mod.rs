@@ -129,6 +129,11 @@ impl Proc {
         }
     }
 
+    /// The running process's id, to signal it directly.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|child| child.id() as i32)
+    }
+
     pub fn is_running(&mut self) -> bool {
         match &mut self.child {
             Some(child) => matches!(child.try_wait(), Ok(None)),

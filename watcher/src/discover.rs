@@ -1,5 +1,6 @@
 //! Finding files and hearing about changes: a recursive walk of the watched
-//! tree, and inotify watches on its directories.
+//! tree, and a [`Discovery`] between walks: inotify watches on its
+//! directories, or nothing but the passing of time for polling.
 //!
 //! inotify is a hint, never the truth: events can be lost (queue overflow) and
 //! writes from other nodes of a network filesystem raise none. The tailer
@@ -79,6 +80,49 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
     meta.mtime()
         .saturating_mul(1_000_000_000)
         .saturating_add(meta.mtime_nsec())
+}
+
+/// How the tailer hears about changes between walks.
+pub trait Discovery: Send {
+    /// Waits up to `timeout` and returns the changes heard of meanwhile.
+    fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>>;
+
+    /// Starts hearing about a directory (relative to the root); doing so
+    /// twice is harmless.
+    fn watch_dir(&mut self, rel: &str);
+}
+
+/// The discovery `poll` asks for: inotify, or polling where events do not
+/// reach (network and parallel filesystems).
+pub fn discovery(root: &Path, poll: bool) -> io::Result<Box<dyn Discovery>> {
+    Ok(if poll {
+        Box::new(Polling)
+    } else {
+        Box::new(Events::new(root)?)
+    })
+}
+
+/// Hears nothing: the tailer stats its files on a schedule of its own, and
+/// walks find what is new.
+pub struct Polling;
+
+impl Discovery for Polling {
+    fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>> {
+        std::thread::sleep(timeout);
+        Ok(Vec::new())
+    }
+
+    fn watch_dir(&mut self, _rel: &str) {}
+}
+
+impl Discovery for Events {
+    fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>> {
+        Events::wait(self, timeout)
+    }
+
+    fn watch_dir(&mut self, rel: &str) {
+        Events::watch_dir(self, rel)
+    }
 }
 
 /// What an inotify event tells the tailer.
@@ -212,5 +256,132 @@ impl Events {
             }
         }
         Ok(changes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::Scratch;
+
+    /// Waits for events until `want` is among them (bounded); returns all seen.
+    fn changes_until(events: &mut Events, want: impl Fn(&Change) -> bool) -> Vec<Change> {
+        let mut seen = Vec::new();
+        for _ in 0..200 {
+            let batch = events
+                .wait(Duration::from_millis(10))
+                .expect("wait for events");
+            let done = batch.iter().any(&want);
+            seen.extend(batch);
+            if done {
+                return seen;
+            }
+        }
+        panic!("no such event among {seen:?}");
+    }
+
+    #[test]
+    fn walk_finds_files_and_dirs_and_skips_symlinks() {
+        let scratch = Scratch::new("walk");
+        let root = scratch.path();
+        std::fs::create_dir_all(root.join("run1/deep")).expect("mkdir");
+        std::fs::write(root.join("top.dat"), b"12345").expect("write");
+        std::fs::write(root.join("run1/deep/x.dat"), b"x").expect("write");
+        std::os::unix::fs::symlink(root.join("top.dat"), root.join("link.dat")).expect("symlink");
+        std::os::unix::fs::symlink(root.join("run1"), root.join("linkdir")).expect("symlink");
+        let (files, mut dirs) = walk(root).expect("walk");
+        let mut paths: Vec<(&str, u64)> = files.iter().map(|f| (f.path.as_str(), f.size)).collect();
+        paths.sort();
+        assert_eq!(paths, [("run1/deep/x.dat", 1), ("top.dat", 5)]);
+        dirs.sort();
+        assert_eq!(dirs, ["", "run1", "run1/deep"]);
+        let top = files.iter().find(|f| f.path == "top.dat").expect("top.dat");
+        let meta = std::fs::metadata(root.join("top.dat")).expect("stat");
+        assert_eq!((top.dev, top.ino), (meta.dev(), meta.ino()));
+        assert_eq!(top.mtime_ns, mtime_ns(&meta));
+    }
+
+    #[test]
+    fn walk_of_a_missing_root_is_empty_and_of_a_file_fails() {
+        let scratch = Scratch::new("walk-missing");
+        let (files, _) = walk(&scratch.path().join("nothing")).expect("walk");
+        assert!(files.is_empty());
+        std::fs::write(scratch.path().join("plain"), b"").expect("write");
+        assert!(walk(&scratch.path().join("plain")).is_err());
+    }
+
+    #[test]
+    fn events_tell_writes_closes_removals_and_new_dirs() {
+        let scratch = Scratch::new("events");
+        let root = scratch.path();
+        let mut events = Events::new(root).expect("inotify");
+        events.watch_dir("");
+        std::fs::write(root.join("f"), b"data").expect("write");
+        let seen = changes_until(
+            &mut events,
+            |c| matches!(c, Change::Touched { path, closed: true } if path == "f"),
+        );
+        assert!(
+            seen.iter()
+                .all(|c| matches!(c, Change::Touched { path, .. } if path == "f")),
+            "{seen:?}"
+        );
+        std::fs::rename(root.join("f"), root.join("g")).expect("rename");
+        let seen = changes_until(
+            &mut events,
+            |c| matches!(c, Change::Touched { path, closed: true } if path == "g"),
+        );
+        assert!(
+            seen.iter()
+                .any(|c| matches!(c, Change::Gone { path } if path == "f")),
+            "{seen:?}"
+        );
+        std::fs::remove_file(root.join("g")).expect("remove");
+        changes_until(
+            &mut events,
+            |c| matches!(c, Change::Gone { path } if path == "g"),
+        );
+        std::fs::create_dir(root.join("sub")).expect("mkdir");
+        changes_until(
+            &mut events,
+            |c| matches!(c, Change::NewDir { path } if path == "sub"),
+        );
+        events.watch_dir("sub");
+        std::fs::write(root.join("sub/h"), b"").expect("write");
+        changes_until(
+            &mut events,
+            |c| matches!(c, Change::Touched { path, .. } if path == "sub/h"),
+        );
+    }
+
+    #[test]
+    fn polling_hears_nothing_and_inotify_hears_through_the_trait() {
+        let scratch = Scratch::new("discovery");
+        let mut polling = discovery(scratch.path(), true).expect("polling");
+        polling.watch_dir("");
+        std::fs::write(scratch.path().join("p"), b"").expect("write");
+        assert!(polling.wait(Duration::ZERO).expect("wait").is_empty());
+        let mut inotify = discovery(scratch.path(), false).expect("inotify");
+        inotify.watch_dir("");
+        std::fs::write(scratch.path().join("q"), b"").expect("write");
+        let mut heard = Vec::new();
+        for _ in 0..200 {
+            heard.extend(inotify.wait(Duration::from_millis(10)).expect("wait"));
+            if heard
+                .iter()
+                .any(|c| matches!(c, Change::Touched { path, .. } if path == "q"))
+            {
+                return;
+            }
+        }
+        panic!("inotify never told of q: {heard:?}");
+    }
+
+    #[test]
+    fn waiting_without_events_returns_nothing() {
+        let scratch = Scratch::new("events-quiet");
+        let mut events = Events::new(scratch.path()).expect("inotify");
+        events.watch_dir("");
+        assert!(events.wait(Duration::ZERO).expect("wait").is_empty());
     }
 }

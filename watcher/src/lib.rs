@@ -3,29 +3,39 @@
 //!
 //! - `discover`: tree walks and inotify;
 //! - `tail`: the tailer thread (identity, reading, batching, seals, checkpoints);
-//! - [`progress`]: what the watcher reports about itself.
+//! - `seal_hash`: the worker that digests files for seals off the tailer thread;
+//! - [`progress`]: what the watcher reports about itself;
+//! - `reconcile`: what the sinks hold, for a watcher without state;
+//! - `stop`: the stop signal every part of the watcher honours.
 //!
 //! The tailer does blocking file I/O on a thread of its own; the connections
 //! to the sinks run on tokio. Bounded channels between them are the
 //! backpressure that keeps memory bounded.
 
 mod discover;
+#[cfg(test)]
+mod model_tests;
 pub mod progress;
+mod reconcile;
+mod seal_hash;
+mod stop;
 mod tail;
+#[cfg(test)]
+mod testkit;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use flight_server::protocol::{ACTION_WATERMARKS, FileWatermark};
 use flight_server::tls::ClientTls;
 use flight_server::{ClientConfig, FlightPool, SealDigest};
 use manifest_db::WatchState;
 
 pub use progress::{FileProgress, Progress};
+
+use crate::stop::{Stop, StopOnDrop};
 
 #[derive(Clone, Debug)]
 pub struct WatchConfig {
@@ -115,6 +125,10 @@ pub fn rendezvous(key: &str, sinks: &[String]) -> usize {
 }
 
 /// Runs the watcher until `shutdown` resolves or the tailer fails.
+///
+/// Once `shutdown` resolves, `run` returns in bounded time whatever the
+/// sinks do: what they have not acknowledged is not recorded, and the next
+/// run sends it again.
 pub async fn run(
     config: WatchConfig,
     progress: Arc<Progress>,
@@ -147,6 +161,10 @@ pub async fn run(
     })?;
     let config = Arc::new(WatchConfig { root, ..config });
     let state = WatchState::open(&config.state_dir)?;
+    tokio::pin!(shutdown);
+    // Every task started here ends with `run`: none may outlive it holding
+    // a pool (and its connections) or a batch.
+    let mut tasks = AbortOnDrop(Vec::new());
     let mut pools = Vec::new();
     let (delivery_tx, delivery_rx) = std::sync::mpsc::channel();
     for endpoint in &config.sinks {
@@ -161,17 +179,24 @@ pub async fn run(
         })?;
         let index = pools.len();
         let forward = delivery_tx.clone();
-        tokio::spawn(async move {
+        tasks.0.push(tokio::spawn(async move {
             while let Some(delivery) = deliveries.recv().await {
                 if forward.send((index, delivery)).is_err() {
                     break;
                 }
             }
-        });
+        }));
         pools.push(Arc::new(pool));
     }
     let watermarks = if state.is_empty()? {
-        reconcile(&config.source, &pools).await
+        tokio::select! {
+            marks = reconcile::reconcile(&config.source, &pools) => marks,
+            () = &mut shutdown => {
+                // Nothing was recorded, so the next run reconciles again.
+                tracing::info!("stopped before every sink was reconciled; nothing was sent");
+                return Ok(());
+            }
+        }
     } else {
         Vec::new()
     };
@@ -179,14 +204,15 @@ pub async fn run(
     for pool in &pools {
         let (tx, mut rx) = tokio::sync::mpsc::channel(2);
         let pool = pool.clone();
-        tokio::spawn(async move {
+        tasks.0.push(tokio::spawn(async move {
             while let Some(out) = rx.recv().await {
                 pool.send(out).await;
             }
-        });
+        }));
         outboxes.push(tx);
     }
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(Stop::default());
+    let _stop_on_drop = StopOnDrop(stop.clone());
     let tailer = tail::Tailer::new(
         config.clone(),
         state,
@@ -194,59 +220,36 @@ pub async fn run(
         outboxes,
         delivery_rx,
         progress,
+        stop.clone(),
     )?;
-    let thread_stop = stop.clone();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("tailer".into())
         .spawn(move || {
-            let _ = done_tx.send(tailer.run(&thread_stop));
-        })?;
+            let _ = done_tx.send(tailer.run());
+        })
+        .context("starting the tailer thread")?;
     tracing::info!(root = %config.root.display(), source = %config.source, sinks = ?config.sinks, poll = config.poll, "watching");
     tokio::pin!(done_rx);
     tokio::select! {
         result = &mut done_rx => return result.unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked"))),
-        _ = shutdown => {}
+        () = &mut shutdown => {}
     }
-    stop.store(true, Ordering::Relaxed);
+    stop.request();
     done_rx
         .await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked")))
 }
 
-/// A watcher without state asks every sink what it already holds, so nothing
-/// placed is sent again. Waits for the sinks to answer.
-async fn reconcile(source: &str, pools: &[Arc<FlightPool>]) -> Vec<(usize, FileWatermark)> {
-    let body = serde_json::to_vec(&serde_json::json!({ "source": source })).unwrap_or_default();
-    let mut all = Vec::new();
-    for (index, pool) in pools.iter().enumerate() {
-        let mut delay = Duration::from_millis(100);
-        loop {
-            match pool.action(ACTION_WATERMARKS, body.clone()).await {
-                Ok(reply) => match serde_json::from_slice::<Vec<FileWatermark>>(&reply) {
-                    Ok(marks) => {
-                        tracing::info!(
-                            sink = pool.endpoint(),
-                            files = marks.len(),
-                            "reconciled with the sink"
-                        );
-                        all.extend(marks.into_iter().map(|m| (index, m)));
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::error!(sink = pool.endpoint(), error = %e, "unreadable watermarks; starting from scratch for this sink");
-                        break;
-                    }
-                },
-                Err(e) => {
-                    tracing::warn!(sink = pool.endpoint(), error = %e, "sink not reachable for reconciliation; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(500));
-                }
-            }
+/// Aborts its tasks when dropped.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
         }
     }
-    all
 }
 
 #[cfg(test)]

@@ -60,3 +60,44 @@ impl Progress {
         self.files.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_add_up_and_snapshots_replace_each_other() {
+        let progress = Progress::default();
+        progress.add_read(10);
+        progress.add_read(5);
+        progress.add_acked(7);
+        assert_eq!((progress.bytes_read(), progress.bytes_acked()), (15, 7));
+        let file = |path: &str, size, acked| FileProgress {
+            path: path.into(),
+            size,
+            acked,
+            ..FileProgress::default()
+        };
+        progress.publish(vec![file("a", 10, 4), file("b", 3, 3)], 2);
+        assert_eq!(progress.sealed_files(), 2);
+        let files = progress.files();
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[0].bytes_behind(), 6);
+        assert_eq!(files[1].bytes_behind(), 0);
+        progress.publish(vec![file("c", 1, 0)], 3);
+        let files = progress.files();
+        assert_eq!((files.len(), files[0].path.as_str()), (1, "c"));
+        assert_eq!(progress.sealed_files(), 3);
+    }
+
+    #[test]
+    fn bytes_behind_never_underflows() {
+        // Acknowledged beyond what was last sized up (a stat racing an ack).
+        let file = FileProgress {
+            size: 3,
+            acked: 5,
+            ..FileProgress::default()
+        };
+        assert_eq!(file.bytes_behind(), 0);
+    }
+}

@@ -1,0 +1,164 @@
+//! Acknowledgements and the checkpoint: what the sinks confirmed, applied
+//! to each file, and written to the state store with the progress snapshot.
+
+use super::*;
+
+impl Tailer {
+    pub(super) fn drain_deliveries(&mut self) {
+        while let Ok((_sink, delivery)) = self.deliveries.try_recv() {
+            self.on_delivery(delivery);
+        }
+    }
+
+    pub(super) fn on_delivery(&mut self, delivery: Delivery) {
+        match delivery {
+            Delivery::Acked { token, ack } => {
+                let Some(rows) = self.in_flight.remove(&token) else {
+                    return;
+                };
+                let rejected: Map<usize, RejectedRow> =
+                    ack.rejected.into_iter().map(|r| (r.row, r)).collect();
+                self.progress
+                    .add_acked(ack.placed + ack.duplicate + ack.stale);
+                for (index, row) in rows.into_iter().enumerate() {
+                    self.on_row_acked(row, rejected.get(&index));
+                }
+            }
+            Delivery::Refused { token, error } => {
+                let Some(rows) = self.in_flight.remove(&token) else {
+                    return;
+                };
+                for row in rows {
+                    if let Some(t) = self.files.get_mut(&row.file) {
+                        tracing::error!(path = %t.path, offset = row.offset, %error, "the sink refused this file's data; it stays unacknowledged");
+                        t.failed = Some(error.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_row_acked(&mut self, row: RowRef, rejected: Option<&RejectedRow>) {
+        let Some(t) = self.files.get_mut(&row.file) else {
+            return;
+        };
+        self.dirty.insert(row.file.clone());
+        self.attention.insert(row.file.clone());
+        match row.kind {
+            RowKind::Data => {
+                t.acked.insert(row.offset, row.offset + row.len);
+                let acked = t.acked_offset();
+                while t.growth.front().is_some_and(|&(size, _)| size <= acked) {
+                    t.growth.pop_front();
+                }
+            }
+            kind => {
+                t.control_in_flight = false;
+                if let Some(rejection) = rejected {
+                    if rejection.superseded {
+                        // A newer generation took this file's place at the
+                        // sink (it was replaced at the source): let it go.
+                        tracing::info!(path = %t.path, generation = t.generation, "replaced by a newer generation; released");
+                        t.sealed = true;
+                        t.file = None;
+                        return;
+                    }
+                    tracing::error!(path = %t.path, ?kind, error = %rejection.error, "the sink rejected a control row");
+                    if kind != RowKind::Rename {
+                        t.failed = Some(rejection.error.clone());
+                    }
+                    return;
+                }
+                match kind {
+                    RowKind::Open => {
+                        t.open_acked = true;
+                        let key = row.file.clone();
+                        self.mark_ready(&key);
+                    }
+                    RowKind::Seal if !t.controls.is_empty() => {
+                        // Renamed while its seal was on its way: complete at
+                        // the sink, but the queued rename must get there
+                        // before the file is let go (the rename's
+                        // acknowledgement then finishes it).
+                        t.rename_only = true;
+                        t.file = None;
+                        tracing::info!(path = %t.path, size = row.offset, "sealed; a rename follows");
+                    }
+                    RowKind::Seal => {
+                        t.sealed = true;
+                        t.file = None;
+                        tracing::info!(path = %t.path, size = row.offset, "sealed");
+                        let t = &self.files[&row.file];
+                        let done = Finished::of(t, t.mtime_ns);
+                        self.remember_finished(done);
+                    }
+                    RowKind::Rename if t.rename_only && t.controls.is_empty() => {
+                        if let Some(path) = row.path {
+                            t.sink_path = path;
+                        }
+                        // A sealed file renamed: nothing else to send.
+                        t.sealed = true;
+                        t.file = None;
+                        let t = &self.files[&row.file];
+                        let done = Finished::of(t, t.mtime_ns);
+                        self.remember_finished(done);
+                    }
+                    RowKind::Rename => {
+                        if let Some(path) = row.path {
+                            t.sink_path = path;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Writes acknowledged offsets; forgets sealed files once recorded.
+    pub(super) fn checkpoint(&mut self) -> anyhow::Result<()> {
+        let records: Vec<WatchedFile> = self
+            .dirty
+            .iter()
+            .filter_map(|key| self.files.get(key))
+            .map(Tracked::record)
+            .collect();
+        if !records.is_empty() {
+            self.state.save(&records, false)?;
+        }
+        self.dirty.clear();
+        let done: Vec<FileKey> = self
+            .files
+            .iter()
+            .filter(|(_, t)| t.sealed)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in done {
+            if let Some(t) = self.files.remove(&key) {
+                if self.by_path.get(&t.path) == Some(&key) {
+                    self.by_path.remove(&t.path);
+                }
+                // A newer generation of the same inode may own the entry now.
+                if self.by_inode.get(&(t.dev, t.ino)) == Some(&key) {
+                    self.by_inode.remove(&(t.dev, t.ino));
+                }
+            }
+        }
+        let now = Instant::now();
+        let snapshot = self
+            .files
+            .values()
+            .map(|t| FileProgress {
+                path: t.path.clone(),
+                size: t.size_seen,
+                acked: t.acked_offset(),
+                seconds_behind: t
+                    .growth
+                    .front()
+                    .map_or(0.0, |&(_, seen)| now.duration_since(seen).as_secs_f64()),
+                sealed: t.sealed,
+            })
+            .collect();
+        self.progress.publish(snapshot, self.finished.len() as u64);
+        Ok(())
+    }
+}

@@ -1,0 +1,437 @@
+//! File identity: what a path found by a walk or an event is (a new file,
+//! a rename, a new generation, a file resumed from the checkpoint or from a
+//! sink's watermark, a sealed file seen again), and the maps that say so.
+
+use super::*;
+
+impl Tailer {
+    /// Handles one inotify change; returns true when a full rescan is needed.
+    pub(super) fn on_change(&mut self, change: Change) -> bool {
+        match change {
+            Change::Overflow => {
+                tracing::warn!("inotify queue overflowed; rescanning the tree");
+                return true;
+            }
+            Change::NewDir { path } => {
+                self.discovery.watch_dir(&path);
+                // Files may have been written before the watch existed.
+                return true;
+            }
+            Change::Gone { path } => {
+                if let Some(key) = self.by_path.get(&path).cloned() {
+                    self.lost_path(&key);
+                }
+            }
+            Change::Touched { path, closed } => {
+                if let Some(key) = self.by_path.get(&path).cloned() {
+                    if let Some(t) = self.files.get_mut(&key) {
+                        // Written again after a close means open again.
+                        t.closed = closed;
+                    }
+                    self.mark_ready(&key);
+                } else if !self.finished_at.contains_key(&path) || closed {
+                    self.look_at(&path, closed);
+                }
+            }
+        }
+        false
+    }
+
+    /// A tracked file's path disappeared: it was renamed (a later event or
+    /// walk finds it by inode) or deleted (its descriptor still reads).
+    pub(super) fn lost_path(&mut self, key: &FileKey) {
+        let Some(t) = self.files.get_mut(key) else {
+            return;
+        };
+        let full = self.root.join(&t.path);
+        match std::fs::symlink_metadata(&full) {
+            Ok(meta) if meta.dev() == t.dev && meta.ino() == t.ino => return,
+            _ => {}
+        }
+        self.by_path.remove(&t.path);
+        if !t.deleted {
+            tracing::debug!(path = %t.path, "file gone from its path (renamed or deleted); finishing what it holds");
+        }
+        t.deleted = true;
+        t.last_change = Instant::now();
+        self.dirty.insert(key.clone());
+        self.mark_ready(key);
+    }
+
+    /// Stats one path and brings it under tracking (new file, rename, new generation).
+    pub(super) fn look_at(&mut self, path: &str, closed: bool) {
+        let Ok(meta) = std::fs::symlink_metadata(self.root.join(path)) else {
+            return;
+        };
+        if !meta.file_type().is_file() {
+            return;
+        }
+        let found = Found {
+            path: path.to_owned(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: discover::mtime_ns(&meta),
+        };
+        self.on_found(found);
+        if closed
+            && let Some(t) = self
+                .by_path
+                .get(path)
+                .and_then(|key| self.files.get_mut(key))
+        {
+            t.closed = true;
+        }
+    }
+
+    pub(super) fn on_found(&mut self, found: Found) {
+        let inode = (found.dev, found.ino);
+        if let Some(done) = self.finished.get(&inode) {
+            let unchanged = done.size == found.size && done.mtime_ns == found.mtime_ns;
+            if unchanged && done.path == found.path {
+                return;
+            }
+            let done = self.forget_finished(inode);
+            if unchanged {
+                // Renamed after its seal: rename it at the destination too.
+                self.rename_sealed(done, &found);
+            } else {
+                tracing::warn!(path = %found.path, "a sealed file changed; sending it as a new generation");
+                self.start_new(&found, Some(found.path.clone()));
+            }
+            return;
+        }
+        if let Some(other) = self.finished_at.remove(&found.path) {
+            // Another inode now holds a sealed path: a new file replaced it.
+            if let Some(done) = self.finished.get_mut(&other) {
+                done.path.clear();
+            }
+        }
+        let inode = (found.dev, found.ino);
+        if let Some(key) = self.by_inode.get(&inode).cloned() {
+            let at_path = self.by_path.get(&found.path).cloned();
+            if at_path.as_ref() == Some(&key) {
+                self.mark_ready(&key);
+                return;
+            }
+            if let Some(other) = at_path {
+                self.lost_path(&other);
+            }
+            self.renamed(&key, &found.path);
+            return;
+        }
+        if let Some(other) = self.by_path.get(&found.path).cloned() {
+            // A different inode at a tracked path: the old file was replaced.
+            self.lost_path(&other);
+        }
+        if let Some(record) = self.resumable.remove(&inode)
+            && self.resume(record, &found)
+        {
+            return;
+        }
+        match self.adopt(&found) {
+            Adoption::Track(adopted) => self.insert(*adopted),
+            Adoption::Complete => {}
+            Adoption::Unknown => self.start_new(&found, None),
+        }
+    }
+
+    pub(super) fn finish(&mut self, t: &Tracked, mtime_ns: i64) {
+        let mut done = Finished::of(t, mtime_ns);
+        done.size = t.acked_offset().max(t.read_offset);
+        self.inode_finished(t.dev, t.ino, done);
+    }
+
+    pub(super) fn remember_finished(&mut self, done: Finished) {
+        let inode = self
+            .files
+            .get(&(done.key.clone(), done.generation))
+            .map(|t| (t.dev, t.ino));
+        if let Some((dev, ino)) = inode {
+            self.inode_finished(dev, ino, done);
+        }
+    }
+
+    pub(super) fn inode_finished(&mut self, dev: u64, ino: u64, done: Finished) {
+        if !done.path.is_empty() {
+            self.finished_at.insert(done.path.clone(), (dev, ino));
+        }
+        self.finished.insert((dev, ino), done);
+    }
+
+    pub(super) fn forget_finished(&mut self, inode: (u64, u64)) -> Finished {
+        let done = self.finished.remove(&inode).unwrap_or(Finished {
+            key: String::new(),
+            generation: 0,
+            path: String::new(),
+            size: 0,
+            mtime_ns: 0,
+        });
+        if self.finished_at.get(&done.path) == Some(&inode) {
+            self.finished_at.remove(&done.path);
+        }
+        done
+    }
+
+    /// Tracks a sealed file again just long enough to rename it at the sink.
+    pub(super) fn rename_sealed(&mut self, done: Finished, found: &Found) {
+        let mut t = self.tracked(&done.key, done.generation, found);
+        t.sink_path = done.path.clone();
+        t.acked = IntervalSet::from_ranges([(0, done.size)]);
+        t.read_offset = done.size;
+        t.size_seen = done.size;
+        t.hasher = None;
+        t.rename_only = true;
+        let fingerprint_len = done.size.min(FINGERPRINT_LEN);
+        if let Some(fingerprint) = head_crc(&self.root.join(&found.path), fingerprint_len) {
+            t.fingerprint = fingerprint;
+            t.fingerprint_len = fingerprint_len as u32;
+        }
+        tracing::debug!(from = %done.path, to = %found.path, "a sealed file was renamed");
+        t.controls.push_back(Control::Rename(found.path.clone()));
+        self.insert(t);
+    }
+
+    pub(super) fn renamed(&mut self, key: &FileKey, new_path: &str) {
+        let Some(t) = self.files.get_mut(key) else {
+            return;
+        };
+        let old = std::mem::replace(&mut t.path, new_path.to_owned());
+        self.by_path.remove(&old);
+        self.by_path.insert(new_path.to_owned(), key.clone());
+        t.deleted = false;
+        let suffix = &self.config.inprogress_suffix;
+        if old.ends_with(suffix.as_str()) && !new_path.ends_with(suffix.as_str()) {
+            t.seal_wanted = true;
+        }
+        tracing::debug!(from = %old, to = %new_path, "rename");
+        t.controls.push_back(Control::Rename(new_path.to_owned()));
+        self.dirty.insert(key.clone());
+        self.mark_ready(key);
+    }
+
+    /// Picks up a file recorded by an earlier run, if it is still the same file.
+    pub(super) fn resume(&mut self, record: WatchedFile, found: &Found) -> bool {
+        if head_crc(&self.root.join(&found.path), record.fingerprint_len as u64)
+            != Some(record.fingerprint)
+            || found.size < record.acked_offset
+        {
+            return false;
+        }
+        let mut t = self.tracked(&record.key, record.generation, found);
+        t.sink_path = record.path.clone();
+        t.acked = IntervalSet::from_ranges([(0, record.acked_offset)]);
+        t.read_offset = record.acked_offset;
+        t.fingerprint = record.fingerprint;
+        t.fingerprint_len = record.fingerprint_len;
+        t.hasher = None;
+        t.deleted = record.deleted;
+        if record.sealed && found.size == record.acked_offset && found.path == record.path {
+            self.finish(&t, found.mtime_ns);
+            return true;
+        }
+        if record.generation > 1 {
+            // The sink treats a repeated Open as done; it is cheap insurance.
+            t.open_acked = false;
+            t.controls.push_back(Control::Open);
+        }
+        if record.path != found.path {
+            let suffix = &self.config.inprogress_suffix;
+            t.seal_wanted =
+                record.path.ends_with(suffix.as_str()) && !found.path.ends_with(suffix.as_str());
+            t.controls.push_back(Control::Rename(found.path.clone()));
+        }
+        self.insert(t);
+        true
+    }
+
+    /// A watcher without state takes over what a sink already holds of this file.
+    pub(super) fn adopt(&mut self, found: &Found) -> Adoption {
+        let Some((sink, mark)) = self
+            .watermarks
+            .iter()
+            .filter(|(_, m)| m.path == found.path && !m.superseded)
+            .max_by_key(|(_, m)| m.generation)
+            .cloned()
+        else {
+            return Adoption::Unknown;
+        };
+        if mark.head_len > found.size
+            || mark.contiguous_end > found.size
+            || head_crc(&self.root.join(&found.path), mark.head_len) != Some(mark.head_crc32c)
+        {
+            return Adoption::Unknown;
+        }
+        let mut t = self.tracked(&mark.key, mark.generation, found);
+        if t.sink != sink {
+            return Adoption::Unknown;
+        }
+        t.acked = IntervalSet::from_ranges([(0, mark.contiguous_end)]);
+        t.read_offset = mark.contiguous_end;
+        t.hasher = None;
+        if mark.generation > 1 {
+            t.open_acked = false;
+            t.controls.push_back(Control::Open);
+        }
+        let fingerprint_len = found.size.min(FINGERPRINT_LEN);
+        if let Some(fingerprint) = head_crc(&self.root.join(&found.path), fingerprint_len) {
+            t.fingerprint = fingerprint;
+            t.fingerprint_len = fingerprint_len as u32;
+        }
+        if mark.sealed_size == Some(found.size) {
+            // Already complete at the sink: remember it as sealed, so later
+            // restarts (which do not reconcile) know it too.
+            t.sealed = true;
+            if let Err(error) = self.state.save(&[t.record()], false) {
+                tracing::warn!(path = %found.path, %error, "cannot record an adopted sealed file");
+            }
+            self.finish(&t, found.mtime_ns);
+            return Adoption::Complete;
+        }
+        tracing::info!(path = %found.path, resume_at = mark.contiguous_end, "resuming from the sink's watermark");
+        Adoption::Track(Box::new(t))
+    }
+
+    pub(super) fn start_new(&mut self, found: &Found, path_override: Option<String>) {
+        let key = path_override.unwrap_or_else(|| found.path.clone());
+        let generation = self.max_generation.get(&key).map_or(1, |g| g + 1);
+        let mut t = self.tracked(&key, generation, found);
+        if generation > 1 {
+            t.open_acked = false;
+            t.controls.push_back(Control::Open);
+        }
+        self.insert(t);
+    }
+
+    pub(super) fn tracked(&self, key: &str, generation: u64, found: &Found) -> Tracked {
+        let now = Instant::now();
+        // A file found by a walk was opened (and maybe closed) where no event
+        // showed it, so only idleness can tell it is done; a file first seen
+        // through an event waits for its close event.
+        let closed = self.walking;
+        Tracked {
+            key: key.to_owned(),
+            generation,
+            path: found.path.clone(),
+            dev: found.dev,
+            ino: found.ino,
+            file: None,
+            size_seen: 0,
+            read_offset: 0,
+            acked: IntervalSet::new(),
+            fingerprint: 0,
+            fingerprint_len: 0,
+            hasher: None,
+            hashed_to: 0,
+            sink: rendezvous(key, self.config.sinks_names()),
+            last_change: now,
+            closed,
+            deleted: false,
+            seal_wanted: false,
+            open_acked: true,
+            controls: VecDeque::new(),
+            control_in_flight: false,
+            seal_hashing: false,
+            sealed: false,
+            failed: None,
+            rename_only: false,
+            sink_path: found.path.clone(),
+            mtime_ns: found.mtime_ns,
+            poll_interval: self.config.poll_min,
+            next_poll: now,
+            growth: VecDeque::new(),
+        }
+    }
+
+    pub(super) fn insert(&mut self, t: Tracked) {
+        let key = (t.key.clone(), t.generation);
+        let g = self.max_generation.entry(t.key.clone()).or_default();
+        *g = (*g).max(t.generation);
+        self.by_path.insert(t.path.clone(), key.clone());
+        self.by_inode.insert((t.dev, t.ino), key.clone());
+        self.files.insert(key.clone(), t);
+        self.dirty.insert(key.clone());
+        self.mark_ready(&key);
+    }
+
+    /// Walks the whole tree: finds new files, renames and deletions that
+    /// events missed, and re-checks every tracked file.
+    pub(super) fn rescan(&mut self) -> anyhow::Result<()> {
+        let (found, dirs) = discover::walk(&self.root)?;
+        for dir in &dirs {
+            self.discovery.watch_dir(dir);
+        }
+        let present: Set<(u64, u64)> = found.iter().map(|f| (f.dev, f.ino)).collect();
+        self.walking = true;
+        for f in found {
+            self.on_found(f);
+        }
+        self.walking = false;
+        let keys: Vec<FileKey> = self.files.keys().cloned().collect();
+        for key in keys {
+            let Some(t) = self.files.get(&key) else {
+                continue;
+            };
+            if !t.deleted && !present.contains(&(t.dev, t.ino)) {
+                self.lost_path(&key);
+            } else {
+                self.check_fingerprint(&key);
+            }
+            self.mark_ready(&key);
+        }
+        Ok(())
+    }
+
+    /// Content rewritten in place (same inode, same or larger size) shows as a
+    /// changed head: that is a new generation too.
+    pub(super) fn check_fingerprint(&mut self, key: &FileKey) {
+        let Some(t) = self.files.get(key) else { return };
+        if t.fingerprint_len == 0 || t.sealed || t.deleted {
+            return;
+        }
+        if head_crc(&self.root.join(&t.path), t.fingerprint_len as u64) != Some(t.fingerprint) {
+            let size = std::fs::symlink_metadata(self.root.join(&t.path))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            if size >= t.fingerprint_len as u64 {
+                tracing::warn!(path = %t.path, "file content changed at its head; starting a new generation");
+                self.new_generation(key);
+            }
+        }
+    }
+
+    /// Truncation or in-place rewrite: the same file continues as a new generation.
+    pub(super) fn new_generation(&mut self, key: &FileKey) {
+        let Some(old) = self.files.remove(key) else {
+            return;
+        };
+        self.by_path.remove(&old.path);
+        self.by_inode.remove(&(old.dev, old.ino));
+        self.ready_set.remove(key);
+        let found = Found {
+            path: old.path.clone(),
+            dev: old.dev,
+            ino: old.ino,
+            size: 0,
+            mtime_ns: 0,
+        };
+        let generation = self
+            .max_generation
+            .get(&old.key)
+            .copied()
+            .unwrap_or(old.generation)
+            + 1;
+        let mut t = self.tracked(&old.key, generation, &found);
+        t.open_acked = false;
+        t.controls.push_back(Control::Open);
+        t.closed = old.closed;
+        t.file = old.file;
+        self.insert(t);
+    }
+}
+
+/// crc32c of the first `len` bytes, or None if the file is shorter or unreadable.
+pub(super) fn head_crc(path: &std::path::Path, len: u64) -> Option<u32> {
+    let file = File::open(path).ok()?;
+    flight_server::checksum::crc32c_of_file_prefix(&file, len).ok()
+}

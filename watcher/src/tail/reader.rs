@@ -1,0 +1,184 @@
+//! Reading: opening and sizing up ready files, reading what was appended
+//! into the open batch of their sink, round robin and a batch's worth at a
+//! time, and keeping the number of open descriptors bounded.
+
+use super::*;
+
+impl Tailer {
+    pub(super) fn queue_due_polls(&mut self, now: Instant) {
+        let due: Vec<FileKey> = self
+            .files
+            .iter()
+            .filter(|(_, t)| t.next_poll <= now && !t.sealed)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            self.mark_ready(&key);
+        }
+    }
+
+    /// Closes the descriptors of idle, fully read files when too many are
+    /// open (they are opened again when the file grows). Deleted files keep
+    /// theirs: their path cannot open them again.
+    pub(super) fn shed_descriptors(&mut self) {
+        self.opened_since_shed = 0;
+        let cap = self.config.max_open_files.max(16);
+        let open = self.files.values().filter(|t| t.file.is_some()).count();
+        if open <= cap {
+            return;
+        }
+        let mut idle: Vec<(Instant, FileKey)> = self
+            .files
+            .iter()
+            .filter(|(_, t)| t.file.is_some() && !t.deleted && t.read_offset >= t.size_seen)
+            .map(|(key, t)| (t.last_change, key.clone()))
+            .collect();
+        idle.sort();
+        for (_, key) in idle.into_iter().take(open - cap / 2) {
+            if let Some(t) = self.files.get_mut(&key) {
+                t.file = None;
+            }
+        }
+    }
+
+    /// Reads appended bytes of ready files, a bounded amount each, round robin.
+    pub(super) fn read_ready(&mut self) {
+        let rounds = self.ready.len();
+        for _ in 0..rounds {
+            if self.opened_since_shed >= self.config.max_open_files.max(16) / 4 {
+                self.shed_descriptors();
+            }
+            let Some(key) = self.ready.pop_front() else {
+                break;
+            };
+            self.ready_set.remove(&key);
+            match self.read_file(&key) {
+                Ok(true) => self.mark_ready(&key),
+                Ok(false) => {}
+                Err(error) => {
+                    if let Some(t) = self.files.get_mut(&key) {
+                        tracing::warn!(path = %t.path, offset = t.read_offset, %error, "cannot read; will retry");
+                        t.file = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens and stats a ready file; returns its size when there is
+    /// something to read.
+    pub(super) fn prepare_read(&mut self, key: &FileKey) -> std::io::Result<Option<u64>> {
+        let Some(t) = self.files.get_mut(key) else {
+            return Ok(None);
+        };
+        if t.sealed || t.failed.is_some() || !t.open_acked {
+            return Ok(None);
+        }
+        if t.file.is_none() {
+            if t.deleted {
+                return Ok(None);
+            }
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(self.root.join(&t.path))?;
+            let meta = file.metadata()?;
+            if meta.dev() != t.dev || meta.ino() != t.ino {
+                // The path now holds another file; a walk will sort it out.
+                return Ok(None);
+            }
+            t.file = Some(file);
+            self.opened_since_shed += 1;
+        }
+        let Some(file) = &t.file else { return Ok(None) };
+        let size = file.metadata()?.len();
+        let now = Instant::now();
+        if size < t.read_offset {
+            tracing::warn!(path = %t.path, size, read = t.read_offset, "file shrank (truncated); starting a new generation");
+            self.new_generation(key);
+            return Ok(None);
+        }
+        t.size_seen = size;
+        if size == t.read_offset {
+            t.poll_interval = (t.poll_interval * 2).min(self.config.poll_max);
+            t.next_poll = now + t.poll_interval;
+            return Ok(None);
+        }
+        t.last_change = now;
+        t.poll_interval = self.config.poll_min;
+        t.next_poll = now + t.poll_interval;
+        if t.growth.len() < MAX_GROWTH_MARKS {
+            t.growth.push_back((size, now));
+        } else if let Some(last) = t.growth.back_mut() {
+            // Coarser but bounded: the newest mark absorbs further growth.
+            last.0 = size;
+        }
+        Ok(Some(size))
+    }
+
+    /// Reads up to one batch worth of a file; returns true when more is waiting.
+    pub(super) fn read_file(&mut self, key: &FileKey) -> std::io::Result<bool> {
+        let Some(size) = self.prepare_read(key)? else {
+            return Ok(false);
+        };
+        let budget = self.config.batch_bytes as u64;
+        let mut sent = 0u64;
+        loop {
+            let Some(t) = self.files.get_mut(key) else {
+                return Ok(false);
+            };
+            if t.read_offset >= size || sent >= budget {
+                return Ok(t.read_offset < size);
+            }
+            let Some(file) = &t.file else {
+                return Ok(false);
+            };
+            let offset = t.read_offset;
+            let want = (size - offset).min(self.max_row_bytes as u64) as usize;
+            let batch = &mut self.batches[t.sink];
+            let data =
+                batch
+                    .builder
+                    .push_data_in_place(&t.key, t.generation, offset, want, |room| {
+                        rustix::io::pread(file, room, offset).map(|(filled, _)| filled)
+                    })?;
+            let got = data.len();
+            if got == 0 {
+                return Ok(false);
+            }
+            if offset == 0 && t.hashed_to == 0 {
+                t.hasher
+                    .get_or_insert_with(|| self.config.seal_digest.hasher());
+            }
+            if let Some(hasher) = &mut t.hasher
+                && t.hashed_to == offset
+            {
+                hasher.update(data);
+                t.hashed_to += got as u64;
+            }
+            if offset < FINGERPRINT_LEN && offset == t.fingerprint_len as u64 {
+                let head_end = (offset + got as u64).min(FINGERPRINT_LEN);
+                t.fingerprint = flight_server::checksum::crc32c_append(
+                    t.fingerprint,
+                    &data[..(head_end - offset) as usize],
+                );
+                t.fingerprint_len = head_end as u32;
+            }
+            let sink = t.sink;
+            batch.rows.push(RowRef {
+                file: key.clone(),
+                kind: RowKind::Data,
+                offset,
+                len: got as u64,
+                path: None,
+            });
+            batch.started.get_or_insert_with(Instant::now);
+            t.read_offset += got as u64;
+            sent += got as u64;
+            self.progress.add_read(got as u64);
+            if self.batches[sink].builder.encoded_bytes() >= self.config.batch_bytes {
+                self.flush(sink);
+            }
+        }
+    }
+}
