@@ -181,7 +181,7 @@ fn assert_refused(endpoint: &str, tls: &[String], what: &str) {
 fn refusals(log: &str) -> (usize, usize) {
     let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
     (
-        count("sink not reachable for reconciliation"),
+        count("the sink does not give its watermarks"),
         count("connection lost"),
     )
 }
