@@ -1,7 +1,7 @@
 //! `tailflight sink --feed-log FILE`: a listener of the sink's commit feed
 //! that appends what the manifest holds at the start as one JSON line
-//! (`{"start": [files]}`), then one line per commit round as the feed tells
-//! it. Tests read it to check that the feed tells each durable byte exactly
+//! (`{"start": [files], "sequence": the last round they include}`), then
+//! one line per later commit round as the feed tells it. Tests read it to check that the feed tells each durable byte exactly
 //! once across crashes; a person can `tail -f` it to watch commits land.
 
 use std::io::Write;
@@ -17,7 +17,7 @@ pub fn attach(sink: &sink::Sink, path: &Path) -> anyhow::Result<std::thread::Joi
         .feed()
         .subscribe()
         .context("the sink's committer has stopped")?;
-    let files = sink
+    let snapshot = sink
         .durable_files()
         .context("reading the manifest for the feed log")?;
     let mut out = std::fs::OpenOptions::new()
@@ -25,8 +25,11 @@ pub fn attach(sink: &sink::Sink, path: &Path) -> anyhow::Result<std::thread::Joi
         .append(true)
         .open(path)
         .with_context(|| format!("cannot open the feed log {}", path.display()))?;
-    write_line(&mut out, &serde_json::json!({ "start": files }))
-        .with_context(|| format!("writing the feed log {}", path.display()))?;
+    write_line(
+        &mut out,
+        &serde_json::json!({ "start": snapshot.files, "sequence": snapshot.sequence }),
+    )
+    .with_context(|| format!("writing the feed log {}", path.display()))?;
     let path = path.to_path_buf();
     let thread = std::thread::Builder::new()
         .name("feed-log".into())
@@ -34,6 +37,8 @@ pub fn attach(sink: &sink::Sink, path: &Path) -> anyhow::Result<std::thread::Joi
             use tokio::sync::broadcast::error::RecvError;
             loop {
                 let written = match feed.blocking_recv() {
+                    // Already in the start line.
+                    Ok(round) if round.sequence <= snapshot.sequence => Ok(()),
                     Ok(round) => write_line(&mut out, &*round),
                     // Said in the log, so that a reader checking it knows
                     // what it holds is incomplete.

@@ -42,7 +42,7 @@ use manifest_db::{FileId, JournalEntry, SinkCommit, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::panic_message;
-use crate::feed::{CommitFeed, CommitRound, FileChange, FileCommit};
+use crate::feed::{CommitFeed, FileChange, FileCommit};
 use crate::flush::{Flusher, SyncTarget};
 use crate::health::Health;
 use crate::journal::{JournalFile, JournalSpace, RoundWrite};
@@ -112,7 +112,7 @@ impl Committer {
             backlog,
             counts,
             stopping: stopping.clone(),
-            feed,
+            feed: Arc::new(feed),
         };
         let watched = health.clone();
         let task = tokio::spawn(async move {
@@ -292,6 +292,7 @@ impl JournalWriter {
         let thread = std::thread::Builder::new()
             .name("tailflight-journal".into())
             .spawn(move || {
+                let _guard = health.guard_thread();
                 let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     for job in queue {
                         let timer = StageTimer::start(Stage::Journal);
@@ -475,7 +476,7 @@ struct Rounds {
     backlog: Backlog,
     counts: Arc<FileCounts>,
     stopping: Arc<tokio::sync::Notify>,
-    feed: CommitFeed,
+    feed: Arc<CommitFeed>,
 }
 
 async fn run(rounds: Rounds) {
@@ -490,7 +491,6 @@ async fn run(rounds: Rounds) {
         stopping,
         feed,
     } = rounds;
-    let mut feed_sequence = 0;
     let flusher = backlog.flusher.clone();
     let mut waiting: Vec<Queued> = Vec::new();
     let mut draining = false;
@@ -592,10 +592,11 @@ async fn run(rounds: Rounds) {
         let round_gate = gate.clone();
         let counts = counts.clone();
         let round_health = health.clone();
-        let described = feed.has_listeners();
+        let round_feed = feed.clone();
         let complete = backlog.complete;
         let handed = Instant::now();
         let outcome = run_blocking(move || {
+            let _guard = round_health.guard_thread();
             let blocking_us = handed.elapsed().as_micros() as u64;
             let _timer = StageTimer::start(Stage::Round);
             let mut round = round;
@@ -605,7 +606,7 @@ async fn run(rounds: Rounds) {
                     gate: &round_gate,
                     counts: &counts,
                     health: &round_health,
-                    described,
+                    feed: &round_feed,
                 };
                 record_round(&sink, &mut round, journal, complete).map(|mut recorded| {
                     recorded.blocking_us = blocking_us;
@@ -644,7 +645,7 @@ async fn run(rounds: Rounds) {
             cpu_totals_us = ?crate::stage_cpu::totals_us(),
             "commit round"
         );
-        let mut recorded = match result {
+        let recorded = match result {
             Ok(recorded) => recorded,
             Err(reason) => {
                 // A round that failed before its records (a flush, a deferred
@@ -674,14 +675,6 @@ async fn run(rounds: Rounds) {
         {
             tracing::warn!(%error, "cannot write the commit log; it stops here");
             commit_log = None;
-        }
-        if let Some(files) = recorded.feed.take() {
-            feed_sequence += 1;
-            feed.publish(CommitRound {
-                sequence: feed_sequence,
-                committed_at: std::time::SystemTime::now(),
-                files,
-            });
         }
         waiting.extend(round);
         waiting = answer_ready(waiting);
@@ -1016,8 +1009,8 @@ struct RoundSink<'a> {
     gate: &'a CommitGate,
     counts: &'a FileCounts,
     health: &'a Health,
-    /// Whether the feed has listeners, to whom the round describes its files.
-    described: bool,
+    /// Told of the round under the gate, once it is durable.
+    feed: &'a CommitFeed,
 }
 
 /// What a round's record of a file tells the feed's listeners, against what
@@ -1085,14 +1078,20 @@ fn record_round(
             panic_message(panic.as_ref())
         ))
     });
-    if let Err(reason) = &recorded {
-        sink.health
-            .poison(format!("a commit round failed: {reason}"));
+    match recorded {
+        Ok(mut recorded) => {
+            // Still under the gate: a snapshot read under it either holds
+            // this round or names the round before it.
+            sink.feed.recorded(recorded.feed.take());
+            recorded.gate_us = gate_us;
+            Ok(recorded)
+        }
+        Err(reason) => {
+            sink.health
+                .poison(format!("a commit round failed: {reason}"));
+            Err(reason)
+        }
     }
-    recorded.map(|mut recorded| {
-        recorded.gate_us = gate_us;
-        recorded
-    })
 }
 
 fn record_round_under_gate(
@@ -1128,7 +1127,7 @@ fn record_round_under_gate(
     let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
     // What the round makes durable of each file, for the feed's listeners.
     let mut fed: Option<HashMap<*const Slot, manifest_db::IntervalSet>> =
-        sink.described.then(HashMap::new);
+        sink.feed.has_listeners().then(HashMap::new);
     for queued in round.iter() {
         let request = &queued.request;
         let received = request.received.map_or(0, unix_nanos);

@@ -9,9 +9,11 @@
 //!
 //! The feed is bounded: a listener that falls more than its capacity behind
 //! is told how many rounds it missed (`RecvError::Lagged`) and re-reads
-//! what it needs from the manifest; the committer never waits for anyone.
+//! what it needs from the manifest (a [`DurableSnapshot`], which names the
+//! last round it includes); the committer never waits for anyone.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use manifest_db::{FileId, FileRecord};
@@ -24,8 +26,8 @@ pub const FEED_CAPACITY: usize = 1024;
 /// What one commit round made durable.
 #[derive(Clone, Debug, Serialize)]
 pub struct CommitRound {
-    /// Counts rounds from 1 within one run of the sink: a listener that
-    /// sees a gap missed rounds.
+    /// Counts recorded rounds from 1 within one run of the sink; rounds
+    /// recorded while nobody listened are counted but not sent.
     pub sequence: u64,
     /// When the round was durable.
     pub committed_at: SystemTime,
@@ -65,26 +67,43 @@ pub enum FileChange {
 /// get `RecvError::Closed`) when the committer stops.
 pub(crate) struct CommitFeed {
     sender: broadcast::Sender<Arc<CommitRound>>,
+    /// The last round recorded, described or not; moved on under the
+    /// commit gate, so a snapshot read under it knows where it stands.
+    sequence: Arc<AtomicU64>,
 }
 
 impl CommitFeed {
     /// The feed, and the handle listeners subscribe through.
     pub(crate) fn new(capacity: usize) -> (Self, FeedHandle) {
         let (sender, _) = broadcast::channel(capacity.max(1));
+        let sequence = Arc::new(AtomicU64::new(0));
         let handle = FeedHandle {
             sender: sender.downgrade(),
+            sequence: sequence.clone(),
         };
-        (Self { sender }, handle)
+        (Self { sender, sequence }, handle)
     }
 
-    /// Whether anyone listens: a round is described only if so.
+    /// Whether anyone listens: a round is described only if so. Asked under
+    /// the commit gate, as a snapshot's reader subscribes before it waits
+    /// for the gate: a round it misses in its snapshot is described to it.
     pub(crate) fn has_listeners(&self) -> bool {
         self.sender.receiver_count() > 0
     }
 
-    pub(crate) fn publish(&self, round: CommitRound) {
-        // No listener (any more) is not an error: the feed is for them.
-        let _ = self.sender.send(Arc::new(round));
+    /// Counts a recorded round, and tells its listeners what it made
+    /// durable (`None` if it was not described: nobody listened). Called
+    /// under the commit gate.
+    pub(crate) fn recorded(&self, files: Option<Vec<FileCommit>>) {
+        let sequence = self.sequence.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(files) = files {
+            // No listener (any more) is not an error: the feed is for them.
+            let _ = self.sender.send(Arc::new(CommitRound {
+                sequence,
+                committed_at: SystemTime::now(),
+                files,
+            }));
+        }
     }
 }
 
@@ -92,6 +111,7 @@ impl CommitFeed {
 #[derive(Clone)]
 pub struct FeedHandle {
     sender: broadcast::WeakSender<Arc<CommitRound>>,
+    sequence: Arc<AtomicU64>,
 }
 
 impl FeedHandle {
@@ -100,6 +120,20 @@ impl FeedHandle {
     pub fn subscribe(&self) -> Option<broadcast::Receiver<Arc<CommitRound>>> {
         self.sender.upgrade().map(|sender| sender.subscribe())
     }
+
+    /// The last round recorded (read it under the commit gate).
+    pub(crate) fn sequence(&self) -> u64 {
+        self.sequence.load(Ordering::SeqCst)
+    }
+}
+
+/// What the manifest held at one moment: the files, and the last round
+/// they include. A listener that subscribed before reading it skips the
+/// rounds up to that one.
+#[derive(Clone, Debug, Serialize)]
+pub struct DurableSnapshot {
+    pub sequence: u64,
+    pub files: Vec<DurableFile>,
 }
 
 /// What the manifest holds of one file generation: where a listener starts,

@@ -90,6 +90,56 @@ impl Health {
     }
 }
 
+thread_local! {
+    /// The health a panic on this thread poisons, while it works on the
+    /// sink's shared state (see [`Health::guard_thread`]).
+    static GUARDED: std::cell::RefCell<Option<Health>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Until dropped, a panic on this thread poisons the health it was made
+/// for, from the panic hook: before unwinding lets go of any lock, so no
+/// other thread can take a lock the panic left over half-updated state and
+/// find the sink still healthy.
+pub(crate) struct ThreadGuard {
+    previous: Option<Health>,
+}
+
+impl Drop for ThreadGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        GUARDED.with(|guarded| {
+            if let Ok(mut guarded) = guarded.try_borrow_mut() {
+                *guarded = previous;
+            }
+        });
+    }
+}
+
+impl Health {
+    /// Makes a panic on this thread poison this health (see [`ThreadGuard`]).
+    pub(crate) fn guard_thread(&self) -> ThreadGuard {
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| {
+            let next = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let guarded = GUARDED
+                    .with(|guarded| guarded.try_borrow().ok().and_then(|health| health.clone()));
+                if let Some(health) = guarded {
+                    health.poison(format!("a panic in the sink: {info}"));
+                }
+                next(info);
+            }));
+        });
+        let previous = GUARDED.with(|guarded| {
+            guarded
+                .try_borrow_mut()
+                .ok()
+                .and_then(|mut guarded| guarded.replace(self.clone()))
+        });
+        ThreadGuard { previous }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +161,26 @@ mod tests {
             Err(crate::SinkError::Poisoned(reason)) if reason.as_ref() == "disk on fire"
         ));
         assert_eq!(health.poisoned().await.as_ref(), "disk on fire");
+    }
+
+    /// A panic on a guarded thread poisons the health before the lock it
+    /// held is let go: whoever takes the lock next finds the sink poisoned.
+    #[test]
+    fn a_panic_on_a_guarded_thread_poisons_before_its_locks_go() {
+        let health = Health::default();
+        let state = std::sync::Arc::new(std::sync::Mutex::new(0));
+        let (locked, seen) = (state.clone(), health.clone());
+        let panicked = std::thread::spawn(move || {
+            let _guard = seen.guard_thread();
+            let _held = locked.lock().unwrap();
+            panic!("half-way through an update");
+        })
+        .join();
+        assert!(panicked.is_err());
+        let _next = state.lock();
+        assert!(health.reason().is_some_and(|r| r.contains("half-way")));
+        let unguarded = Health::default();
+        let _ = std::thread::spawn(|| panic!("elsewhere")).join();
+        assert!(!unguarded.is_poisoned());
     }
 }

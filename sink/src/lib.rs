@@ -94,7 +94,9 @@ use crate::confine::Root;
 use crate::placement::Placer;
 
 pub use crate::error::SinkError;
-pub use crate::feed::{CommitRound, DurableFile, FeedHandle, FileChange, FileCommit};
+pub use crate::feed::{
+    CommitRound, DurableFile, DurableSnapshot, FeedHandle, FileChange, FileCommit,
+};
 pub use crate::flush::SyncStrategy;
 pub use crate::health::Health;
 
@@ -393,22 +395,25 @@ impl Sink {
         &self.feed
     }
 
-    /// Every file generation the manifest holds, as durable as the feed
-    /// says: read between rounds (under the commit gate), so a listener
-    /// that subscribed before this call misses nothing and sees, after it,
-    /// only rounds that were not yet durable. Blocking: call it off the
-    /// async workers (or before serving).
-    pub fn durable_files(&self) -> Result<Vec<DurableFile>, SinkError> {
+    /// Every file generation the manifest holds, and the last commit round
+    /// that includes: read under the commit gate, so a listener that
+    /// subscribed before this call skips the feed's rounds up to that one
+    /// and misses none after it. Blocking: call it off the async workers
+    /// (or before serving).
+    pub fn durable_files(&self) -> Result<feed::DurableSnapshot, SinkError> {
         let _gate = self.placer.commit_gate();
         self.health.check()?;
         let files =
             self.placer.manifest.all_files().map_err(|e| {
                 SinkError::Storage(format!("reading the manifest's file records: {e}"))
             })?;
-        Ok(files
-            .into_iter()
-            .map(|(id, record)| DurableFile::of(id, record))
-            .collect())
+        Ok(feed::DurableSnapshot {
+            sequence: self.feed.sequence(),
+            files: files
+                .into_iter()
+                .map(|(id, record)| DurableFile::of(id, record))
+                .collect(),
+        })
     }
 
     /// The sink's health, shared by everything in it.
@@ -508,6 +513,7 @@ impl Sink {
         self.health.check()?;
         let placer = self.placer.clone();
         let committer = self.committer.clone();
+        let health = self.health.clone();
         // Placing and submitting run on a blocking thread, which runs to the
         // end even if the stream goes away mid-batch (a blocking task cannot
         // be cancelled once started): the batch still reaches its commit
@@ -515,7 +521,10 @@ impl Sink {
         let received = std::time::SystemTime::now();
         let placed = self
             .placing
-            .run(move || place_and_submit(&placer, &committer, &source, seq, &batch, received))
+            .run(move || {
+                let _guard = health.guard_thread();
+                place_and_submit(&placer, &committer, &source, seq, &batch, received)
+            })
             .await
             .map_err(|e| match e.try_into_panic() {
                 Ok(panic) => {

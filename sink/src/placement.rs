@@ -1760,7 +1760,7 @@ impl Placer {
             })
             .collect::<Vec<_>>();
         // Should this write fail, memory keeps the intent the manifest
-        // holds: the move is tried again, as after a crash.
+        // holds, and the sink is poisoned: its restart settles the intent.
         self.record_now(records.clone(), || {
             format!(
                 "withdrawing the rename intents of {} files whose move failed",
@@ -1911,8 +1911,21 @@ impl Placer {
                 drop(state);
                 let actual = self.digest_on_disk(&dest, size, kind)?;
                 state = lock(&slot.state);
+                let sealed_alike = state
+                    .record
+                    .sealed
+                    .as_ref()
+                    .is_some_and(|sealed| sealed.size == size && sealed.digest == digest);
+                if sealed_alike {
+                    // The same seal, sent again and placed meanwhile.
+                    drop(state);
+                    work.request.touched.push(slot);
+                    return Ok(());
+                }
                 let unchanged = state.record.sealed.is_none()
                     && !state.record.superseded
+                    && state.record.dest_path == dest
+                    && state.record.renamed_from.is_none()
                     && state.pending.is_empty()
                     && state.record.placed.total_len() == size;
                 if !unchanged {

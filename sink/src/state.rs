@@ -19,9 +19,11 @@ use crate::flush::{SyncTarget, flush_now};
 use crate::written_crc::WrittenCrc;
 
 /// Locks a mutex of the sink's shared state. A mutex a panic left poisoned
-/// may hold half-updated state; it is taken anyway, because every panic in
-/// placement or in a commit round poisons the sink's [`Health`] first, and
-/// from then on nothing read under these locks is recorded or acknowledged.
+/// may hold half-updated state; it is taken anyway, because placement
+/// threads, commit rounds and the journal thread guard themselves (see
+/// [`crate::health::Health::guard_thread`]): their panics poison the sink's
+/// health before unwinding lets go of any lock, and from then on nothing
+/// read under these locks is recorded or acknowledged.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()

@@ -501,7 +501,7 @@ pub fn assert_feed_told_each_byte_once(feed_log: &Path, state: &Path) -> usize {
         .unwrap_or_else(|e| panic!("cannot read the feed log {}: {e}", feed_log.display()));
     let lines: Vec<&str> = text.lines().collect();
     let mut told: std::collections::HashMap<Key, manifest_db::IntervalSet> = Default::default();
-    let (mut runs, mut rounds) = (0, 0);
+    let (mut runs, mut rounds, mut start_sequence) = (0, 0, 0);
     for (number, line) in lines.iter().enumerate() {
         let value: serde_json::Value = match serde_json::from_str(line) {
             Ok(value) => value,
@@ -517,6 +517,7 @@ pub fn assert_feed_told_each_byte_once(feed_log: &Path, state: &Path) -> usize {
         if let Some(files) = value.get("start") {
             runs += 1;
             told.clear();
+            start_sequence = value["sequence"].as_u64().unwrap_or_default();
             for file in files.as_array().expect("start lists files") {
                 let ranges = ranges_of(&file["ranges"]);
                 told.insert(
@@ -529,6 +530,11 @@ pub fn assert_feed_told_each_byte_once(feed_log: &Path, state: &Path) -> usize {
         assert!(
             value.get("missed").is_none(),
             "the feed log's listener fell behind and missed rounds: {line}"
+        );
+        let sequence = value["sequence"].as_u64().unwrap_or_default();
+        assert!(
+            sequence > start_sequence,
+            "run {runs}: round {sequence} is already in the start line (up to {start_sequence})"
         );
         rounds += 1;
         for file in value["files"].as_array().expect("a round lists files") {
