@@ -223,10 +223,17 @@ fn missing(dest: &Dest, files: &[(String, Vec<u8>)]) -> Vec<String> {
 }
 
 fn run_model(seed: u64, steps: usize, seal: bool, restarts: bool) {
+    run_model_with(seed, steps, seal, restarts, false);
+}
+
+fn run_model_with(seed: u64, steps: usize, seal: bool, restarts: bool, poll: bool) {
     let scratch = Scratch::new(&format!("model-{seed}"));
     let root = scratch.path().join("src");
     std::fs::create_dir_all(&root).expect("create the source root");
-    let config = config(&root, seal);
+    let config = Arc::new(WatchConfig {
+        poll,
+        ..(*config(&root, seal)).clone()
+    });
     let state = WatchState::open(&scratch.path().join("state")).expect("open the watch state");
     let dest = Arc::new(Mutex::new(Dest::default()));
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -253,9 +260,21 @@ fn run_model(seed: u64, steps: usize, seal: bool, restarts: bool) {
     }
     running.stop();
     let dest = dest.lock().unwrap_or_else(|p| p.into_inner());
+    let held: Vec<String> = dest
+        .files
+        .iter()
+        .map(|((key, generation), f)| {
+            format!(
+                "{key}#{generation} at {} placed {:?} sealed {:?}",
+                f.path,
+                f.placed.ranges(),
+                f.seal.as_ref().map(|(size, _)| size)
+            )
+        })
+        .collect();
     assert!(
         dest.violations.is_empty() && lacking.is_empty(),
-        "seed {seed}: violations {:?}; the destination lacks {lacking:?}\noperations: {log:?}",
+        "seed {seed}: violations {:?}; the destination lacks {lacking:?}\noperations: {log:?}\nheld: {held:?}",
         dest.violations
     );
 }
@@ -271,6 +290,15 @@ fn random_histories_arrive_whole_without_seals() {
 fn random_histories_arrive_whole_and_sealed_right() {
     for seed in 101..=110 {
         run_model(seed, 80, true, false);
+    }
+}
+
+/// Polling instead of inotify: the tailer hears of nothing and must find
+/// every change by statting its files and walking the tree.
+#[test]
+fn random_histories_arrive_whole_when_polling() {
+    for seed in 301..=306 {
+        run_model_with(seed, 60, true, false, true);
     }
 }
 

@@ -18,6 +18,7 @@ impl Tailer {
             self.attention.drain().collect()
         };
         let mut to_flush = Set::default();
+        let mut rewritten = Vec::new();
         for key in keys {
             let Some(t) = self.files.get_mut(&key) else {
                 continue;
@@ -30,6 +31,13 @@ impl Tailer {
                 && self.config.seal
                 && seal_due(t, now, &self.config)
             {
+                // A rewrite in place that grew past what was read shows only
+                // at the head (walks check it, but a seal may come first):
+                // sealing now would make the mixed bytes final.
+                if !head_unchanged(t, &self.root) {
+                    rewritten.push(key);
+                    continue;
+                }
                 match seal_step(t, &self.root) {
                     Ok(SealStep::Ready(control)) => t.controls.push_back(control),
                     Ok(SealStep::Grew) => {}
@@ -89,6 +97,9 @@ impl Tailer {
         }
         for sink in to_flush {
             self.flush(sink);
+        }
+        for key in rewritten {
+            self.check_fingerprint(&key);
         }
     }
 
@@ -175,4 +186,21 @@ pub(super) fn seal_step(t: &mut Tracked, root: &std::path::Path) -> std::io::Res
         None => File::open(root.join(&t.path))?,
     };
     Ok(SealStep::Hash(file))
+}
+
+/// Whether a file's head still matches its fingerprint, read through its
+/// descriptor when it has one: a file renamed or deleted a moment ago has
+/// no path to read it by.
+fn head_unchanged(t: &Tracked, root: &std::path::Path) -> bool {
+    let len = t.fingerprint_len as u64;
+    if len == 0 {
+        return true;
+    }
+    let head = match &t.file {
+        Some(file) => flight_server::checksum::crc32c_of_file_prefix(file, len).ok(),
+        // Gone with no descriptor: nothing can be read, nor rewritten.
+        None if t.deleted => return true,
+        None => super::identity::head_crc(&root.join(&t.path), len),
+    };
+    head == Some(t.fingerprint)
 }
