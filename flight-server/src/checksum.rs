@@ -165,10 +165,25 @@ impl SealDigest {
     /// Digest text of the first `size` bytes of `file`, read with pread (the
     /// file's cursor is left alone).
     pub fn of_file_prefix(self, file: &File, size: u64) -> io::Result<String> {
+        self.of_file_prefix_unless(file, size, &|| false)
+    }
+
+    /// As [`Self::of_file_prefix`], but gives up (`Interrupted`) between
+    /// reads of 1 MiB once `halted` says so: a long hash must not hold up a
+    /// stop.
+    pub fn of_file_prefix_unless(
+        self,
+        file: &File,
+        size: u64,
+        halted: &dyn Fn() -> bool,
+    ) -> io::Result<String> {
         let mut hasher = self.hasher();
         let mut buffer = vec![0u8; (1 << 20).min(size as usize)];
         let mut offset = 0;
         while offset < size {
+            if halted() {
+                return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
+            }
             let want = buffer.len().min((size - offset) as usize);
             let got = file.read_at(&mut buffer[..want], offset)?;
             if got == 0 {

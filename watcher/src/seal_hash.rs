@@ -10,7 +10,6 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -22,7 +21,9 @@ use crate::stop::Stop;
 
 /// Jobs waiting for the worker; when full, the tailer asks again later.
 const QUEUE: usize = 16;
-/// Bytes read at once while hashing.
+/// Bytes the digest reads at once (see `SealDigest::of_file_prefix_unless`):
+/// the tests size their files around it.
+#[cfg(test)]
 const CHUNK: usize = 1 << 20;
 
 /// A file to digest from offset 0 to `size`, named by the caller's `id`.
@@ -135,25 +136,7 @@ fn digest_prefix(
     kind: SealDigest,
     halted: &dyn Fn() -> bool,
 ) -> io::Result<String> {
-    let mut hasher = kind.hasher();
-    let mut buffer = vec![0u8; CHUNK.min(size as usize)];
-    let mut offset = 0;
-    while offset < size {
-        if halted() {
-            return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
-        }
-        let want = buffer.len().min((size - offset) as usize);
-        let got = file.read_at(&mut buffer[..want], offset)?;
-        if got == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("the file ends at {offset}, short of {size}"),
-            ));
-        }
-        hasher.update(&buffer[..got]);
-        offset += got as u64;
-    }
-    Ok(hasher.finish())
+    kind.of_file_prefix_unless(file, size, halted)
 }
 
 #[cfg(test)]
