@@ -182,6 +182,14 @@ impl CommitAnswer {
             .await
             .map_err(|_| "the committer has stopped".to_string())?
     }
+
+    /// [`Self::durable`], for a blocking thread (placement waiting for the
+    /// intent of a move it is about to make).
+    pub fn wait(self) -> Result<(), String> {
+        self.0
+            .blocking_recv()
+            .map_err(|_| "the committer has stopped".to_string())?
+    }
 }
 
 /// The journal file, and what bounds the files waiting for its background flush.
@@ -649,7 +657,7 @@ async fn run(rounds: Rounds) {
             Ok(recorded) => recorded,
             Err(reason) => {
                 // A round that failed before its records (a flush, a deferred
-                // write) stops those who write records out of band too.
+                // write) stops placement too, which checks the health.
                 health.poison(format!("a commit round failed: {reason}"));
                 fail_all(round, &reason);
                 fail_all(std::mem::take(&mut waiting), &reason);
@@ -1022,11 +1030,10 @@ fn describe_commit(
     made: manifest_db::IntervalSet,
 ) -> FileCommit {
     let mut changes = Vec::new();
+    let path = path_on_disk(record);
     match &before.recorded_path {
         _ if !before.recorded => changes.push(FileChange::Opened),
-        Some(from) if *from != record.dest_path => {
-            changes.push(FileChange::Renamed { from: from.clone() })
-        }
+        Some(from) if from != path => changes.push(FileChange::Renamed { from: from.clone() }),
         _ => {}
     }
     if let Some(sealed) = record.sealed.as_ref().filter(|_| !before.recorded_sealed) {
@@ -1040,11 +1047,18 @@ fn describe_commit(
     }
     FileCommit {
         id: id.clone(),
-        path: record.dest_path.clone(),
+        path: path.to_owned(),
         ranges: made.ranges().to_vec(),
         contiguous_end: record.placed.contiguous_end(),
         changes,
     }
+}
+
+/// Where a record's file lives: a move whose intent is recorded and which
+/// is not made yet leaves it at its old name, and the feed tells of the
+/// rename with the round that records it made.
+fn path_on_disk(record: &manifest_db::FileRecord) -> &str {
+    record.renamed_from.as_deref().unwrap_or(&record.dest_path)
 }
 
 /// Records a round whose bytes are durable (flushed), or become durable in
@@ -1055,8 +1069,8 @@ fn record_round(
     journal: JournalRound,
     journal_complete: u64,
 ) -> Result<Recorded, String> {
-    // Snapshots and their write happen under the gate, so a record written
-    // out of band (a rename's intent) is never overwritten by an older one.
+    // Snapshots and their write happen under the gate, which is also what
+    // the journal replay writes records under before the committer runs.
     // It is held until the journal write and the round's deferred writes
     // are done too, and a failure (or a panic) poisons the sink and the gate
     // before it is let go: whoever writes or reads records under it
@@ -1232,7 +1246,7 @@ fn record_round_under_gate(
             let made = fed.remove(&Arc::as_ptr(slot)).unwrap_or_default();
             feed.push(describe_commit(&slot.id, &state, record, made));
         }
-        state.recorded_path = Some(record.dest_path.clone());
+        state.recorded_path = Some(path_on_disk(record).to_owned());
         state.recorded_superseded = record.superseded;
         counts.committed(&mut state, sealed);
     }

@@ -2,8 +2,8 @@
 //!
 //! One [`Health`] per sink, shared by everything that can fail in a way
 //! memory cannot recover from: a failed flush (after one the page cache
-//! proves nothing), a failed or panicked commit round, a failed manifest
-//! write outside a round, a panicked placement (its slot state may be half
+//! proves nothing), a failed or panicked commit round (a move's intent
+//! included), a panicked placement (its slot state may be half
 //! updated), a dead committer or journal thread. It is poisoned once, with
 //! the first reason, and stays poisoned until the process restarts and
 //! recovers from its manifest. The service, `status`, the committer and

@@ -57,9 +57,54 @@ pub(crate) mod fault {
         AfterPlacement,
         /// In the committer's task, outside the parts that catch panics.
         CommitterLoop,
+        /// In a placement thread making a rename, once the intent is in
+        /// memory and before it is recorded (the gate was held here once).
+        MoveIntent,
     }
 
     static ARMED: Mutex<Vec<(Point, String)>> = Mutex::new(Vec::new());
+    static PAUSED: Mutex<Vec<(Point, String, Pause)>> = Mutex::new(Vec::new());
+
+    /// Where a paused thread tells it got there, and waits to be let go.
+    #[derive(Clone)]
+    struct Pause {
+        reached: std::sync::mpsc::SyncSender<()>,
+        release: std::sync::Arc<std::sync::Barrier>,
+    }
+
+    /// A paused point: [`Self::reached`] returns once a thread stops there,
+    /// [`Self::release`] lets it go on.
+    pub struct Paused {
+        reached: std::sync::mpsc::Receiver<()>,
+        release: std::sync::Arc<std::sync::Barrier>,
+    }
+
+    impl Paused {
+        pub fn reached(&self) {
+            self.reached
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("no thread reached the paused point");
+        }
+
+        pub fn release(self) {
+            self.release.wait();
+        }
+    }
+
+    /// The next thread of `source` to reach `point` stops there until released.
+    pub fn pause(point: Point, source: &str) -> Paused {
+        let (reached, reached_rx) = std::sync::mpsc::sync_channel(1);
+        let release = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let pause = Pause {
+            reached,
+            release: release.clone(),
+        };
+        crate::state::lock(&PAUSED).push((point, source.to_owned(), pause));
+        Paused {
+            reached: reached_rx,
+            release,
+        }
+    }
 
     /// The next batch of `source` to reach `point` panics there (once).
     pub fn arm(point: Point, source: &str) {
@@ -67,6 +112,18 @@ pub(crate) mod fault {
     }
 
     pub fn hit(point: Point, source: &str) {
+        let mut paused = crate::state::lock(&PAUSED);
+        if let Some(at) = paused
+            .iter()
+            .position(|(p, s, _)| *p == point && s == source)
+        {
+            let (_, _, pause) = paused.remove(at);
+            drop(paused);
+            let _ = pause.reached.send(());
+            pause.release.wait();
+            return;
+        }
+        drop(paused);
         let mut armed = crate::state::lock(&ARMED);
         if let Some(at) = armed.iter().position(|(p, s)| *p == point && s == source) {
             armed.remove(at);
@@ -380,6 +437,7 @@ impl Sink {
             health: health.clone(),
             feed,
         });
+        placer.attach_committer(committer.clone());
         Ok(Self {
             placer: Arc::new(placer),
             committer,
@@ -879,6 +937,67 @@ mod tests {
         let report = audit(&dir.join("state"), false).unwrap();
         assert_eq!(report.placed_bytes, 80);
         assert_eq!(report.overlapping_placements, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A rename waiting for its intent to be recorded holds up no other
+    /// source's commits (it once held the commit gate across a synced
+    /// manifest write and flushes, which every round needs), and the feed
+    /// tells of the rename once, after the file has moved.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rename_waiting_for_its_intent_holds_up_no_other_commit() {
+        let dir = test_support::scratch("rename-intent");
+        let sink = open_sink(&dir);
+        let mut feed = sink.feed().subscribe().unwrap();
+        sink.ingest_batch(Arc::from("movers"), 1, data_batch("a", 0, b"moved bytes"))
+            .await
+            .unwrap();
+        let paused = fault::pause(fault::Point::MoveIntent, "movers");
+        let mut builder = BatchBuilder::with_capacity(1, 0);
+        builder.push_rename("a", 1, "b");
+        let rename = RangeBatch::validate(builder.finish()).unwrap();
+        let renaming = {
+            let sink = sink.clone();
+            tokio::spawn(async move { sink.ingest_batch(Arc::from("movers"), 2, rename).await })
+        };
+        let waiting = tokio::task::spawn_blocking(move || {
+            paused.reached();
+            paused
+        });
+        let paused = waiting.await.unwrap();
+        let other = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            sink.ingest_batch(Arc::from("others"), 1, data_batch("c", 0, b"not held up")),
+        )
+        .await
+        .expect("a rename on its way to its intent held up another source's commit");
+        assert_eq!(other.unwrap().placed, 11);
+        tokio::task::spawn_blocking(move || paused.release())
+            .await
+            .unwrap();
+        renaming.await.unwrap().unwrap();
+        assert_eq!(
+            std::fs::read(dir.join("root/movers/b")).unwrap(),
+            b"moved bytes"
+        );
+        assert!(!dir.join("root/movers/a").exists());
+        sink.shutdown().await;
+        let mut renames = Vec::new();
+        while let Ok(round) = feed.try_recv() {
+            for file in &round.files {
+                for change in &file.changes {
+                    if let FileChange::Renamed { from } = change {
+                        renames.push((from.clone(), file.path.clone()));
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            renames,
+            [("movers/a".to_string(), "movers/b".to_string())],
+            "the feed tells of the rename once, made"
+        );
+        drop(sink);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

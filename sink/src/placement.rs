@@ -29,6 +29,7 @@ use manifest_db::{
 };
 
 use crate::SinkError;
+use crate::commit::Committer;
 use crate::confine::{ConfineError, Root, SettledMove};
 use crate::direct::{self, DirectFile};
 use crate::health::Health;
@@ -91,7 +92,7 @@ struct SourceFiles {
 
 /// Paths of a source a file may still have to leave, or may have left not
 /// durably yet: a move of another file there must wait for that move (see
-/// [`Placer::flush_moves_away_from`]).
+/// [`Placer::moves_away_from`]).
 #[derive(Default)]
 struct MovedAway {
     /// Moves this process made, by the path they left, with the files moved.
@@ -175,13 +176,18 @@ pub(crate) struct Placer {
     /// the checksum of the bytes as written is known.
     seal_read_back: bool,
     /// Poisoned by any failure memory cannot follow: a flush placement makes
-    /// itself, a manifest write outside a round, a panic.
+    /// itself, a failed round recording a move's intent, a panic.
     pub health: Health,
     /// With the flat layout, the one source this sink serves (the first
     /// one seen, in the manifest or on the wire).
     flat_source: Mutex<Option<String>>,
     /// Most sources served at once (their state stays for the process).
     max_sources: usize,
+    /// The manifest's one writer once the sink runs: records changed out of
+    /// a batch's own round (a move's intent) are written by a round of
+    /// their own. Unset during the startup replay and in unit tests, where
+    /// nothing runs beside placement.
+    committer: std::sync::OnceLock<Committer>,
 }
 
 /// Which ranges go to the manifest's journal.
@@ -301,7 +307,14 @@ impl Placer {
             health: Health::default(),
             flat_source: Mutex::new(None),
             max_sources: MAX_SOURCES,
+            committer: std::sync::OnceLock::new(),
         }
+    }
+
+    /// From now on, records written ahead of a batch's round go through
+    /// `committer`'s rounds. Called once, after the startup replay.
+    pub fn attach_committer(&self, committer: Committer) {
+        let _ = self.committer.set(committer);
     }
 
     /// Writes the aligned middle of ranges of at least `min` bytes with
@@ -809,6 +822,7 @@ impl Placer {
                 recorded_sealed: record.sealed.is_some(),
                 recorded_path: Some(record.dest_path.clone()),
                 recorded_superseded: record.superseded,
+                moving: false,
                 deferred_writes: 0,
                 // Bytes placed by an earlier run are vouched for only by the
                 // file itself.
@@ -911,6 +925,7 @@ impl Placer {
                 recorded_sealed: false,
                 recorded_path: None,
                 recorded_superseded: false,
+                moving: false,
                 deferred_writes: 0,
                 written_crc: WrittenCrc::new(true),
                 inode: None,
@@ -996,14 +1011,12 @@ impl Placer {
     /// Moves a superseded generation's file from `from` to `to` (kept aside,
     /// or moved on from a kept name) and marks it kept; returns false if the
     /// file was gone, and then records the generation superseded and not
-    /// kept. Either way the record is written before `from` is free: a
+    /// kept. Either way the record is durable before `from` is free: a
     /// move's intent is recorded before the move is made, as a rename's is
     /// (see [`Self::rename`]). Otherwise a crash before the round that
     /// records it would leave the record naming `from`, where a new file is
-    /// about to be written, and the kept bytes under no record. Holds the
-    /// gate throughout (one rename), so no round or settle sees the intent
-    /// half made. The caller holds `files`, and neither the gate nor a
-    /// slot's state.
+    /// about to be written, and the kept bytes under no record. The caller
+    /// holds `files`, and neither the gate nor a slot's state.
     fn move_superseded(
         &self,
         source: &Source,
@@ -1013,59 +1026,67 @@ impl Placer {
         to: &str,
         work: &mut BatchWork,
     ) -> Result<bool, RowError> {
-        let gate = self.open_gate()?;
-        self.flush_moves_away_from(source, files, to, &gate, work)?;
-        let mut state = lock(&slot.state);
-        self.settle_rename(source, slot, &mut state, work)?;
-        self.flush_unsynced_now(slot, &gate)?;
-        let Some(inode) = self.inode_at(from)? else {
+        let moved_away = self.moves_away_from(source, files, to, work)?;
+        let before = {
+            let state = lock(&slot.state);
+            (state.record.superseded, state.record.kept)
+        };
+        let moving = {
+            let mut state = lock(&slot.state);
+            self.settle_rename(source, slot, &mut state, work)?;
+            match self.inode_at(from)? {
+                None => {
+                    state.record.superseded = true;
+                    state.record.kept = false;
+                    state.close_file();
+                    None
+                }
+                Some(inode) => {
+                    state.record.begin_move(to.to_owned(), inode);
+                    state.record.superseded = true;
+                    state.record.kept = true;
+                    Some(Moving::mark(slot, &mut state))
+                }
+            }
+        };
+        let mut intent = moved_away;
+        intent.push(slot.clone());
+        let Some(moving) = moving else {
             tracing::warn!(path = %from, "a superseded file to keep aside is gone from the sink; nothing to keep");
-            let mut record = state.record.clone();
-            record.superseded = true;
-            record.kept = false;
-            self.record_now(vec![(slot.id.clone(), record.clone())], || {
+            self.record_durably(intent, || {
                 format!("recording the superseded file {from}, which is gone")
             })?;
-            state.record = record;
-            state.close_file();
-            drop(state);
             work.request.touched.push(slot.clone());
             return Ok(false);
         };
-        let before = (state.record.superseded, state.record.kept);
-        let undo = |state: &mut SlotState| {
-            state.record.undo_move();
-            (state.record.superseded, state.record.kept) = before;
-        };
-        state.record.begin_move(to.to_owned(), inode);
-        state.record.superseded = true;
-        state.record.kept = true;
-        let intent = vec![(slot.id.clone(), state.record.clone())];
-        if let Err(error) = self.record_now(intent, || {
+        self.record_durably(intent, || {
             format!("recording the move of {from} aside to {to}")
-        }) {
-            undo(&mut state);
-            return Err(error);
-        }
+        })?;
         let dirs = match self.root.rename(from, to) {
             Ok(dirs) => dirs,
             Err(error) => {
                 // Nothing moved: the record says so again, durably, so that
                 // no settle makes the move later behind the live record.
-                undo(&mut state);
-                let withdrawn = vec![(slot.id.clone(), state.record.clone())];
-                self.record_now(withdrawn, || {
+                {
+                    let mut state = lock(&slot.state);
+                    state.record.undo_move();
+                    (state.record.superseded, state.record.kept) = before;
+                    moving.made(&mut state);
+                }
+                self.record_durably(vec![slot.clone()], || {
                     format!("withdrawing the intent to move {from} aside to {to}")
                 })?;
                 return Err(confine_error(error));
             }
         };
-        work.request
-            .flush_before_record(&mut lock(&slot.unsynced), None, dirs);
-        state.record.end_move();
-        state.close_file();
-        drop(state);
-        drop(gate);
+        {
+            let mut state = lock(&slot.state);
+            work.request
+                .flush_before_record(&mut lock(&slot.unsynced), None, dirs);
+            state.record.end_move();
+            state.close_file();
+            moving.made(&mut state);
+        }
         lock(&source.moved_away).made(from.to_owned(), slot.clone());
         work.request.touched.push(slot.clone());
         Ok(true)
@@ -1132,6 +1153,12 @@ impl Placer {
             return Ok(());
         };
         let to = &state.record.dest_path;
+        if state.moving {
+            // Another batch makes this move once its intent is durable.
+            return Err(RowError::Storage(format!(
+                "{from} is being moved to {to} by another batch; this one is sent again"
+            )));
+        }
         let inode = match state.record.renamed_inode {
             Some(inode) => Ok(Some(inode)),
             // Recorded by a build that did not keep the inode: the file at
@@ -1255,12 +1282,14 @@ impl Placer {
                 open.push_back(evicted);
                 continue;
             }
+            // A file being moved keeps its descriptor: reopening it would
+            // have to settle the move.
             let closed = match evicted.state.try_lock() {
-                Ok(mut state) => {
+                Ok(mut state) if !state.moving => {
                     state.close_file();
                     true
                 }
-                Err(_) => false,
+                _ => false,
             };
             if !closed {
                 open.push_back(evicted);
@@ -1438,39 +1467,36 @@ impl Placer {
                 )));
             }
         }
-        let superseded = self.supersede_at(source, &mut files, &new_dest, work)?;
-        {
-            // Record the rename before making it: a crash in between leaves a
-            // record that knows both names, and settle_rename finishes the
-            // move before the file is opened again. The files it supersedes
-            // are recorded with it: after a crash, two live records must not
-            // name one path.
-            let gate = self.open_gate()?;
-            let mut records = Vec::with_capacity(1 + superseded.len());
-            for other in &superseded {
-                let other_state = lock(&other.state);
-                self.flush_unsynced_now(other, &gate)?;
-                records.push((other.id.clone(), other_state.record.clone()));
-            }
-            self.flush_moves_away_from(source, &mut files, &new_dest, &gate, work)?;
+        // Record the rename before making it: a crash in between leaves a
+        // record that knows both names, and settle_rename finishes the move
+        // before the file is opened again. The files it supersedes are
+        // recorded with it (after a crash, two live records must not name
+        // one path), and so are those whose moves away from the new name
+        // must be durable first.
+        let mut intent = self.supersede_at(source, &mut files, &new_dest, work)?;
+        intent.extend(self.moves_away_from(source, &mut files, &new_dest, work)?);
+        let moving = {
             let mut state = lock(&slot.state);
             // A move recorded before and not seen through is finished, and
             // made durable, before this intent takes the place of its record.
             self.settle_rename(source, &slot, &mut state, work)?;
-            self.flush_unsynced_now(&slot, &gate)?;
             let Some(inode) = self.inode_at(&old_dest)? else {
                 return Err(RowError::Storage(format!(
                     "the file at {old_dest} went away while it was renamed to {new_dest}"
                 )));
             };
             state.record.begin_move(new_dest.clone(), inode);
-            records.push((slot.id.clone(), state.record.clone()));
-            self.record_now(records, || format!("recording the rename to {new_dest}"))?;
-        }
+            Moving::mark(&slot, &mut state)
+        };
+        intent.push(slot.clone());
+        #[cfg(test)]
+        crate::fault::hit(crate::fault::Point::MoveIntent, &slot.id.source);
+        self.record_durably(intent, || format!("recording the rename to {new_dest}"))?;
         let dirs = match self.root.rename(&old_dest, &new_dest) {
             Ok(dirs) => dirs,
             Err(error) => {
                 self.withdraw_intents(std::slice::from_ref(&slot))?;
+                drop(moving);
                 return Err(match confine_error(error) {
                     // The new name cannot be made (a file where a directory
                     // should be, a link in the way): the file keeps its name
@@ -1487,6 +1513,7 @@ impl Placer {
             work.request
                 .flush_before_record(&mut lock(&slot.unsynced), None, dirs);
             state.record.end_move();
+            moving.made(&mut state);
         }
         files.by_path.remove(&old_dest);
         files
@@ -1601,32 +1628,30 @@ impl Placer {
             return Ok(());
         }
         tracing::debug!(run, together = moves.len(), "renames made together");
-        {
-            // As in `rename`: the intents are durable before any file moves,
-            // and no round writes these records meanwhile.
-            let gate = self.open_gate()?;
-            for m in &moves {
-                self.flush_moves_away_from(source, &mut files, &m.to, &gate, work)?;
-            }
-            let mut records = Vec::with_capacity(moves.len());
-            for m in &moves {
-                let state = lock(&m.slot.state);
-                self.flush_unsynced_now(&m.slot, &gate)?;
-                let mut record = state.record.clone();
-                record.begin_move(m.to.clone(), m.inode);
-                records.push((m.slot.id.clone(), record));
-            }
-            self.record_now(records, || {
-                format!("recording the renames of {} files", moves.len())
-            })?;
-            for m in &moves {
-                let mut state = lock(&m.slot.state);
-                state.record.begin_move(m.to.clone(), m.inode);
-            }
+        // As in `rename`: the intents are durable before any file moves.
+        let mut intent = Vec::with_capacity(moves.len());
+        for m in &moves {
+            intent.extend(self.moves_away_from(source, &mut files, &m.to, work)?);
         }
+        let mut marked = Vec::with_capacity(moves.len());
+        for m in &moves {
+            let mut state = lock(&m.slot.state);
+            if state.moving || state.record.renamed_from.is_some() {
+                // Another batch began moving it since it was looked at.
+                drop(state);
+                drop(marked);
+                tracing::debug!(run, "renames left to their rows");
+                return Ok(());
+            }
+            state.record.begin_move(m.to.clone(), m.inode);
+            marked.push(Moving::mark(&m.slot, &mut state));
+            intent.push(m.slot.clone());
+        }
+        let count = moves.len();
+        self.record_durably(intent, || format!("recording the renames of {count} files"))?;
         let mut first_failure = None;
         let mut not_moved = Vec::new();
-        for m in moves {
+        for (m, moving) in moves.into_iter().zip(marked) {
             // A failure withdraws this file's intent (below): it keeps its
             // name and is left to its row, which tries again and refuses
             // the rename if the peer named a path that cannot be made. A
@@ -1637,7 +1662,7 @@ impl Placer {
                     if !error.is_peer_error() {
                         first_failure.get_or_insert(confine_error(error));
                     }
-                    not_moved.push(m.slot);
+                    not_moved.push((m.slot, moving));
                     continue;
                 }
             };
@@ -1646,6 +1671,7 @@ impl Placer {
                 work.request
                     .flush_before_record(&mut lock(&m.slot.unsynced), None, dirs);
                 state.record.end_move();
+                moving.made(&mut state);
             }
             files.by_path.remove(&m.from);
             files
@@ -1656,7 +1682,9 @@ impl Placer {
             work.request.touched.push(m.slot);
         }
         if !not_moved.is_empty() {
-            self.withdraw_intents(&not_moved)?;
+            let (slots, moving): (Vec<_>, Vec<_>) = not_moved.into_iter().unzip();
+            self.withdraw_intents(&slots)?;
+            drop(moving);
         }
         first_failure.map_or(Ok(()), Err)
     }
@@ -1668,27 +1696,22 @@ impl Placer {
         })
     }
 
-    /// Makes an earlier move away from `to` durable before an intent to move
-    /// another file there is recorded: a move an earlier process recorded
-    /// and may not have made is made first. Otherwise a crash could keep the
-    /// intent and lose that move, and settling the intent would move its
-    /// file over the one that never left. The caller holds `files` and the
-    /// gate, and no slot's state.
-    fn flush_moves_away_from(
+    /// The files that moved away from `to` and whose moves may not be
+    /// durable yet, once a move away from it that an earlier process
+    /// recorded (and may not have made) is made: the round recording an
+    /// intent to move another file to `to` flushes their moves first.
+    /// Otherwise a crash could keep the intent and lose such a move, and
+    /// settling the intent would move its file over the one that never
+    /// left. The caller holds `files`, and no slot's state.
+    fn moves_away_from(
         &self,
         source: &Source,
         files: &mut SourceFiles,
         to: &str,
-        gate: &MutexGuard<'_, ()>,
         work: &mut BatchWork,
-    ) -> Result<(), RowError> {
+    ) -> Result<Vec<Arc<Slot>>, RowError> {
         self.settle_recorded_move_from(source, files, to, work)?;
-        let made = lock(&source.moved_away).made.remove(to);
-        for moved in made.unwrap_or_default() {
-            let _state = lock(&moved.state);
-            self.flush_unsynced_now(&moved, gate)?;
-        }
-        Ok(())
+        Ok(lock(&source.moved_away).made.remove(to).unwrap_or_default())
     }
 
     /// Makes a move away from `path` that an earlier process recorded (and
@@ -1716,8 +1739,50 @@ impl Placer {
         Ok(())
     }
 
+    /// Writes the records of `slots` as memory holds them now, synced, and
+    /// returns once they are durable: by a commit round of their own once
+    /// the committer runs, so the manifest has one writer and no placement
+    /// thread holds the gate (which every round needs) across a synced
+    /// write. Either way each file's pending flushes (`Slot::unsynced`) are
+    /// done before its record is written, and a failure poisons the sink:
+    /// memory may then be ahead of the manifest, and the restart settles
+    /// every recorded intent by inode. The caller holds no slot's state.
+    fn record_durably(
+        &self,
+        slots: Vec<Arc<Slot>>,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), RowError> {
+        let Some(committer) = self.committer.get() else {
+            return self.record_without_committer(&slots, what);
+        };
+        let mut request = CommitRequest::default();
+        request.touched = slots;
+        committer
+            .submit(request)
+            .map_err(|e| e.to_string())
+            .and_then(|answer| answer.wait())
+            .map_err(|reason| RowError::Storage(format!("{}: {reason}", what())))
+    }
+
+    /// [`Self::record_durably`] before the committer runs: under the gate,
+    /// as a round would.
+    fn record_without_committer(
+        &self,
+        slots: &[Arc<Slot>],
+        what: impl FnOnce() -> String,
+    ) -> Result<(), RowError> {
+        let gate = self.open_gate()?;
+        let mut records = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let state = lock(&slot.state);
+            self.flush_unsynced_now(slot, &gate)?;
+            records.push((slot.id.clone(), state.record.clone()));
+        }
+        self.record_now(records, what)
+    }
+
     /// Writes `records` to the manifest at once, synced, outside a commit
-    /// round. The caller holds the gate, so no round writes them meanwhile.
+    /// round (before the committer runs). The caller holds the gate.
     /// A failed write may or may not have left the records in the manifest,
     /// and memory cannot follow both: it poisons the sink, as a failed round
     /// does, and the restart settles an intent by inode.
@@ -1741,36 +1806,24 @@ impl Placer {
     /// at its old name again, in memory and (durably) in the manifest, so no
     /// later open tries to finish a move that cannot be made. A rename fails
     /// before the file moves or not at all, so the old name is where it is.
+    /// Should the write fail, the sink is poisoned, and its restart settles
+    /// the intents the manifest still holds by inode.
     fn withdraw_intents(&self, slots: &[Arc<Slot>]) -> Result<(), RowError> {
-        let _gate = self.open_gate()?;
-        let mut states: Vec<_> = slots
-            .iter()
-            .map(|slot| (slot, lock(&slot.state)))
-            .filter(|(_, state)| state.record.renamed_from.is_some())
-            .collect();
-        if states.is_empty() {
+        let mut withdrawn = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let mut state = lock(&slot.state);
+            if state.record.renamed_from.is_some() {
+                state.record.undo_move();
+                withdrawn.push(slot.clone());
+            }
+        }
+        if withdrawn.is_empty() {
             return Ok(());
         }
-        let records = states
-            .iter()
-            .map(|(slot, state)| {
-                let mut record = state.record.clone();
-                record.undo_move();
-                (slot.id.clone(), record)
-            })
-            .collect::<Vec<_>>();
-        // Should this write fail, memory keeps the intent the manifest
-        // holds, and the sink is poisoned: its restart settles the intent.
-        self.record_now(records.clone(), || {
-            format!(
-                "withdrawing the rename intents of {} files whose move failed",
-                records.len()
-            )
-        })?;
-        for ((_, state), (_, record)) in states.iter_mut().zip(records) {
-            state.record = record;
-        }
-        Ok(())
+        let count = withdrawn.len();
+        self.record_durably(withdrawn, || {
+            format!("withdrawing the rename intents of {count} files whose move failed")
+        })
     }
 
     /// Whether `dest` is still the file `written` describes (the slot's
@@ -1951,6 +2004,34 @@ impl Placer {
         drop(state);
         work.request.touched.push(slot);
         Ok(())
+    }
+}
+
+/// A move this batch is making (see [`SlotState::moving`]): marked under
+/// the file's state, together with the intent; unmarked by
+/// [`Self::made`] once the move is made or taken back, or when dropped on
+/// a failure. Dropping it locks the file's state, so a holder lets go of
+/// that lock first.
+struct Moving(Option<Arc<Slot>>);
+
+impl Moving {
+    fn mark(slot: &Arc<Slot>, state: &mut SlotState) -> Self {
+        state.moving = true;
+        Self(Some(slot.clone()))
+    }
+
+    /// The move is over; the caller holds the file's state.
+    fn made(mut self, state: &mut SlotState) {
+        state.moving = false;
+        self.0 = None;
+    }
+}
+
+impl Drop for Moving {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            lock(&slot.state).moving = false;
+        }
     }
 }
 

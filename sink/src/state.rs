@@ -61,10 +61,16 @@ pub(crate) struct SlotState {
     pub recorded: bool,
     pub recorded_sealed: bool,
     /// The path and superseded flag the manifest holds for it, so the
-    /// commit feed can tell what a round changed (a rename recorded outside
-    /// a round reaches the feed with the round that records the file next).
+    /// commit feed can tell what a round changed (a rename reaches the feed
+    /// with the first round that records it made, not with its intent).
     pub recorded_path: Option<String>,
     pub recorded_superseded: bool,
+    /// A batch is moving this file (a rename, or a superseded generation
+    /// going aside): its intent is in memory and on its way to the manifest,
+    /// and the move is not made yet. No one else may settle the move then
+    /// (it would be made before its intent is durable), nor close the
+    /// descriptor data goes through.
+    pub moving: bool,
     /// Deferred writes into this file not done yet: their ranges may be
     /// recorded already (by a round still in progress) before their bytes
     /// are in the file.
