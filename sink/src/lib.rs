@@ -8,7 +8,7 @@
 //! - [`feed`]: the commit feed, what became durable, for listeners;
 //! - `service`: the Flight-facing side (the only place gRPC codes appear);
 //! - `state`: what placement and the committer share (slots, commit requests);
-//! - `placement`: writes ranges and applies control rows, exactly once;
+//! - `place`: writes ranges and applies control rows, exactly once;
 //! - `commit`: group commit (fdatasync, then one synced manifest write);
 //! - `flush`: how a round makes files durable (syncfs or fdatasync each);
 //! - `journal`: the journal file, where small ranges become durable first;
@@ -23,7 +23,7 @@ pub mod feed;
 mod flush;
 pub mod health;
 mod journal;
-mod placement;
+mod place;
 mod service;
 mod stage_cpu;
 mod state;
@@ -148,7 +148,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::commit::{CommitAnswer, Committer};
 use crate::confine::Root;
-use crate::placement::Placer;
+use crate::place::Placer;
 
 pub use crate::error::SinkError;
 pub use crate::feed::{
@@ -388,7 +388,7 @@ impl Sink {
             config.superseded,
             config.max_open_files,
             gate.clone(),
-            placement::Journal {
+            place::Journal {
                 max_range: config.journal_max_range,
                 backlog: journal_backlog.clone(),
             },
@@ -533,7 +533,7 @@ impl Sink {
                 // not told of the file and sends it again, which the
                 // manifest recognises byte for byte.
                 let head_crc32c =
-                    match placement::head_crc(&self.placer.root, &record.dest_path, head_len) {
+                    match place::head_crc(&self.placer.root, &record.dest_path, head_len) {
                         Ok(crc) => crc,
                         Err(error) => {
                             tracing::warn!(file = %record.dest_path, %error, "cannot read the head of a recorded file; leaving it out of the watermarks");

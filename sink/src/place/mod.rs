@@ -1,0 +1,523 @@
+//! Placement: puts each received range at its offset in its destination file,
+//! applies control rows (open, rename, seal), and hands the result to the
+//! group committer. Nothing here acknowledges: the ack waits for the commit.
+//!
+//! State per file generation lives in a [`Slot`]: the record as the manifest
+//! will hold it, the ranges written but not yet committed (`pending`), and a
+//! cached file descriptor (with a second one for direct writes of large
+//! ranges, see [`crate::direct`]). A range already placed or pending is never
+//! written again; only the parts nobody wrote are.
+//!
+//! Small ranges go to the journal as well: they are durable once the
+//! commit's journal and manifest writes are, and their files are flushed later
+//! in the background. A few hundred appends to a hundred files then cost one
+//! flush of the manifest instead of a hundred file flushes; after a crash,
+//! [`Placer::replay_journal`] writes them back before the sink serves.
+//! Their writes into their files are deferred until the batch is handed to
+//! the committer ([`DeferredWrites`]), so they overlap its journal round.
+//!
+//! Here: the [`Placer`], each source's path indexes, and the walk over a
+//! batch's rows. Beside it: `data` (ranges), `generation` (slots, new and
+//! superseded generations), `rename` (moves and their intents), `seal`,
+//! `fds` (the descriptor cache), `record` (records durable ahead of their
+//! batch's round) and `replay` (the journal at startup).
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind, SealDigest, checksum};
+use manifest_db::{
+    FileId, FileRecord, IntervalSet, JournalBytes, Sealed, SinkCommit, SinkManifest,
+};
+
+use crate::SinkError;
+use crate::commit::Committer;
+use crate::confine::{ConfineError, Root, SettledMove};
+use crate::direct::{self, DirectFile};
+use crate::health::Health;
+use crate::state::{CommitGate, CommitRequest, Dependency, Slot, SlotState, lock};
+use crate::written_crc::WrittenCrc;
+use crate::{Layout, SupersededPolicy};
+
+mod data;
+mod fds;
+mod generation;
+mod record;
+mod rename;
+mod replay;
+mod seal;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use data::DeferredWrites;
+use data::write_range;
+use rename::{MovedAway, Moving};
+pub(crate) use seal::head_crc;
+
+/// Slots kept in memory before sealed, idle ones are dropped.
+const SLOT_CACHE: usize = 4096;
+
+#[derive(Default)]
+struct SourceFiles {
+    /// Sweep the slot cache when it grows past this.
+    sweep_above: usize,
+    slots: HashMap<(String, u64), Arc<Slot>>,
+    /// Live (not superseded) generation at each destination path.
+    by_path: HashMap<String, (String, u64)>,
+    /// Superseded generations kept aside (`--superseded keep`), by the
+    /// path they were moved to: a new file or a rename there moves them on.
+    kept: HashMap<String, (String, u64)>,
+}
+
+/// Which path index of a source.
+#[derive(Clone, Copy)]
+enum PathIndex {
+    Live,
+    Kept,
+}
+
+impl SourceFiles {
+    fn index(&mut self, which: PathIndex) -> &mut HashMap<String, (String, u64)> {
+        match which {
+            PathIndex::Live => &mut self.by_path,
+            PathIndex::Kept => &mut self.kept,
+        }
+    }
+}
+
+pub(crate) struct Source {
+    name: String,
+    files: Mutex<SourceFiles>,
+    /// Taken on its own, after any other lock (and before `unsynced`).
+    moved_away: Mutex<MovedAway>,
+}
+
+/// Most sources one sink serves: each keeps some state for the life of the
+/// process, and a peer must not make that grow without end. Far more than
+/// the beamlines and hutches one sink serves.
+const MAX_SOURCES: usize = 4096;
+
+/// A source's state once loaded; locked while it loads.
+type SourceCell = Mutex<Option<Arc<Source>>>;
+
+/// Everything placement needs; shared by all streams.
+pub(crate) struct Placer {
+    pub root: Root,
+    pub manifest: SinkManifest,
+    pub layout: Layout,
+    pub superseded: SupersededPolicy,
+    /// Per source, its state once loaded: each behind a lock of its own,
+    /// so that loading one source holds up only that source's batches.
+    sources: Mutex<HashMap<String, Arc<SourceCell>>>,
+    open_files: Mutex<VecDeque<Arc<Slot>>>,
+    commit_gate: CommitGate,
+    max_open_files: usize,
+    pub journal: Journal,
+    /// Ranges whose aligned middle holds at least this many bytes write it
+    /// with O_DIRECT (0: never).
+    direct_min: u64,
+    direct_buffers: direct::Buffers,
+    /// Seals compare the digest of the file read back from disk, even when
+    /// the checksum of the bytes as written is known.
+    seal_read_back: bool,
+    /// Poisoned by any failure memory cannot follow: a flush placement makes
+    /// itself, a failed round recording a move's intent, a panic.
+    pub health: Health,
+    /// With the flat layout, the one source this sink serves (the first
+    /// one seen, in the manifest or on the wire).
+    flat_source: Mutex<Option<String>>,
+    /// Most sources served at once (their state stays for the process).
+    max_sources: usize,
+    /// The manifest's one writer once the sink runs: records changed out of
+    /// a batch's own round (a move's intent) are written by a round of
+    /// their own. Unset during the startup replay and in unit tests, where
+    /// nothing runs beside placement.
+    committer: std::sync::OnceLock<Committer>,
+}
+
+/// Which ranges go to the manifest's journal.
+pub(crate) struct Journal {
+    /// Largest range journaled; bigger ones are flushed in place, so bulk
+    /// data is written once. 0 turns the journal off.
+    pub max_range: u64,
+    /// Journaled bytes not yet flushed to their files (kept by the committer).
+    pub backlog: Arc<AtomicU64>,
+}
+
+struct BatchWork {
+    request: CommitRequest,
+    ack: Ack,
+    deferred: DeferredWrites,
+    /// Slots (by address) this batch moved ahead of their Rename rows.
+    renamed: std::collections::HashSet<usize>,
+}
+
+impl Placer {
+    pub fn new(
+        root: Root,
+        manifest: SinkManifest,
+        layout: Layout,
+        superseded: SupersededPolicy,
+        max_open_files: usize,
+        commit_gate: CommitGate,
+        journal: Journal,
+    ) -> Self {
+        Self {
+            journal,
+            commit_gate,
+            root,
+            manifest,
+            layout,
+            superseded,
+            sources: Mutex::new(HashMap::new()),
+            open_files: Mutex::new(VecDeque::new()),
+            max_open_files: max_open_files.max(16),
+            direct_min: 0,
+            direct_buffers: direct::Buffers::default(),
+            seal_read_back: false,
+            health: Health::default(),
+            flat_source: Mutex::new(None),
+            max_sources: MAX_SOURCES,
+            committer: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// From now on, records written ahead of a batch's round go through
+    /// `committer`'s rounds. Called once, after the startup replay.
+    pub fn attach_committer(&self, committer: Committer) {
+        let _ = self.committer.set(committer);
+    }
+
+    /// Writes the aligned middle of ranges of at least `min` bytes with
+    /// O_DIRECT (0: never); see [`crate::direct`].
+    pub fn with_direct_writes(mut self, min: u64) -> Self {
+        self.direct_min = min;
+        self
+    }
+
+    /// Shares the sink's health (and with it the flusher's: after a failed
+    /// flush, the background flush must not trust a later successful one).
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// Makes seals read every file back from disk to compare its digest,
+    /// instead of trusting the CRC-64 of the bytes as they were written.
+    pub fn with_seal_read_back(mut self, read_back: bool) -> Self {
+        self.seal_read_back = read_back;
+        self
+    }
+
+    /// The source's state, loaded from the manifest on first use.
+    pub fn source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
+        loop {
+            let cell = {
+                let mut sources = lock(&self.sources);
+                if sources.len() >= self.max_sources && !sources.contains_key(name) {
+                    return Err(SinkError::Peer(format!(
+                        "this sink serves at most {} sources, and source {name:?} is not one of them",
+                        self.max_sources
+                    )));
+                }
+                sources.entry(name.to_owned()).or_default().clone()
+            };
+            // Held across the scan: no batch of this source is placed, and so
+            // none of its records rewritten in the manifest (in place, see
+            // manifest_db's store), while they are read. Other sources go on:
+            // the scan reads no key past this source's.
+            let mut loaded = lock(&cell);
+            if let Some(source) = loaded.as_ref() {
+                return Ok(source.clone());
+            }
+            let current = |sources: &HashMap<_, Arc<_>>| {
+                sources.get(name).is_some_and(|c| Arc::ptr_eq(c, &cell))
+            };
+            if !current(&lock(&self.sources)) {
+                // Its load failed and it left the map: one state per source,
+                // so start over with the map's.
+                continue;
+            }
+            return match self.load_source(name) {
+                Ok(source) => {
+                    *loaded = Some(source.clone());
+                    Ok(source)
+                }
+                Err(error) => {
+                    // Names that fail (refused, unreadable) keep no entry:
+                    // the map holds only sources being served.
+                    let mut sources = lock(&self.sources);
+                    if current(&sources) {
+                        sources.remove(name);
+                    }
+                    Err(error)
+                }
+            };
+        }
+    }
+
+    fn load_source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
+        if self.layout == Layout::Flat {
+            self.claim_flat_root(name)?;
+        }
+        self.read_source(name)
+    }
+
+    /// A source's state as the manifest has it (no claim on a flat root).
+    fn read_source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
+        let records = self.manifest.files_of_source(name).map_err(|e| {
+            SinkError::Storage(format!("loading the manifest of source {name:?}: {e}"))
+        })?;
+        // Only the path index is kept for every file; slots are loaded on
+        // demand and sealed ones are dropped again, so memory follows the
+        // files in use, not every file the source ever sent.
+        let mut files = SourceFiles {
+            sweep_above: SLOT_CACHE,
+            ..SourceFiles::default()
+        };
+        let mut moved_away = MovedAway::default();
+        for (id, record) in records {
+            if let Some(from) = &record.renamed_from {
+                moved_away
+                    .recorded
+                    .insert(from.clone(), (id.key.clone(), id.generation));
+            }
+            if !record.superseded {
+                files
+                    .by_path
+                    .insert(record.dest_path, (id.key, id.generation));
+            } else if record.kept {
+                files.kept.insert(record.dest_path, (id.key, id.generation));
+            }
+        }
+        Ok(Arc::new(Source {
+            name: name.to_owned(),
+            files: Mutex::new(files),
+            moved_away: Mutex::new(moved_away),
+        }))
+    }
+
+    /// The flat layout puts every source's files straight under the root,
+    /// where two sources' files of the same name would be one file: the
+    /// first source (in the manifest's order, else on the wire) is the only
+    /// one, whichever connects first.
+    fn claim_flat_root(&self, name: &str) -> Result<(), SinkError> {
+        let mut owner = lock(&self.flat_source);
+        if owner.is_none() {
+            let first = self
+                .manifest
+                .first_source()
+                .map_err(|e| SinkError::Storage(format!("reading the manifest's sources: {e}")))?;
+            *owner = Some(first.unwrap_or_else(|| name.to_owned()));
+        }
+        match owner.as_deref() {
+            Some(only) if only != name => Err(SinkError::Peer(format!(
+                "this sink writes the flat layout, which serves one source, {only:?}: \
+                 source {name:?} needs a sink of its own or the per-source layout"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Holds off commit rounds while held. A round holds it from before its
+    /// records are written until its journal write and its deferred writes
+    /// are done too; it says why
+    /// the sink stopped if a round failed meanwhile.
+    pub fn commit_gate(&self) -> MutexGuard<'_, ()> {
+        lock(&self.commit_gate)
+    }
+
+    /// The commit gate, unless the sink is poisoned (then it refuses work
+    /// until it is restarted). Checked under the gate: a round that fails
+    /// poisons the health before it lets go.
+    fn open_gate(&self) -> Result<MutexGuard<'_, ()>, RowError> {
+        let gate = lock(&self.commit_gate);
+        match self.health.reason() {
+            Some(reason) => Err(RowError::Storage(format!(
+                "sink storage failed earlier, restart it: {reason}"
+            ))),
+            None => Ok(gate),
+        }
+    }
+
+    /// Destination path of a source-relative path, relative to the root.
+    fn dest(&self, source: &Source, path: &str) -> String {
+        match self.layout {
+            Layout::PerSource => format!("{}/{path}", source.name),
+            Layout::Flat => path.to_owned(),
+        }
+    }
+
+    /// Places one batch (blocking I/O). Returns the commit to wait for, the
+    /// ack to send once it is durable, and the writes to do once the commit
+    /// is submitted (its answer waits for them).
+    pub fn place(
+        &self,
+        source: &Source,
+        seq: u64,
+        batch: &RangeBatch,
+    ) -> Result<(CommitRequest, Ack, DeferredWrites), SinkError> {
+        let mut work = BatchWork {
+            request: CommitRequest::default(),
+            ack: Ack {
+                seq,
+                ..Ack::default()
+            },
+            deferred: DeferredWrites::default(),
+            renamed: Default::default(),
+        };
+        for (index, row) in batch.rows().enumerate() {
+            let context = |e: String| {
+                format!(
+                    "batch {seq} row {index} ('{}' generation {}): {e}",
+                    row.file_key, row.generation
+                )
+            };
+            let result = match row.kind {
+                RowKind::Data => self.place_data(source, &row, index, &mut work),
+                RowKind::Open => self.open_generation(source, &row, &mut work),
+                RowKind::Rename => self
+                    .rename_run_at(source, batch, index, &mut work)
+                    .and_then(|()| self.rename(source, &row, &mut work)),
+                RowKind::Seal => self.seal(source, &row, &mut work),
+            };
+            let failure = match result {
+                Ok(()) => continue,
+                Err(RowError::Reject(error)) => {
+                    work.ack.rejected.push(RejectedRow {
+                        row: index,
+                        error: context(error),
+                        superseded: false,
+                    });
+                    continue;
+                }
+                Err(RowError::Superseded(error)) => {
+                    work.ack.rejected.push(RejectedRow {
+                        row: index,
+                        error: context(error),
+                        superseded: true,
+                    });
+                    continue;
+                }
+                Err(RowError::Peer(error)) => SinkError::Peer(context(error)),
+                Err(RowError::Storage(error)) => SinkError::Storage(context(error)),
+            };
+            // What this batch wrote will not be recorded: others must not
+            // wait for it, and a re-delivery must write it again.
+            for (slot, ranges) in &work.request.placed {
+                let mut state = lock(&slot.state);
+                for &(start, end) in ranges {
+                    state.pending.remove(start, end);
+                }
+            }
+            return Err(failure);
+        }
+        work.request.counters.placed_bytes = work.ack.placed;
+        work.request.counters.duplicate_bytes = work.ack.duplicate;
+        Ok((work.request, work.ack, work.deferred))
+    }
+
+    /// The slot of (key, generation), from memory or from the manifest.
+    fn lookup(
+        &self,
+        source: &Source,
+        files: &mut SourceFiles,
+        key: &str,
+        generation: u64,
+    ) -> Result<Option<Arc<Slot>>, RowError> {
+        let cache_key = (key.to_owned(), generation);
+        if let Some(slot) = files.slots.get(&cache_key) {
+            return Ok(Some(slot.clone()));
+        }
+        let id = FileId {
+            source: source.name.clone(),
+            key: key.to_owned(),
+            generation,
+        };
+        let record = self
+            .manifest
+            .get(&id)
+            .map_err(|e| RowError::Storage(format!("reading the manifest: {e}")))?;
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let slot = Arc::new(Slot {
+            id,
+            state: Mutex::new(SlotState {
+                recorded: true,
+                recorded_sealed: record.sealed.is_some(),
+                recorded_path: Some(record.dest_path.clone()),
+                recorded_superseded: record.superseded,
+                moving: false,
+                deferred_writes: 0,
+                // Bytes placed by an earlier run are vouched for only by the
+                // file itself.
+                written_crc: WrittenCrc::new(record.placed.is_empty()),
+                inode: None,
+                record,
+                pending: IntervalSet::new(),
+                disk_len: None,
+                file: None,
+                direct: DirectFile::NotOpened,
+            }),
+            unsynced: Mutex::new(Vec::new()),
+        });
+        self.cache(files, cache_key, slot.clone());
+        Ok(Some(slot))
+    }
+
+    /// Keeps a slot in memory; past a size, drops sealed slots nobody holds
+    /// (their record is in the manifest and they take no more writes).
+    fn cache(&self, files: &mut SourceFiles, key: (String, u64), slot: Arc<Slot>) {
+        files.slots.insert(key, slot);
+        if files.slots.len() > files.sweep_above.max(SLOT_CACHE) {
+            files.slots.retain(|_, slot| {
+                let idle_and_sealed = Arc::strong_count(slot) == 1
+                    && slot.state.try_lock().is_ok_and(|state| {
+                        state.record.sealed.is_some() && state.pending.is_empty()
+                    })
+                    && slot
+                        .unsynced
+                        .try_lock()
+                        .is_ok_and(|unsynced| unsynced.is_empty());
+                !idle_and_sealed
+            });
+            files.sweep_above = files.slots.len() * 2;
+        }
+    }
+}
+
+/// How one row failed.
+enum RowError {
+    /// Refuse this row only, in the ack.
+    Reject(String),
+    /// Refuse this row only: its generation was replaced by a newer one.
+    Superseded(String),
+    /// Fail the batch: the peer sent something invalid.
+    Peer(String),
+    /// Fail the batch: storage failed.
+    Storage(String),
+}
+
+impl RowError {
+    fn into_message(self) -> String {
+        match self {
+            RowError::Reject(m)
+            | RowError::Superseded(m)
+            | RowError::Peer(m)
+            | RowError::Storage(m) => m,
+        }
+    }
+}
+
+fn confine_error(e: ConfineError) -> RowError {
+    if e.is_peer_error() {
+        RowError::Peer(e.to_string())
+    } else {
+        RowError::Storage(e.to_string())
+    }
+}
