@@ -1,0 +1,345 @@
+//! One commit round's record: what it flushes, the records it folds and
+//! writes under the gate, and what it tells the feed.
+
+use super::log::{Placement, unix_nanos};
+use super::*;
+
+/// Every distinct file and directory the round must flush: those its
+/// batches touched, and what earlier changes to the files it records still
+/// wait for (see [`CommitRequest::flush_before_record`]); and the tokens of
+/// those pending flushes, to forget once they are done.
+pub(crate) fn sync_targets(round: &[Queued]) -> (Vec<SyncTarget>, HashSet<u64>) {
+    // Each batch opens the directories it changed on its own: one fsync
+    // each is enough (and a few more would tip `Auto` into a syncfs).
+    let mut targets: HashMap<(u64, u64), SyncTarget> = HashMap::new();
+    let mut add = |target: SyncTarget| {
+        let identity = match &target {
+            SyncTarget::Dir(dir) => rustix::fs::fstat(dir.as_ref())
+                .map_or((u64::MAX, target.address() as u64), |st| {
+                    (st.st_dev, st.st_ino)
+                }),
+            SyncTarget::File(_) => (u64::MAX, target.address() as u64),
+        };
+        targets.entry(identity).or_insert(target);
+    };
+    let mut tokens = HashSet::new();
+    for queued in round {
+        let request = &queued.request;
+        for file in &request.files_to_sync {
+            add(SyncTarget::File(file.clone()));
+        }
+        for dir in &request.dirs_to_sync {
+            add(SyncTarget::Dir(dir.clone()));
+        }
+        for slot in &request.touched {
+            for pending in lock(&slot.unsynced).iter() {
+                tokens.insert(pending.token());
+                add(pending.target.clone());
+            }
+        }
+    }
+    (targets.into_values().collect(), tokens)
+}
+
+/// After a round's flush: the pending flushes it covered are done. Later
+/// ones (a move made while it flushed) stay, even in the same directory.
+pub(crate) fn forget_flushed(round: &[Queued], flushed: &HashSet<u64>) {
+    for queued in round {
+        for slot in &queued.request.touched {
+            lock(&slot.unsynced).retain(|pending| !flushed.contains(&pending.token()));
+        }
+    }
+}
+
+/// What a round recorded.
+pub(super) struct Recorded {
+    /// Per file, what the round made durable (only if the feed has listeners).
+    pub(super) feed: Option<Vec<FileCommit>>,
+    pub(super) placements: Vec<Placement>,
+    /// Per placement, when its batch reached the sink (unix nanos).
+    pub(super) received_at: Vec<u128>,
+    /// How long building and writing the manifest batch took (synced only
+    /// when the round journals nothing), and then the journal's write of
+    /// that batch and its fdatasync (its ranges were written meanwhile).
+    pub(super) journal_us: u64,
+    pub(super) manifest_us: u64,
+    /// Of which building the batch (the rest is RocksDB's write).
+    pub(super) prepare_us: u64,
+    /// Folding the round's ranges into the records, before that.
+    pub(super) fold_us: u64,
+    /// Waiting for the batches' deferred writes, after the journal write.
+    pub(super) deferred_us: u64,
+    /// Before all that: from the hand-off until the round ran (in place, or
+    /// on the blocking pool under a current-thread runtime), then waiting
+    /// for the commit gate.
+    pub(super) blocking_us: u64,
+    pub(super) gate_us: u64,
+    /// The journal round written, if any (its number, where it starts and
+    /// ends in the journal), and its bytes.
+    pub(super) journal_round: Option<(u64, u64, u64)>,
+    pub(super) journal_bytes: u64,
+}
+
+/// What a round records into, and whom it tells of a failure.
+pub(super) struct RoundSink<'a> {
+    pub(super) manifest: &'a SinkManifest,
+    pub(super) gate: &'a CommitGate,
+    pub(super) counts: &'a FileCounts,
+    pub(super) health: &'a Health,
+    /// Told of the round under the gate, once it is durable.
+    pub(super) feed: &'a CommitFeed,
+}
+
+/// What a round's record of a file tells the feed's listeners, against what
+/// the manifest held of it before (kept in the slot's state).
+pub(super) fn describe_commit(
+    id: &FileId,
+    before: &crate::state::SlotState,
+    record: &manifest_db::FileRecord,
+    made: manifest_db::IntervalSet,
+) -> FileCommit {
+    let mut changes = Vec::new();
+    let path = path_on_disk(record);
+    match &before.recorded_path {
+        _ if !before.recorded => changes.push(FileChange::Opened),
+        Some(from) if from != path => changes.push(FileChange::Renamed { from: from.clone() }),
+        _ => {}
+    }
+    if let Some(sealed) = record.sealed.as_ref().filter(|_| !before.recorded_sealed) {
+        changes.push(FileChange::Sealed {
+            size: sealed.size,
+            digest: sealed.digest.clone(),
+        });
+    }
+    if record.superseded && !before.recorded_superseded {
+        changes.push(FileChange::Superseded);
+    }
+    FileCommit {
+        id: id.clone(),
+        path: path.to_owned(),
+        ranges: made.ranges().to_vec(),
+        contiguous_end: record.placed.contiguous_end(),
+        changes,
+    }
+}
+
+/// Where a record's file lives: a move whose intent is recorded and which
+/// is not made yet leaves it at its old name, and the feed tells of the
+/// rename with the round that records it made.
+pub(super) fn path_on_disk(record: &manifest_db::FileRecord) -> &str {
+    record.renamed_from.as_deref().unwrap_or(&record.dest_path)
+}
+
+/// Records a round whose bytes are durable (flushed), or become durable in
+/// the journal while its records are written: it returns only once both are.
+pub(super) fn record_round(
+    sink: &RoundSink<'_>,
+    round: &mut [Queued],
+    journal: JournalRound,
+    journal_complete: u64,
+) -> Result<Recorded, String> {
+    // Snapshots and their write happen under the gate, which is also what
+    // the journal replay writes records under before the committer runs.
+    // It is held until the journal write and the round's deferred writes
+    // are done too, and a failure (or a panic) poisons the sink and the gate
+    // before it is let go: whoever writes or reads records under it
+    // (renames, watermarks) never sees ranges whose bytes may still be lost
+    // or not yet in their files.
+    let asking = Instant::now();
+    let _gate = lock(sink.gate);
+    let gate_us = asking.elapsed().as_micros() as u64;
+    if let Some(reason) = sink.health.reason() {
+        // Placement stopped the sink (a failed flush) while this round ran.
+        return Err(format!("the sink stopped: {reason}"));
+    }
+    let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        record_round_under_gate(sink, round, journal, journal_complete)
+    }))
+    .unwrap_or_else(|panic| {
+        Err(format!(
+            "the commit round panicked: {}",
+            panic_message(panic.as_ref())
+        ))
+    });
+    match recorded {
+        Ok(mut recorded) => {
+            // Still under the gate: a snapshot read under it either holds
+            // this round or names the round before it.
+            sink.feed.recorded(recorded.feed.take());
+            recorded.gate_us = gate_us;
+            Ok(recorded)
+        }
+        Err(reason) => {
+            sink.health
+                .poison(format!("a commit round failed: {reason}"));
+            Err(reason)
+        }
+    }
+}
+
+pub(super) fn record_round_under_gate(
+    sink: &RoundSink<'_>,
+    round: &mut [Queued],
+    journal: JournalRound,
+    journal_complete: u64,
+) -> Result<Recorded, String> {
+    let folding = Instant::now();
+    let deferred_writes: Vec<_> = round
+        .iter_mut()
+        .filter_map(|queued| queued.request.written.take())
+        .collect();
+    let RoundSink {
+        manifest, counts, ..
+    } = sink;
+    let JournalRound {
+        entries: journal,
+        round: journal_round,
+        start: journal_start,
+        write: journal_write,
+    } = journal;
+    // The bytes are durable (flushed), or go to the journal with the records:
+    // fold the round's ranges into the records and write them all at once.
+    let mut commit = SinkCommit {
+        journal,
+        journal_round,
+        journal_start,
+        journal_complete,
+        ..SinkCommit::default()
+    };
+    let mut received_at = Vec::new();
+    let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
+    // What the round makes durable of each file, for the feed's listeners.
+    let mut fed: Option<HashMap<*const Slot, manifest_db::IntervalSet>> =
+        sink.feed.has_listeners().then(HashMap::new);
+    for queued in round.iter() {
+        let request = &queued.request;
+        let received = request.received.map_or(0, unix_nanos);
+        for (slot, ranges) in &request.placed {
+            let mut state = lock(&slot.state);
+            if let Some(fed) = fed.as_mut() {
+                let made = fed.entry(Arc::as_ptr(slot)).or_default();
+                for &(start, end) in ranges {
+                    made.insert(start, end);
+                }
+            }
+            for &(start, end) in ranges {
+                state.record.placed.insert(start, end);
+                commit
+                    .placements
+                    .push((slot.id.clone(), start, end - start));
+                received_at.push(received);
+            }
+            let pending: Vec<(u64, u64)> = ranges.clone();
+            for (start, end) in pending {
+                state.pending.remove(start, end);
+            }
+        }
+        for slot in &request.touched {
+            touched.insert(Arc::as_ptr(slot), slot);
+        }
+        commit.counters.placed_bytes += request.counters.placed_bytes;
+        commit.counters.duplicate_bytes += request.counters.duplicate_bytes;
+        commit.counters.rewritten_bytes += request.counters.rewritten_bytes;
+    }
+    let mut written = Vec::with_capacity(touched.len());
+    for slot in touched.values() {
+        let state = lock(&slot.state);
+        // Whatever the round's flush did not cover (a move made since, by a
+        // batch that has not reached a round): the record must not outrun
+        // it. Under the slot's state, which every move holds while it makes
+        // its change and queues its flush.
+        let mut unsynced = lock(&slot.unsynced);
+        while let Some(pending) = unsynced.first() {
+            pending.target.sync().inspect_err(|reason| {
+                sink.health.poison(reason.clone());
+            })?;
+            unsynced.remove(0);
+        }
+        drop(unsynced);
+        let record = state.record.clone();
+        drop(state);
+        written.push((*slot, record.sealed.is_some()));
+        commit.records.push((slot.id.clone(), record));
+    }
+    let writing = Instant::now();
+    let fold_us = (writing - folding).as_micros() as u64;
+    let recording =
+        |e: manifest_db::Error| format!("recording {} ranges: {e}", commit.placements.len());
+    let prepared = manifest.prepare(&commit).map_err(recording)?;
+    let prepare_us = writing.elapsed().as_micros() as u64;
+    // A journal round carries the records' batch too, and the manifest
+    // writes it without a sync of its own: one fdatasync makes the round
+    // durable, and the startup redoes a batch a machine crash lost.
+    let journal_written = match journal_write {
+        Some(write) if write.batch_fits(prepared.data().len()) => {
+            let written = write.finish(prepared.data().to_vec());
+            prepared.write_logged_elsewhere().map_err(recording)?;
+            Some(written)
+        }
+        Some(write) => {
+            let written = write.finish(Vec::new());
+            prepared.write_synced().map_err(recording)?;
+            Some(written)
+        }
+        None => {
+            prepared.write_synced().map_err(recording)?;
+            None
+        }
+    };
+    let manifest_us = writing.elapsed().as_micros() as u64;
+    // Nothing of this round is acknowledged before its journal write ends.
+    // A process crash before then may leave its entries recorded with bytes
+    // that fail their CRC: the replay withdraws them. A machine crash may
+    // also lose the manifest write: then the round is simply not recorded,
+    // unless its journal write had ended, and the startup redoes it.
+    let (journal_us, journal_end) = match journal_written {
+        Some(written) => {
+            let (us, end) = written.recv().unwrap_or_else(|_| {
+                Err("the journal writer thread died (panicked) before it answered".to_string())
+            })?;
+            (us, Some(end))
+        }
+        None => (0, None),
+    };
+    // The records may be seen once the round ends: their ranges must be in
+    // their files by then (they are durable in the journal already).
+    let deferring = Instant::now();
+    for deferred in deferred_writes {
+        deferred_outcome(deferred.blocking_recv())?;
+    }
+    let deferred_us = deferring.elapsed().as_micros() as u64;
+    let mut feed = fed.as_ref().map(|_| Vec::with_capacity(written.len()));
+    for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
+        let mut state = lock(&slot.state);
+        if let (Some(feed), Some(fed)) = (feed.as_mut(), fed.as_mut()) {
+            let made = fed.remove(&Arc::as_ptr(slot)).unwrap_or_default();
+            feed.push(describe_commit(&slot.id, &state, record, made));
+        }
+        state.recorded_path = Some(path_on_disk(record).to_owned());
+        state.recorded_superseded = record.superseded;
+        counts.committed(&mut state, sealed);
+    }
+    let journal_bytes = commit
+        .journal
+        .iter()
+        .map(|(_, _, bytes)| match bytes {
+            manifest_db::JournalBytes::InFile { len, .. } => u64::from(*len),
+            manifest_db::JournalBytes::Inline(bytes) => bytes.len() as u64,
+        })
+        .sum();
+    let journal_round = journal_end.map(|end| (commit.journal_round, commit.journal_start, end));
+    Ok(Recorded {
+        feed,
+        placements: commit.placements,
+        received_at,
+        journal_us,
+        manifest_us,
+        prepare_us,
+        fold_us,
+        deferred_us,
+        blocking_us: 0,
+        gate_us: 0,
+        journal_round,
+        journal_bytes,
+    })
+}
