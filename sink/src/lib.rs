@@ -10,19 +10,17 @@
 //! - `state`: what placement and the committer share (slots, commit requests);
 //! - `place`: writes ranges and applies control rows, exactly once;
 //! - `commit`: group commit (fdatasync, then one synced manifest write);
-//! - `flush`: how a round makes files durable (syncfs or fdatasync each);
-//! - `journal`: the journal file, where small ranges become durable first;
-//! - `direct`: writes the aligned middle of large ranges past the page cache;
+//! - `durability`: how bytes become durable: `flush` (syncfs or fdatasync
+//!   each), `journal` (where small ranges become durable first) and
+//!   `direct` (the aligned middle of large ranges, past the page cache);
 //! - [`verify`]: compares a source tree with a destination tree.
 
 mod commit;
 pub mod confine;
-mod direct;
+mod durability;
 pub mod error;
 pub mod feed;
-mod flush;
 pub mod health;
-mod journal;
 mod place;
 mod service;
 mod stage_cpu;
@@ -150,11 +148,12 @@ use crate::commit::{CommitAnswer, Committer};
 use crate::confine::Root;
 use crate::place::Placer;
 
+pub use crate::durability::flush::SyncStrategy;
+use crate::durability::{direct, flush, journal};
 pub use crate::error::SinkError;
 pub use crate::feed::{
     CommitRound, DurableFile, DurableSnapshot, FeedHandle, FileChange, FileCommit,
 };
-pub use crate::flush::SyncStrategy;
 pub use crate::health::Health;
 
 /// Where files of a source land under the root.

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use manifest_db::{FileId, FileRecord, IntervalSet, SinkCounters, SinkManifest};
 use tokio::sync::oneshot;
 
-use crate::direct::DirectFile;
-use crate::flush::{SyncTarget, flush_now};
+use crate::durability::direct::DirectFile;
+use crate::durability::flush::{SyncTarget, flush_now};
 use crate::written_crc::WrittenCrc;
 
 /// Locks a mutex of the sink's shared state. A mutex a panic left poisoned
@@ -54,7 +54,7 @@ pub(crate) struct SlotState {
     /// a rewrite.
     pub disk_len: Option<u64>,
     pub file: Option<Arc<File>>,
-    /// A second descriptor on `file` for direct writes (see [`crate::direct`]).
+    /// A second descriptor on `file` for direct writes (see [`crate::durability::direct`]).
     pub direct: DirectFile,
     /// What the manifest holds of this record, for the file counts: whether
     /// it is recorded at all, and recorded as sealed.

@@ -20,7 +20,7 @@ pub(super) const FLUSH_AFTER: Duration = Duration::from_millis(400);
 /// rounds keep finding room while a flush runs. Counting only the ranges
 /// would let rounds of tiny appends, mostly header and batch, fill the
 /// file first, and rounds would then flush in place.
-pub(super) const FLUSH_AT_BYTES: u64 = crate::journal::JOURNAL_FILE_BYTES / 4;
+pub(super) const FLUSH_AT_BYTES: u64 = crate::durability::journal::JOURNAL_FILE_BYTES / 4;
 
 /// The journal file, and the journal rounds whose files still need a flush.
 pub(super) struct Backlog {
@@ -287,7 +287,7 @@ pub(super) const BACKGROUND_SYNC_PARALLELISM: usize = 2;
 mod tests {
     use super::*;
     use crate::confine::Root;
-    use crate::flush::SyncStrategy;
+    use crate::durability::flush::SyncStrategy;
     use crate::test_support::scratch;
 
     /// A backlog over a scratch directory: it, the manifest its flushes

@@ -3,7 +3,7 @@
 //!
 //! One task drains every request queued since its last round, makes the
 //! files they touched and the directories whose entries changed durable (one
-//! `syncfs` or a flush each, see [`crate::flush`]), then writes all their
+//! `syncfs` or a flush each, see [`crate::durability::flush`]), then writes all their
 //! records in one synced RocksDB WriteBatch. Only after that does any of them
 //! get its answer. A request that leaned on ranges another batch was writing
 //! (a duplicate in flight) waits until those are recorded.
@@ -11,7 +11,7 @@
 //! A round that has no file or directory to flush but small ranges to
 //! journal writes their bytes into the journal file instead, with the
 //! round's manifest batch after them (one write, one fdatasync, see
-//! [`crate::journal`]), and that batch into the manifest without a sync of
+//! [`crate::durability::journal`]), and that batch into the manifest without a sync of
 //! its own, both at once. A machine crash may lose the manifest write: the
 //! startup redoes it from the journal. A process crash may cut the journal
 //! write short after the manifest write: each entry carries its range's CRC,
@@ -47,11 +47,11 @@ use std::time::{Duration, Instant};
 use manifest_db::{FileId, JournalEntry, SinkCommit, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::durability::flush::{Flusher, SyncTarget};
+use crate::durability::journal::{JournalFile, JournalSpace, RoundWrite};
 use crate::error::panic_message;
 use crate::feed::{CommitFeed, FileChange, FileCommit};
-use crate::flush::{Flusher, SyncTarget};
 use crate::health::Health;
-use crate::journal::{JournalFile, JournalSpace, RoundWrite};
 use crate::stage_cpu::{Stage, StageTimer};
 use crate::state::{CommitGate, CommitRequest, FileCounts, Slot, lock};
 

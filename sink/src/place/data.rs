@@ -1,5 +1,5 @@
 //! Data rows: a range is written at its offset, its aligned middle directly
-//! when it is large enough ([`crate::direct`]); a small one is also journaled,
+//! when it is large enough ([`crate::durability::direct`]); a small one is also journaled,
 //! and written into its file only once its batch is handed to the committer
 //! ([`DeferredWrites`]), so the write overlaps the round's journal write.
 
@@ -26,7 +26,7 @@ pub(super) fn write_range(
 const JOURNAL_BATCH_MAX: u64 = 1 << 20;
 /// Journaled bytes whose files are not flushed yet, past which ranges are
 /// flushed in place again (the background flush has fallen behind).
-const JOURNAL_BACKLOG_MAX: u64 = crate::journal::JOURNAL_FILE_BYTES;
+const JOURNAL_BACKLOG_MAX: u64 = crate::durability::journal::JOURNAL_FILE_BYTES;
 
 /// A batch's journaled ranges, placed in their files only after the batch is
 /// handed to the committer: the writes then overlap the round that makes the

@@ -5,7 +5,7 @@
 //! State per file generation lives in a [`Slot`]: the record as the manifest
 //! will hold it, the ranges written but not yet committed (`pending`), and a
 //! cached file descriptor (with a second one for direct writes of large
-//! ranges, see [`crate::direct`]). A range already placed or pending is never
+//! ranges, see [`crate::durability::direct`]). A range already placed or pending is never
 //! written again; only the parts nobody wrote are.
 //!
 //! Small ranges go to the journal as well: they are durable once the
@@ -37,7 +37,7 @@ use manifest_db::{
 use crate::SinkError;
 use crate::commit::Committer;
 use crate::confine::{ConfineError, Root, SettledMove};
-use crate::direct::{self, DirectFile};
+use crate::durability::direct::{self, DirectFile};
 use crate::health::Health;
 use crate::state::{CommitGate, CommitRequest, Dependency, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
@@ -193,7 +193,7 @@ impl Placer {
     }
 
     /// Writes the aligned middle of ranges of at least `min` bytes with
-    /// O_DIRECT (0: never); see [`crate::direct`].
+    /// O_DIRECT (0: never); see [`crate::durability::direct`].
     pub fn with_direct_writes(mut self, min: u64) -> Self {
         self.direct_min = min;
         self

@@ -27,8 +27,8 @@ impl Placer {
     /// `journal_path` is the journal file the entries point into.
     pub fn replay_journal(&self, journal_path: &Path) -> Result<u64, SinkError> {
         let storage = |e: String| SinkError::Storage(format!("replaying the journal: {e}"));
-        let redone =
-            crate::journal::redo_lost_rounds(&self.manifest, journal_path).map_err(storage)?;
+        let redone = crate::durability::journal::redo_lost_rounds(&self.manifest, journal_path)
+            .map_err(storage)?;
         if redone > 0 {
             tracing::warn!(
                 rounds = redone,

@@ -3,7 +3,7 @@
 
 use super::rename::paths_overlap;
 use super::*;
-use crate::flush::SyncTarget;
+use crate::durability::flush::SyncTarget;
 use flight_server::BatchBuilder;
 
 /// A scratch root and state directory, removed on drop.

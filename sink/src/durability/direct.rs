@@ -52,7 +52,7 @@ pub(crate) fn alignment() -> u64 {
 const DEFAULT_MIN: u64 = 512 << 10;
 
 /// `--direct-min auto`: 512 KiB on the local filesystems that have a disk
-/// (those of [`crate::flush::LOCAL_FILESYSTEMS`] but tmpfs), whose O_DIRECT
+/// (those of [`crate::durability::flush::LOCAL_FILESYSTEMS`] but tmpfs), whose O_DIRECT
 /// is a plain device write; never elsewhere. On network and parallel
 /// filesystems a direct write may be a synchronous round trip per chunk,
 /// slower than the client's write-behind.
@@ -63,7 +63,7 @@ pub(crate) fn default_min(root: &impl std::os::fd::AsFd) -> u64 {
     // f_type is i64 here but narrower or unsigned on other targets.
     #[allow(clippy::unnecessary_cast)]
     let filesystem = stat.f_type as i64;
-    let on_disk = crate::flush::LOCAL_FILESYSTEMS
+    let on_disk = crate::durability::flush::LOCAL_FILESYSTEMS
         .iter()
         .any(|&(magic, name)| magic == filesystem && name != "tmpfs");
     if on_disk { DEFAULT_MIN } else { 0 }
