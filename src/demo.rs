@@ -181,7 +181,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         }
     });
     let verify =
-        sink::verify::verify_trees(&source_dir, &dest_dir.join("demo"), &Default::default())?;
+        crate::verify::verify_trees(&source_dir, &dest_dir.join("demo"), &Default::default())?;
     println!("{verify}");
     println!(
         "summary: {:.1} MiB in {} files, written in {:.1}s ({:.1} MiB/s); everything sealed {:.1}s after the writer stopped; worst lag seen {:.3}s; destination {}",

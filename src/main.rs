@@ -5,6 +5,7 @@ mod choices;
 mod config;
 mod demo;
 mod feed_log;
+mod verify;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -530,11 +531,11 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
             );
         }
         Command::Verify(args) => {
-            let options = sink::verify::VerifyOptions {
+            let options = crate::verify::VerifyOptions {
                 ignore: args.ignore.clone(),
                 ..Default::default()
             };
-            let report = sink::verify::verify_trees(&args.source, &args.dest, &options)?;
+            let report = crate::verify::verify_trees(&args.source, &args.dest, &options)?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

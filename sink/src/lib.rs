@@ -13,7 +13,6 @@
 //! - `durability`: how bytes become durable: `flush` (syncfs or fdatasync
 //!   each), `journal` (where small ranges become durable first) and
 //!   `direct` (the aligned middle of large ranges, past the page cache);
-//! - [`verify`]: compares a source tree with a destination tree.
 
 mod commit;
 pub mod confine;
@@ -25,7 +24,6 @@ mod place;
 mod service;
 mod stage_cpu;
 mod state;
-pub mod verify;
 mod written_crc;
 
 /// Helpers shared by the unit tests of this crate's modules.
