@@ -2,6 +2,8 @@
 //! them) and dispatches to the crates that do the work.
 
 mod choices;
+#[cfg(feature = "bench")]
+mod commit_log;
 mod config;
 mod demo;
 mod feed_log;
@@ -172,7 +174,8 @@ pub struct SinkArgs {
     #[arg(long)]
     seal_read_back: bool,
     /// Append "source key generation offset length durable_unix_nanos received_unix_nanos"
-    /// per recorded range (for latency benchmarks).
+    /// per range a commit round made durable (latency benchmarks; `bench` feature).
+    #[cfg(feature = "bench")]
     #[arg(long)]
     commit_log: Option<PathBuf>,
     /// Batches placed at once, each on a thread of its own; more wait in
@@ -438,7 +441,6 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         direct_min: args.direct_min.0,
         sync: args.sync.into(),
         seal_read_back: args.seal_read_back,
-        commit_log: args.commit_log.clone(),
         placement_threads: args.placement_threads,
     }
 }
@@ -496,13 +498,18 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
             let config = sink_config(&args);
             runtime()?.block_on(async {
                 let sink = sink::Sink::open(&config)?;
-                let feed_log = match &args.feed_log {
-                    Some(path) => Some(feed_log::attach(&sink, path)?),
-                    None => None,
-                };
+                // Listeners of the feed, each on a thread it ends once the
+                // sink is gone and its feed closed.
+                let mut listeners = Vec::new();
+                if let Some(path) = &args.feed_log {
+                    listeners.push(feed_log::attach(&sink, path)?);
+                }
+                #[cfg(feature = "bench")]
+                if let Some(path) = &args.commit_log {
+                    listeners.push(commit_log::attach(&sink, path)?);
+                }
                 let served = sink::serve(sink, &config, terminated()).await;
-                if let Some(thread) = feed_log {
-                    // The sink is gone, so its feed is closed: this ends.
+                for thread in listeners {
                     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
                 }
                 served

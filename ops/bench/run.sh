@@ -35,7 +35,7 @@ if ! "$venv/bin/python" -c 'import matplotlib' >/dev/null 2>&1; then
 fi
 
 tailflight_install_build_deps
-cargo build   # dev profile: dependencies optimised; waits if another cargo holds the lock
+cargo build --features bench   # dev profile, with the measurement aids (--commit-log, stage clocks)
 cargo build -p detector-sim --bin tailflight-bench   # floor and delay-line: benchmark-only tools
 cargo build -p flight-server --example cipher-speed   # the TLS cipher's ceiling
 bin="$CARGO_TARGET_DIR/debug/tailflight"

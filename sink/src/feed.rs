@@ -47,6 +47,10 @@ pub struct FileCommit {
     pub contiguous_end: u64,
     /// What else the round recorded of the file, in this order.
     pub changes: Vec<FileChange>,
+    /// When the last batch that brought this round's ranges of the file
+    /// reached the sink (none for a round of control changes only): the
+    /// commit's share of a range's latency is `committed_at` minus this.
+    pub received: Option<SystemTime>,
 }
 
 /// A change to a file other than its bytes.

@@ -202,8 +202,6 @@ pub struct SinkConfig {
     /// Seals read each file back from disk to check its digest (otherwise a
     /// CRC-64 seal is checked against the bytes as they were written).
     pub seal_read_back: bool,
-    /// Append one line per recorded range with its commit time (benchmarks).
-    pub commit_log: Option<PathBuf>,
     /// Batches placed at once, each on a thread of its own (None: four per
     /// core, at least 8 and at most 64).
     pub placement_threads: Option<usize>,
@@ -225,7 +223,6 @@ impl Default for SinkConfig {
             direct_min: None,
             sync: SyncStrategy::Auto,
             seal_read_back: false,
-            commit_log: None,
             placement_threads: None,
         }
     }
@@ -366,16 +363,6 @@ impl Sink {
             "ranges with at least this many aligned bytes in the middle write them with O_DIRECT (0: none)"
         );
         let manifest = SinkManifest::open(&config.state_dir)?;
-        let commit_log = match &config.commit_log {
-            Some(path) => Some(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .with_context(|| format!("cannot open the commit log {}", path.display()))?,
-            ),
-            None => None,
-        };
         let gate = state::CommitGate::default();
         let journal_backlog = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let placer = Placer::new(
@@ -422,7 +409,6 @@ impl Sink {
         };
         let committer = Committer::start(commit::CommitterParts {
             manifest,
-            commit_log,
             gate,
             journal: commit::CommitJournal {
                 file: journal,

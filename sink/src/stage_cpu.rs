@@ -3,7 +3,11 @@
 //! small write's CPU goes. Sampling profilers on virtual machines charge
 //! stalls to whichever instruction is running; a thread's own CPU clock,
 //! read around a stage, does not.
+//!
+//! A benchmark aid: compiled in only with the `stage-clocks` feature (the
+//! binary's `bench` feature), so production builds read no clock here.
 
+#[cfg(feature = "stage-clocks")]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The stages timed. Whatever the sink spends outside them (receiving,
@@ -23,10 +27,13 @@ pub(crate) enum Stage {
     Journal,
 }
 
+#[cfg(feature = "stage-clocks")]
 const STAGES: usize = 4;
+#[cfg(feature = "stage-clocks")]
 static TOTAL_NANOS: [AtomicU64; STAGES] = [const { AtomicU64::new(0) }; STAGES];
 
 /// CPU time of the calling thread, in nanoseconds.
+#[cfg(feature = "stage-clocks")]
 fn thread_cpu_nanos() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
@@ -40,36 +47,58 @@ fn thread_cpu_nanos() -> u64 {
     (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64
 }
 
-/// Adds the calling thread's CPU time to `stage` from its creation to its drop.
+/// Adds the calling thread's CPU time to `stage` from its creation to its
+/// drop; nothing at all without the `stage-clocks` feature.
 pub(crate) struct StageTimer {
+    #[cfg(feature = "stage-clocks")]
     stage: Stage,
+    #[cfg(feature = "stage-clocks")]
     started: u64,
 }
 
 impl StageTimer {
+    #[cfg(feature = "stage-clocks")]
     pub fn start(stage: Stage) -> Self {
         Self {
             stage,
             started: thread_cpu_nanos(),
         }
     }
+
+    #[cfg(not(feature = "stage-clocks"))]
+    pub fn start(_stage: Stage) -> Self {
+        Self {}
+    }
 }
 
 impl Drop for StageTimer {
     fn drop(&mut self) {
-        let spent = thread_cpu_nanos().saturating_sub(self.started);
-        TOTAL_NANOS[self.stage as usize].fetch_add(spent, Ordering::Relaxed);
+        #[cfg(feature = "stage-clocks")]
+        {
+            let spent = thread_cpu_nanos().saturating_sub(self.started);
+            TOTAL_NANOS[self.stage as usize].fetch_add(spent, Ordering::Relaxed);
+        }
     }
 }
 
 /// Microseconds spent so far in place, file write, round and journal.
+#[cfg(feature = "stage-clocks")]
 pub(crate) fn totals_us() -> [u64; STAGES] {
     TOTAL_NANOS
         .each_ref()
         .map(|n| n.load(Ordering::Relaxed) / 1000)
 }
 
-#[cfg(test)]
+/// The totals for the commit round's trace: `[place, file write, round,
+/// journal]` in microseconds, or `off` in a build without the clocks.
+pub(crate) fn totals_text() -> String {
+    #[cfg(feature = "stage-clocks")]
+    return format!("{:?}", totals_us());
+    #[cfg(not(feature = "stage-clocks"))]
+    return "off".to_owned();
+}
+
+#[cfg(all(test, feature = "stage-clocks"))]
 mod tests {
     use super::*;
 

@@ -35,8 +35,7 @@
 //! Here: the [`Committer`] handle and the task's loop. Beside it: `round`
 //! (a round's flush targets, records and feed), `journal_round` (its
 //! journal write), `backlog` (the background flush of journaled files),
-//! `deps` (answers that wait for other batches' ranges) and `log` (the
-//! commit log).
+//! and `deps` (answers that wait for other batches' ranges).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -58,13 +57,11 @@ use crate::state::{CommitGate, CommitRequest, FileCounts, Slot, lock};
 mod backlog;
 mod deps;
 mod journal_round;
-mod log;
 mod round;
 
 use backlog::Backlog;
 use deps::answer_ready;
 use journal_round::{JournalRound, journal_or_flush, reserve_journal_round};
-use log::write_commit_log;
 use round::{RoundSink, record_round};
 pub(crate) use round::{forget_flushed, sync_targets};
 
@@ -94,9 +91,6 @@ const QUEUE_DEPTH: usize = 4 * MAX_ROUND;
 /// What the committer task is given to own or share.
 pub(crate) struct CommitterParts {
     pub manifest: SinkManifest,
-    /// If given, gets one line per recorded range with the time it became
-    /// durable (for latency measurements).
-    pub commit_log: Option<File>,
     pub gate: CommitGate,
     pub journal: CommitJournal,
     pub counts: Arc<FileCounts>,
@@ -110,7 +104,6 @@ impl Committer {
         use futures::FutureExt;
         let CommitterParts {
             manifest,
-            commit_log,
             gate,
             journal,
             counts,
@@ -119,14 +112,12 @@ impl Committer {
             feed,
         } = parts;
         let (queue, receiver) = mpsc::channel(QUEUE_DEPTH);
-        let commit_log = commit_log.map(std::io::BufWriter::new);
         let backlog = Backlog::new(journal, flusher, health.clone());
         let stopping = Arc::new(tokio::sync::Notify::new());
         let rounds = Rounds {
             manifest,
             receiver,
             health: health.clone(),
-            commit_log,
             gate,
             backlog,
             counts,
@@ -229,7 +220,6 @@ struct Rounds {
     manifest: SinkManifest,
     receiver: mpsc::Receiver<Queued>,
     health: Health,
-    commit_log: Option<std::io::BufWriter<File>>,
     gate: CommitGate,
     backlog: Backlog,
     counts: Arc<FileCounts>,
@@ -242,7 +232,6 @@ async fn run(rounds: Rounds) {
         manifest,
         mut receiver,
         health,
-        mut commit_log,
         gate,
         mut backlog,
         counts,
@@ -400,7 +389,7 @@ async fn run(rounds: Rounds) {
             gate_us = result.as_ref().map_or(0, |r| r.gate_us),
             manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
             total_us = started.elapsed().as_micros() as u64,
-            cpu_totals_us = ?crate::stage_cpu::totals_us(),
+            cpu_totals_us = %crate::stage_cpu::totals_text(),
             "commit round"
         );
         let recorded = match result {
@@ -428,12 +417,6 @@ async fn run(rounds: Rounds) {
             .collect();
         backlog.add(journal_round, recorded.journal_bytes, files);
         backlog.flush_if_due(&manifest, &health);
-        if let Some(log) = &mut commit_log
-            && let Err(error) = write_commit_log(log, &recorded.placements, &recorded.received_at)
-        {
-            tracing::warn!(%error, "cannot write the commit log; it stops here");
-            commit_log = None;
-        }
         waiting.extend(round);
         waiting = answer_ready(waiting);
     }

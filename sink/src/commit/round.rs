@@ -1,7 +1,6 @@
 //! One commit round's record: what it flushes, the records it folds and
 //! writes under the gate, and what it tells the feed.
 
-use super::log::{Placement, unix_nanos};
 use super::*;
 
 /// Every distinct file and directory the round must flush: those its
@@ -55,9 +54,6 @@ pub(crate) fn forget_flushed(round: &[Queued], flushed: &HashSet<u64>) {
 pub(super) struct Recorded {
     /// Per file, what the round made durable (only if the feed has listeners).
     pub(super) feed: Option<Vec<FileCommit>>,
-    pub(super) placements: Vec<Placement>,
-    /// Per placement, when its batch reached the sink (unix nanos).
-    pub(super) received_at: Vec<u128>,
     /// How long building and writing the manifest batch took (synced only
     /// when the round journals nothing), and then the journal's write of
     /// that batch and its fdatasync (its ranges were written meanwhile).
@@ -92,11 +88,19 @@ pub(super) struct RoundSink<'a> {
 
 /// What a round's record of a file tells the feed's listeners, against what
 /// the manifest held of it before (kept in the slot's state).
+/// What a round made durable of one file, for the feed.
+#[derive(Default)]
+pub(super) struct Made {
+    ranges: manifest_db::IntervalSet,
+    /// When the last of the batches that brought them reached the sink.
+    received: Option<std::time::SystemTime>,
+}
+
 pub(super) fn describe_commit(
     id: &FileId,
     before: &crate::state::SlotState,
     record: &manifest_db::FileRecord,
-    made: manifest_db::IntervalSet,
+    made: Made,
 ) -> FileCommit {
     let mut changes = Vec::new();
     let path = path_on_disk(record);
@@ -117,9 +121,10 @@ pub(super) fn describe_commit(
     FileCommit {
         id: id.clone(),
         path: path.to_owned(),
-        ranges: made.ranges().to_vec(),
+        ranges: made.ranges.ranges().to_vec(),
         contiguous_end: record.placed.contiguous_end(),
         changes,
+        received: made.received,
     }
 }
 
@@ -206,28 +211,25 @@ pub(super) fn record_round_under_gate(
         journal_complete,
         ..SinkCommit::default()
     };
-    let mut received_at = Vec::new();
     let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
     // What the round makes durable of each file, for the feed's listeners.
-    let mut fed: Option<HashMap<*const Slot, manifest_db::IntervalSet>> =
-        sink.feed.has_listeners().then(HashMap::new);
+    let mut fed: Option<HashMap<*const Slot, Made>> = sink.feed.has_listeners().then(HashMap::new);
     for queued in round.iter() {
         let request = &queued.request;
-        let received = request.received.map_or(0, unix_nanos);
         for (slot, ranges) in &request.placed {
             let mut state = lock(&slot.state);
             if let Some(fed) = fed.as_mut() {
                 let made = fed.entry(Arc::as_ptr(slot)).or_default();
                 for &(start, end) in ranges {
-                    made.insert(start, end);
+                    made.ranges.insert(start, end);
                 }
+                made.received = made.received.max(request.received);
             }
             for &(start, end) in ranges {
                 state.record.placed.insert(start, end);
                 commit
                     .placements
                     .push((slot.id.clone(), start, end - start));
-                received_at.push(received);
             }
             let pending: Vec<(u64, u64)> = ranges.clone();
             for (start, end) in pending {
@@ -330,8 +332,6 @@ pub(super) fn record_round_under_gate(
     let journal_round = journal_end.map(|end| (commit.journal_round, commit.journal_start, end));
     Ok(Recorded {
         feed,
-        placements: commit.placements,
-        received_at,
         journal_us,
         manifest_us,
         prepare_us,
