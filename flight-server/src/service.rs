@@ -251,7 +251,7 @@ impl<I: Ingest> FlightService for Service<I> {
             .unwrap_or_else(|panic| {
                 Err(Status::internal(format!(
                     "peer {peer}: the sink's stream handler panicked (a bug in the sink): {}",
-                    panic_text(panic.as_ref())
+                    panic_message(panic.as_ref())
                 )))
             });
             if let Err(status) = outcome {
@@ -374,7 +374,7 @@ async fn run_put<I: Ingest>(
                         .unwrap_or_else(|panic| {
                             Err(Status::internal(format!(
                                 "batch {seq}: placing it panicked (a bug in the sink, not bad input): {}",
-                                panic_text(panic.as_ref())
+                                panic_message(panic.as_ref())
                             )))
                         })
                 });
@@ -425,7 +425,7 @@ fn decode_put(
 }
 
 /// The text a panic was raised with, if it had one.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

@@ -41,11 +41,5 @@ impl SinkError {
     }
 }
 
-/// The text a panic was raised with, if it had one.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(a panic without a message)".to_string())
-}
+/// The text a panic was raised with (shared with the service's own).
+pub(crate) use flight_server::service::panic_message;

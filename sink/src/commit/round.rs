@@ -315,7 +315,12 @@ pub(super) fn record_round_under_gate(
         let mut state = lock(&slot.state);
         if let (Some(feed), Some(fed)) = (feed.as_mut(), fed.as_mut()) {
             let made = fed.remove(&Arc::as_ptr(slot)).unwrap_or_default();
-            feed.push(describe_commit(&slot.id, &state, record, made));
+            let told = describe_commit(&slot.id, &state, record, made);
+            // A file recorded again with nothing new (a duplicate batch, a
+            // move's intent, a seal sent again) is not news to listeners.
+            if !told.ranges.is_empty() || !told.changes.is_empty() {
+                feed.push(told);
+            }
         }
         state.recorded_path = Some(path_on_disk(record).to_owned());
         state.recorded_superseded = record.superseded;
