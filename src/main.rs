@@ -20,7 +20,7 @@ use flight_server::tls::{ClientTls, ServerTls};
 
 /// Batches are megabytes and short-lived: glibc's malloc hands such blocks
 /// back to the kernel and faults fresh zeroed pages in for the next batch,
-/// which cost ~6% of each process's CPU at full rate. mimalloc keeps them.
+/// a measurable share of each process's CPU at full rate. mimalloc keeps them.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

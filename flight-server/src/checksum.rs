@@ -2,10 +2,10 @@
 //! digest a seal row names for a whole file.
 //!
 //! Both are computed with crc-fast, which picks the CPU's carry-less multiply
-//! at run time (VPCLMULQDQ on AVX-512 machines): measured here at ~30 GB/s for
-//! either CRC, against ~16 GB/s for an SSE4.2 CRC-32C loop and ~7 GB/s for
-//! single-threaded BLAKE3. Every byte is checksummed once per row on each end
-//! and once more for the seal on each end, so this speed is throughput.
+//! at run time (VPCLMULQDQ on AVX-512 machines), several times faster than a
+//! plain CRC-32C loop or BLAKE3 (docs/measurements.md). Every byte is
+//! checksummed once per row on each end and once more for the seal on each
+//! end, so this speed is throughput.
 //!
 //! The seal digest defaults to CRC-64/NVME (the full-object checksum S3 uses):
 //! it guards against accidental damage and placement errors, not against a
@@ -59,10 +59,10 @@ pub fn crc64nvme_append(crc: u64, data: &[u8]) -> u64 {
 /// CRC-64/NVME of the concatenation of two byte strings, from their
 /// checksums and the second one's length.
 ///
-/// crc-fast's combine squares 64×64 bit matrices, about 370,000 instructions
-/// a call. A sink joins two runs of a file's written bytes this way each
-/// time a range arrives before the one it follows, which in P3 (batches of
-/// one connection placed in parallel) was one range in five. Here, shifting
+/// crc-fast's combine squares 64×64 bit matrices, hundreds of thousands of
+/// instructions a call. A sink joins two runs of a file's written bytes this
+/// way each time a range arrives before the one it follows, which batches of
+/// one connection placed in parallel make common. Here, shifting
 /// the first checksum over `second_len` zero bytes is one multiplication
 /// modulo the polynomial by x^(8·second_len), built from a table of squares
 /// in one multiplication per set bit of `second_len`, each of at most 64

@@ -2,10 +2,9 @@
 //! on top.
 //!
 //! rustls pulls ciphertext from its socket at most 4 KiB per read, so a
-//! sink taking 1 GB/s over TLS would make a quarter of a million `recvfrom`
-//! calls a second. Reading the socket in large chunks into a buffer and
-//! serving rustls from memory turns that into a few thousand, at the cost of
-//! one copy. Plaintext connections are read directly: hyper already reads
+//! fast TLS sink would spend its time in `recvfrom`. Reading the socket in
+//! large chunks into a buffer and serving rustls from memory makes the
+//! calls a hundred times fewer, at the cost of one copy. Plaintext connections are read directly: hyper already reads
 //! those in large chunks.
 
 use std::io;

@@ -2,8 +2,8 @@
 //! payload reaches HTTP/2 as the buffer it was read into.
 //!
 //! tonic's encoder writes each message into one buffer, and prost's encoding
-//! of the `data_body` bytes copied every batch body into it once more (11 %
-//! of the watcher's samples under mTLS, perf). A gRPC message is a 5-byte
+//! of the `data_body` bytes copied every batch body into it once more (a
+//! tenth of the watcher's CPU under mTLS, docs/measurements.md). A gRPC message is a 5-byte
 //! prefix and the protobuf bytes, and a protobuf message may end with any
 //! length-delimited field: so each message goes out as two frames, its
 //! small fields behind the prefix, then its body, shared. Responses are

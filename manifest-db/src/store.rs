@@ -21,9 +21,9 @@ pub(crate) const BULK_CFS: &[&str] = &["journal"];
 
 /// Column families only ever appended to, or written and deleted, and read
 /// only by scans at startup or offline. Their memtables are plain vectors:
-/// an insert is an append instead of a skip-list search (measured: 11-17 %
-/// of the sink's CPU in P3 went to skip-list inserts), and the sort happens
-/// once, when the memtable is written out.
+/// an insert is an append instead of a skip-list search (a large share of
+/// the sink's CPU, docs/measurements.md), and the sort happens once, when
+/// the memtable is written out.
 pub(crate) const LOG_CFS: &[&str] = &["placements", "journal_rounds"];
 const BULK_WRITE_BUFFER_SIZE: usize = 64 << 20;
 /// Column families of a few records each rewritten over and over (a file's
@@ -31,7 +31,7 @@ const BULK_WRITE_BUFFER_SIZE: usize = 64 << 20;
 /// a new value that fits in the old one's memtable entry overwrites it, so
 /// the memtable holds about one entry per key instead of one per write, and
 /// an insert searches a skip list of hundreds of entries instead of tens of
-/// thousands (measured: 11-13 % of the sink's CPU in P3 went to that search).
+/// thousands (that search was a large share of the sink's CPU).
 /// Point-in-time iteration over them is given up; they are scanned only
 /// when no commit can touch the keys scanned (a source's files are scanned
 /// before the source takes batches; everything else at startup or offline).
@@ -81,8 +81,8 @@ impl Store {
         opts.set_paranoid_checks(true);
         // A family written little (the counters) keeps every log file alive
         // until the logs reach max_total_wal_size, which by default is four
-        // times all memtables: with journal data flowing that was 1.8 GB, and
-        // the forced flush of every family then stalled writes for ~150 ms.
+        // times all memtables: with journal data flowing that is gigabytes,
+        // and the forced flush of every family then stalls writes.
         // Small and often is cheap: the families it flushes are small.
         opts.set_max_total_wal_size(WAL_LIMIT);
         // The sink's journal rounds write unsynced and rely on a crash
@@ -100,8 +100,7 @@ impl Store {
         // compaction (an fsync of megabytes), or when the kernel's flusher
         // finds the unsynced log's pages expired. Either burst queues every
         // fdatasync the sink is waiting for behind tens of milliseconds of
-        // writes on the same disk (P3: rounds of 15-30 ms while the
-        // placements family flushed).
+        // writes on the same disk (docs/measurements.md).
         opts.set_bytes_per_sync(INCREMENTAL_SYNC_BYTES);
         opts.set_wal_bytes_per_sync(INCREMENTAL_SYNC_BYTES);
         // Vector memtables take no concurrent inserts; every manifest has a

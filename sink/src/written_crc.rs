@@ -2,7 +2,7 @@
 //! ranges are placed, so that sealing the file need not read it back.
 //!
 //! Ranges of one file mostly arrive in order, each continuing the run before
-//! it: its checksum is computed once, from the bytes in memory (~30 GB/s).
+//! it: its checksum is computed once, from the bytes already in memory.
 //! Reading a sealed file back instead costs a second pass over the disk and,
 //! for files written past the page cache, new page-cache memory for all of it.
 //!

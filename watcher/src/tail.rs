@@ -13,10 +13,12 @@
 //! - `reader`: reading appended bytes into batches;
 //! - `batcher`: handing batches to the sinks' connections;
 //! - `controls`: open, rename and seal rows, and when a file is sealed;
-//! - `acks`: acknowledgements and the checkpoint.
+//! - `acks`: acknowledgements, applied to each file;
+//! - `checkpoint`: acknowledged offsets to the state store, and progress.
 
 mod acks;
 mod batcher;
+mod checkpoint;
 mod controls;
 mod identity;
 mod reader;

@@ -8,11 +8,10 @@ use super::*;
 /// Journaled files are flushed at the latest this long after their first
 /// range (their rounds hold journal space until then; a replay after a
 /// machine crash writes back what they hold: with a flush running late, up
-/// to the whole journal file). Each flush costs the disk
-/// a cache flush per file: every 100 ms, 100 files growing made 1,000 a
-/// second, on top of the rounds' own, and the rounds' fdatasyncs queued
-/// behind them (P3: 1,120 flushes/s at 100 ms, 440 at 400 ms; the start-up's
-/// p99 fell from 100-170 ms to 14-26 ms)...
+/// to the whole journal file). Each flush costs the disk a cache flush per
+/// file, on top of the rounds' own, and the rounds' fdatasyncs queue behind
+/// them: flushing more often hurts the latency it was meant to help
+/// (docs/measurements.md)...
 pub(super) const FLUSH_AFTER: Duration = Duration::from_millis(400);
 
 /// ...or once the rounds waiting hold this much of the journal file (their

@@ -431,8 +431,8 @@ async fn run(rounds: Rounds) {
 /// Runs a commit round's blocking part: in place on a multi-threaded
 /// runtime (the worker hands its other tasks to another thread), on the
 /// blocking pool otherwise. In place spares the round two hand-offs between
-/// threads, which cost it 90 µs at p50 and 450 µs at p90 in P3 on two busy
-/// cores. A panic comes back as an error either way.
+/// threads, a measurable share of a small round's latency on busy cores
+/// (docs/measurements.md). A panic comes back as an error either way.
 async fn run_blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, String> {

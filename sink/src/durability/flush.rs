@@ -199,8 +199,8 @@ impl Flusher {
     /// time. Up to [`BACKGROUND_EACH_UP_TO`] files are flushed one by one,
     /// not with one `syncfs`: a `syncfs` writes back all of them at once,
     /// and the commit rounds' journal fdatasyncs wait behind that whole
-    /// writeback (in P3, 100 files flushed every 100 ms held one round in
-    /// ten up for 10-20 ms). One file's flush is short, and rounds slip in between.
+    /// writeback (docs/measurements.md). One file's flush is short, and
+    /// rounds slip in between.
     /// Past that many files, flushing each would no longer fit between two
     /// background flushes: one `syncfs` is cheaper, or, while the machine
     /// holds much dirty data (see [`AUTO_SYNCFS_DIRTY_MAX`]), flushing them

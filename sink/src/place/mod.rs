@@ -41,7 +41,7 @@ use crate::durability::direct::{self, DirectFile};
 use crate::health::Health;
 use crate::state::{CommitGate, CommitRequest, Dependency, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
-use crate::{Layout, SupersededPolicy};
+use crate::config::{Layout, SupersededPolicy};
 
 mod data;
 mod fds;
