@@ -149,6 +149,12 @@ pub struct SinkArgs {
     /// in place before its ack.
     #[arg(long, default_value = "64KiB", value_parser = parse_size)]
     journal_max_range: u64,
+    /// Most bytes the sink holds in memory because they arrived ahead of
+    /// the bytes before them in their file (a destination file grows only
+    /// over bytes written in order, so live readers never read a hole); a
+    /// batch that would hold more is refused and sent again.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    hold_limit: u64,
     /// Ranges whose block-aligned middle holds at least this many bytes
     /// write it with O_DIRECT, past the page cache: bulk data is not copied
     /// into page-cache memory first. auto: 512KiB on local disk filesystems
@@ -438,6 +444,7 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         window_bytes: args.window_bytes,
         max_open_files: args.max_open_files,
         journal_max_range: args.journal_max_range,
+        hold_limit: args.hold_limit,
         direct_min: args.direct_min.0,
         sync: args.sync.into(),
         seal_read_back: args.seal_read_back,

@@ -131,15 +131,12 @@ pub(crate) mod fault {
     }
 }
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
 use flight_server::protocol::FileWatermark;
 use flight_server::service::ServerConfig;
-use flight_server::tls::ServerTls;
 use flight_server::{Ack, RangeBatch};
 use manifest_db::SinkManifest;
 use serde::{Deserialize, Serialize};
@@ -180,6 +177,10 @@ pub struct SinkStatus {
     /// CPU is behind what the peers send.
     #[serde(default)]
     pub placements_waiting: usize,
+    /// Bytes that arrived ahead of the bytes before them in their file,
+    /// waiting in memory (a file grows only over bytes written in order).
+    #[serde(default)]
+    pub held_bytes: u64,
     pub poisoned: Option<String>,
 }
 
@@ -308,6 +309,7 @@ impl Sink {
         )
         .with_direct_writes(direct_min)
         .with_seal_read_back(config.seal_read_back)
+        .with_hold_limit(config.hold_limit)
         .with_health(health.clone());
         let journal_path = config.state_dir.join(journal::JOURNAL_FILE_NAME);
         let replayed = placer.replay_journal(&journal_path)?;
@@ -416,6 +418,7 @@ impl Sink {
             placements_running: self.placing.running.load(Ordering::Relaxed),
             placements_running_peak: self.placing.running_peak.load(Ordering::Relaxed),
             placements_waiting: self.placing.waiting.load(Ordering::Relaxed),
+            held_bytes: self.placer.held_bytes(),
             poisoned: self.health.reason().map(|reason| reason.to_string()),
         })
     }
@@ -522,8 +525,8 @@ impl Sink {
 /// Bytes at the head of a file compared during reconciliation.
 pub const HEAD_LEN: u64 = 4096;
 
-/// Places a batch, hands its commit to the committer, then does its
-/// deferred writes (the round waits for them). Blocking.
+/// Places a batch (its ranges are in their files once this returns) and
+/// hands its commit to the committer. Blocking.
 fn place_and_submit(
     placer: &Placer,
     committer: &Committer,
@@ -535,33 +538,14 @@ fn place_and_submit(
     let started = std::time::Instant::now();
     let source_state = placer.source(source)?;
     let placing = stage_cpu::StageTimer::start(stage_cpu::Stage::Place);
-    let (mut request, ack, deferred) = placer.place(&source_state, seq, batch)?;
+    let (mut request, ack) = placer.place(&source_state, seq, batch)?;
     drop(placing);
     request.place_us = started.elapsed().as_micros() as u64;
     request.received = Some(received);
     request.placing_us = received.elapsed().map_or(0, |d| d.as_micros() as u64);
-    let written = (!deferred.is_empty()).then(|| {
-        let (done, written) = tokio::sync::oneshot::channel();
-        request.written = Some(written);
-        done
-    });
     #[cfg(test)]
     fault::hit(fault::Point::AfterPlacement, source);
     let answer = committer.submit(request)?;
-    if let Some(done) = written {
-        // The round waits for this, and a failure stops the sink: the
-        // ranges are recorded, and only the replay of the journal at the
-        // next start puts them in their files.
-        let writing = stage_cpu::StageTimer::start(stage_cpu::Stage::FileWrite);
-        let outcome = deferred.write(batch).map_err(|e| {
-            format!("batch {seq} of source '{source}', writing its journaled ranges into their files: {e}")
-        });
-        drop(writing);
-        if let Err(Err(error)) = done.send(outcome) {
-            // The round failed before it waited for them.
-            tracing::error!(%error, "a deferred write failed after its commit round had failed");
-        }
-    }
     Ok((answer, ack))
 }
 

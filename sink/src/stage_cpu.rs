@@ -15,10 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// less their sum.
 #[derive(Clone, Copy)]
 pub(crate) enum Stage {
-    /// Placing a batch: checks, records in memory, direct and in-place writes.
+    /// Placing a batch: checks, records in memory, every write into files.
     Place,
-    /// Writing a batch's journaled ranges into their files.
-    FileWrite,
     /// A commit round on its blocking thread: folding the ranges into the
     /// records and writing the manifest batch. Its waits for the journal
     /// write take no CPU time, so they do not count.
@@ -28,7 +26,7 @@ pub(crate) enum Stage {
 }
 
 #[cfg(feature = "stage-clocks")]
-const STAGES: usize = 4;
+const STAGES: usize = 3;
 #[cfg(feature = "stage-clocks")]
 static TOTAL_NANOS: [AtomicU64; STAGES] = [const { AtomicU64::new(0) }; STAGES];
 
@@ -81,7 +79,7 @@ impl Drop for StageTimer {
     }
 }
 
-/// Microseconds spent so far in place, file write, round and journal.
+/// Microseconds spent so far in place, round and journal.
 #[cfg(feature = "stage-clocks")]
 pub(crate) fn totals_us() -> [u64; STAGES] {
     TOTAL_NANOS
@@ -89,8 +87,7 @@ pub(crate) fn totals_us() -> [u64; STAGES] {
         .map(|n| n.load(Ordering::Relaxed) / 1000)
 }
 
-/// The totals for the commit round's trace: `[place, file write, round,
-/// journal]` in microseconds, or `off` in a build without the clocks.
+/// The totals for the commit round's trace: `[place, round, journal]` in microseconds, or `off` in a build without the clocks.
 pub(crate) fn totals_text() -> String {
     #[cfg(feature = "stage-clocks")]
     return format!("{:?}", totals_us());

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use manifest_db::{FileId, FileRecord, IntervalSet, SinkCounters, SinkManifest};
-use tokio::sync::oneshot;
 
 use crate::durability::direct::DirectFile;
 use crate::durability::flush::{SyncTarget, flush_now};
@@ -71,10 +70,14 @@ pub(crate) struct SlotState {
     /// (it would be made before its intent is durable), nor close the
     /// descriptor data goes through.
     pub moving: bool,
-    /// Deferred writes into this file not done yet: their ranges may be
-    /// recorded already (by a round still in progress) before their bytes
-    /// are in the file.
-    pub deferred_writes: u32,
+    /// How far the destination file reaches: every byte below it is the
+    /// source's (written in order by this process, or found there when the
+    /// file was first opened), and nothing is written past it, so a reader
+    /// never finds a hole below the file's size.
+    pub file_end: u64,
+    /// Parts that start past `file_end`, by start, waiting in memory for
+    /// the bytes before them; they count as `pending` too.
+    pub held: std::collections::BTreeMap<u64, Held>,
     /// CRC-64 of the bytes written so far, for the seal.
     pub written_crc: WrittenCrc,
     /// (device, inode) of the file those bytes went to: a descriptor
@@ -137,6 +140,11 @@ impl FileCounts {
     }
 }
 
+/// A part of a file held in memory until the bytes before it are written.
+pub(crate) struct Held {
+    pub bytes: Vec<u8>,
+}
+
 /// Ranges of a file another batch already placed or is placing.
 pub(crate) struct Dependency {
     pub slot: Arc<Slot>,
@@ -176,10 +184,6 @@ pub(crate) struct CommitRequest {
     pub placing_us: u64,
     /// How much of that the placement itself took, on its thread (µs).
     pub place_us: u64,
-    /// Answers once the batch's deferred writes (its journaled ranges, put
-    /// in their files after it was submitted) are done: no round ends, and
-    /// no file of it is flushed, before that.
-    pub written: Option<oneshot::Receiver<Result<(), String>>>,
     /// The directories in `dirs_to_sync`, by (device, inode).
     dirs_seen: HashMap<(u64, u64), Arc<OwnedFd>>,
 }

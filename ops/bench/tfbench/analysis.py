@@ -179,7 +179,7 @@ ROUND_FIELDS = ("requests", "waited_us", "placing_us", "queued_us", "journal_us"
                 "total_us")
 
 
-STAGES = ("place", "file_write", "round", "journal")
+STAGES = ("place", "round", "journal")
 
 
 def parse_commit_line(line: str) -> tuple[str, int, int, int, int] | None:

@@ -207,7 +207,7 @@ def bounds_analysis(b: Bench) -> list[str]:
             if staged:
                 per = {k: median([c[k] / n * 1e6 for c, n in staged]) for k in STAGES}
                 text += (f"The sink's own clocks (each stage's thread CPU time, summed; medians per write): placing "
-                         f"{per['place']:.1f} µs, writing journaled ranges into their files {per['file_write']:.1f} µs, "
+                         f"(every write into files included) {per['place']:.1f} µs, "
                          f"commit rounds (records, manifest write) {per['round']:.1f} µs, the journal thread (its "
                          f"writes and fdatasyncs) {per['journal']:.1f} µs; the other "
                          f"{max(sus - sum(per.values()), 0):.1f} µs are receiving, decoding and acknowledging on the "

@@ -17,12 +17,10 @@
 //! write short after the manifest write: each entry carries its range's CRC,
 //! so the replay finds which bytes made it, and withdraws the records of
 //! those that did not (none was acknowledged).
-//! A journal round ends only once its batches have also written those
-//! ranges into their files (they do so while the round runs): the records
-//! it wrote are read (under the gate) and its acks sent only after that.
-//! Placement sees the records in memory sooner, as it must, to know what is
-//! placed; a seal of a file with writes still in flight waits for the gate.
-//! Their files join a backlog that a background flush
+//! Placement writes every range into its file (in order, see
+//! `place::data`) before it submits the request, so a record never names
+//! bytes that are not in their file.
+//! Journaled ranges' files join a backlog that a background flush
 //! makes durable (every [`FLUSH_AFTER`] or [`FLUSH_AT_BYTES`]) before
 //! dropping the entries and giving their journal space back. A round that
 //! flushes anyway, or finds the journal full, flushes those files with it.
@@ -314,14 +312,11 @@ async fn run(rounds: Rounds) {
         let journaling = journal_or_flush(&mut round, backlog.journal_for_round());
         let (targets, pending_flushed) = sync_targets(&round);
         let flushed = targets.len();
-        // A flush must find the bytes in the files.
+        // Placement wrote every range into its file before it submitted
+        // the request, so a flush finds them there.
         let synced = match journaling {
             true => Ok(()),
-            false => deferred_writes_done(&mut round).await,
-        };
-        let synced = match synced {
-            Ok(()) => flusher.flush(targets, SYNC_PARALLELISM).await,
-            Err(e) => Err(e),
+            false => flusher.flush(targets, SYNC_PARALLELISM).await,
         };
         if synced.is_ok() {
             forget_flushed(&round, &pending_flushed);
@@ -384,7 +379,6 @@ async fn run(rounds: Rounds) {
             journal_us = result.as_ref().map_or(0, |r| r.journal_us),
             fold_us = result.as_ref().map_or(0, |r| r.fold_us),
             prepare_us = result.as_ref().map_or(0, |r| r.prepare_us),
-            deferred_us = result.as_ref().map_or(0, |r| r.deferred_us),
             blocking_us = result.as_ref().map_or(0, |r| r.blocking_us),
             gate_us = result.as_ref().map_or(0, |r| r.gate_us),
             manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
@@ -395,8 +389,8 @@ async fn run(rounds: Rounds) {
         let recorded = match result {
             Ok(recorded) => recorded,
             Err(reason) => {
-                // A round that failed before its records (a flush, a deferred
-                // write) stops placement too, which checks the health.
+                // A round that failed before its records (a flush) stops
+                // placement too, which checks the health.
                 health.poison(format!("a commit round failed: {reason}"));
                 fail_all(round, &reason);
                 fail_all(std::mem::take(&mut waiting), &reason);
@@ -446,25 +440,6 @@ async fn run_blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| e.to_string())
-}
-
-/// What a batch's placement said of its deferred writes.
-fn deferred_outcome(
-    answer: Result<Result<(), String>, oneshot::error::RecvError>,
-) -> Result<(), String> {
-    answer.unwrap_or_else(|_| {
-        Err("a batch's placement thread ended before it wrote its journaled ranges into their files (it panicked)".to_string())
-    })
-}
-
-/// Waits until every request's deferred writes are done.
-async fn deferred_writes_done(round: &mut [Queued]) -> Result<(), String> {
-    for queued in round.iter_mut() {
-        if let Some(deferred) = queued.request.written.take() {
-            deferred_outcome(deferred.await)?;
-        }
-    }
-    Ok(())
 }
 
 async fn flush_ended(flushing: &mut Option<tokio::task::JoinHandle<()>>) {

@@ -63,8 +63,6 @@ pub(super) struct Recorded {
     pub(super) prepare_us: u64,
     /// Folding the round's ranges into the records, before that.
     pub(super) fold_us: u64,
-    /// Waiting for the batches' deferred writes, after the journal write.
-    pub(super) deferred_us: u64,
     /// Before all that: from the hand-off until the round ran (in place, or
     /// on the blocking pool under a current-thread runtime), then waiting
     /// for the commit gate.
@@ -145,8 +143,7 @@ pub(super) fn record_round(
 ) -> Result<Recorded, String> {
     // Snapshots and their write happen under the gate, which is also what
     // the journal replay writes records under before the committer runs.
-    // It is held until the journal write and the round's deferred writes
-    // are done too, and a failure (or a panic) poisons the sink and the gate
+    // It is held until the journal write is done too, and a failure (or a panic) poisons the sink and the gate
     // before it is let go: whoever writes or reads records under it
     // (renames, watermarks) never sees ranges whose bytes may still be lost
     // or not yet in their files.
@@ -189,10 +186,6 @@ pub(super) fn record_round_under_gate(
     journal_complete: u64,
 ) -> Result<Recorded, String> {
     let folding = Instant::now();
-    let deferred_writes: Vec<_> = round
-        .iter_mut()
-        .filter_map(|queued| queued.request.written.take())
-        .collect();
     let RoundSink {
         manifest, counts, ..
     } = sink;
@@ -303,13 +296,6 @@ pub(super) fn record_round_under_gate(
         }
         None => (0, None),
     };
-    // The records may be seen once the round ends: their ranges must be in
-    // their files by then (they are durable in the journal already).
-    let deferring = Instant::now();
-    for deferred in deferred_writes {
-        deferred_outcome(deferred.blocking_recv())?;
-    }
-    let deferred_us = deferring.elapsed().as_micros() as u64;
     let mut feed = fed.as_ref().map(|_| Vec::with_capacity(written.len()));
     for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
         let mut state = lock(&slot.state);
@@ -341,7 +327,6 @@ pub(super) fn record_round_under_gate(
         manifest_us,
         prepare_us,
         fold_us,
-        deferred_us,
         blocking_us: 0,
         gate_us: 0,
         journal_round,

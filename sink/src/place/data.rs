@@ -1,7 +1,15 @@
-//! Data rows: a range is written at its offset, its aligned middle directly
-//! when it is large enough ([`crate::durability::direct`]); a small one is also journaled,
-//! and written into its file only once its batch is handed to the committer
-//! ([`DeferredWrites`]), so the write overlaps the round's journal write.
+//! Data rows, written in order. A destination file grows only over bytes
+//! already written: a range that starts at or below the file's end is
+//! written now (its aligned middle directly when it is large enough, see
+//! [`crate::durability::direct`]; a small one is also journaled); a range
+//! that starts past the end waits in memory ([`Held`]) until the range
+//! before it arrives, and is written then, by that batch, which records it.
+//! A reader of the destination file thus never reads a hole (issue 28):
+//! whatever lies below the file's size is the source's bytes.
+//!
+//! Holding costs memory: [`Placer::hold_limit`] bounds it for the whole
+//! sink, and a batch that would go past it is refused as retryable (the
+//! watcher sends it again), while the ranges that fill gaps are never held.
 
 use super::*;
 
@@ -28,78 +36,12 @@ const JOURNAL_BATCH_MAX: u64 = 1 << 20;
 /// flushed in place again (the background flush has fallen behind).
 const JOURNAL_BACKLOG_MAX: u64 = crate::durability::journal::JOURNAL_FILE_BYTES;
 
-/// A batch's journaled ranges, placed in their files only after the batch is
-/// handed to the committer: the writes then overlap the round that makes the
-/// same bytes durable in the journal, instead of delaying its start. The
-/// round does not end (nor let go of the commit gate, nor answer anyone, nor
-/// hand the files to the background flush) before they are done, so a range
-/// is in its file whenever a record visible outside the round says so. A
-/// crash before they are done loses nothing: the journal holds the bytes
-/// and the replay writes them.
-#[derive(Default)]
-pub(crate) struct DeferredWrites {
-    writes: Vec<DeferredWrite>,
-}
-
-struct DeferredWrite {
-    /// Counted off the slot's `deferred_writes` when dropped, unless it
-    /// failed after its batch was submitted: then its range may be
-    /// recorded without its bytes, and seals must keep waiting for the
-    /// gate (where they find the sink stopped).
-    count_off: bool,
-    slot: Arc<Slot>,
-    file: Arc<File>,
-    /// The row of the batch holding the bytes, and where in its data.
-    row: usize,
-    within: std::ops::Range<usize>,
-    /// Where they go in the file.
-    offset: u64,
-}
-
-impl Drop for DeferredWrite {
-    /// Done, failed or never to be done: the file no longer waits for it.
-    fn drop(&mut self) {
-        if self.count_off {
-            let mut state = lock(&self.slot.state);
-            state.deferred_writes = state.deferred_writes.saturating_sub(1);
-        }
-    }
-}
-
-impl DeferredWrites {
-    pub fn is_empty(&self) -> bool {
-        self.writes.is_empty()
-    }
-
-    /// Writes every deferred range of `batch` (the batch they were placed
-    /// from) into its file; an error names the file and offset.
-    pub fn write(self, batch: &RangeBatch) -> Result<(), String> {
-        let mut writes = self.writes.into_iter();
-        while let Some(write) = writes.next() {
-            if let Err(error) = write.write(batch) {
-                let mut unwritten: Vec<DeferredWrite> =
-                    std::iter::once(write).chain(writes).collect();
-                for write in &mut unwritten {
-                    write.count_off = false;
-                }
-                return Err(error);
-            }
-        }
-        Ok(())
-    }
-}
-
-impl DeferredWrite {
-    fn write(&self, batch: &RangeBatch) -> Result<(), String> {
-        let row = batch.row(self.row);
-        let bytes = row
-            .data
-            .get(self.within.clone())
-            .ok_or_else(|| format!("row {} has no bytes {:?}", self.row, self.within))?;
-        write_range(&self.file, bytes, self.offset, || {
-            lock(&self.slot.state).record.dest_path.clone()
-        })
-    }
+/// Whether a part starting at `start` may be written now: the file reaches
+/// it, or all it lacks before it is recorded already (bytes a crash of the
+/// machine took from the file, or the journal's replay put back), which no
+/// one will send again: waiting for them would wait forever.
+fn writable_at(state: &SlotState, start: u64) -> bool {
+    start <= state.file_end || state.record.placed.covers(state.file_end, start)
 }
 
 impl Placer {
@@ -113,12 +55,9 @@ impl Placer {
         bytes: &[u8],
         offset: u64,
     ) -> Result<(), String> {
-        // Journaled ranges of this file still being written through the
-        // page cache (they take no slot lock) could share a page-cache
-        // folio with the middle: write around them the usual way.
-        let middle = match (self.direct_min, state.deferred_writes) {
-            (0, _) | (_, 1..) => None,
-            (min, 0) => direct::aligned_middle(offset, bytes.len() as u64, min),
+        let middle = match self.direct_min {
+            0 => None,
+            min => direct::aligned_middle(offset, bytes.len() as u64, min),
         };
         let direct = match (middle, &state.direct) {
             (None, _) | (_, DirectFile::Refused) => None,
@@ -173,7 +112,6 @@ impl Placer {
         &self,
         source: &Source,
         row: &Row<'_>,
-        index: usize,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         let slot = self.slot_or_create(source, row, work)?;
@@ -212,53 +150,188 @@ impl Placer {
             )));
         }
         let file = self.file_of(source, &slot, &mut state, work)?;
-        let known = state.disk_len.unwrap_or(0);
         // A batch that flushes files anyway (new files, large ranges) has
         // them flushed together; copying its small ranges would be for nothing.
         let journal = len <= self.journal.max_range
             && !work.request.flushes_anyway()
             && work.request.journal_bytes + written <= JOURNAL_BATCH_MAX
             && self.journal.backlog.load(Ordering::Relaxed) < JOURNAL_BACKLOG_MAX;
-        for (i, &(s, e)) in to_write.iter().enumerate() {
-            let within = (s - start) as usize..(e - start) as usize;
-            state.written_crc.add(s, &row.data[within.clone()]);
-            if journal {
-                // Written once the batch is handed to the committer, while
-                // its round writes the journal (see `DeferredWrites`).
-                state.deferred_writes += 1;
-                let bytes = row.data[within.clone()].to_vec();
-                work.request.journal.push((slot.id.clone(), s, bytes));
-                work.deferred.writes.push(DeferredWrite {
-                    count_off: true,
-                    slot: slot.clone(),
-                    file: file.clone(),
-                    row: index,
-                    within,
-                    offset: s,
-                });
-            } else if let Err(error) = self.write_in_place(&mut state, &file, &row.data[within], s)
-            {
-                for &(ws, we) in &to_write[..i] {
+        let mut placed = Vec::with_capacity(to_write.len());
+        for &(s, e) in &to_write {
+            let bytes = &row.data[(s - start) as usize..(e - start) as usize];
+            let outcome = if !writable_at(&state, s) {
+                self.hold(&slot, &mut state, s, bytes, work)
+            } else {
+                self.write_part(&slot, &mut state, &file, s, bytes, journal, work)
+                    .map(|()| placed.push((s, e)))
+                    .and_then(|()| {
+                        self.drain_held(&slot, &mut state, &file, journal, &mut placed, work)
+                    })
+            };
+            if let Err(error) = outcome {
+                // What this row wrote (or wrote of others' held ranges) will
+                // not be recorded: whoever waits for it sends it again.
+                for &(ws, we) in &placed {
                     state.pending.remove(ws, we);
                 }
-                state.written_crc = WrittenCrc::Unknown;
-                return Err(RowError::Storage(error));
+                return Err(error);
             }
-            if s < known {
-                work.request.counters.rewritten_bytes += e.min(known) - s;
-            }
-            state.pending.insert(s, e);
         }
         drop(state);
         work.ack.placed += written;
-        if journal {
-            work.request.journal_bytes += written;
-            work.request.journaled_files.push(file);
-        } else {
-            work.request.files_to_sync.push(file);
+        if !placed.is_empty() {
+            if journal {
+                work.request.journaled_files.push(file);
+            } else {
+                work.request.files_to_sync.push(file);
+            }
+            work.request.placed.push((slot.clone(), placed));
         }
-        work.request.placed.push((slot.clone(), to_write));
         work.request.touched.push(slot);
         Ok(())
+    }
+
+    /// Writes one part at or below the file's end (so the file never grows
+    /// past a hole), journaling it too if `journal`, and advances the end.
+    /// A failed write leaves the end where the file now says it is.
+    #[allow(clippy::too_many_arguments)]
+    fn write_part(
+        &self,
+        slot: &Slot,
+        state: &mut SlotState,
+        file: &Arc<File>,
+        start: u64,
+        bytes: &[u8],
+        journal: bool,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        let end = start + bytes.len() as u64;
+        debug_assert!(writable_at(state, start), "a write past a hole");
+        let written = if journal {
+            write_range(file, bytes, start, || state.record.dest_path.clone())
+        } else {
+            self.write_in_place(state, file, bytes, start)
+        };
+        if let Err(error) = written {
+            state.written_crc = WrittenCrc::Unknown;
+            if let Ok(meta) = file.metadata() {
+                state.file_end = meta.len();
+            }
+            return Err(RowError::Storage(error));
+        }
+        state.written_crc.add(start, bytes);
+        state.file_end = state.file_end.max(end);
+        let known = state.disk_len.unwrap_or(0);
+        if start < known {
+            work.request.counters.rewritten_bytes += end.min(known) - start;
+        }
+        if journal {
+            work.request
+                .journal
+                .push((slot.id.clone(), start, bytes.to_vec()));
+            work.request.journal_bytes += bytes.len() as u64;
+        }
+        state.pending.insert(start, end);
+        Ok(())
+    }
+
+    /// Writes the held ranges the file's end has reached, in order; they
+    /// join this batch's placed ranges (its round records them, and the
+    /// batches that sent them are answered once that is durable).
+    fn drain_held(
+        &self,
+        slot: &Slot,
+        state: &mut SlotState,
+        file: &Arc<File>,
+        journal: bool,
+        placed: &mut Vec<(u64, u64)>,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        while let Some(start) = state.held.keys().next().copied() {
+            if !writable_at(state, start) {
+                break;
+            }
+            let Some(held) = state.held.remove(&start) else {
+                break;
+            };
+            self.held_bytes
+                .fetch_sub(held.bytes.len() as u64, Ordering::Relaxed);
+            let end = start + held.bytes.len() as u64;
+            // Pending already (the holder put it there): write_part adds it
+            // again. Failing, it is no one's any more: its holder sends it again.
+            if let Err(error) =
+                self.write_part(slot, state, file, start, &held.bytes, journal, work)
+            {
+                state.pending.remove(start, end);
+                return Err(error);
+            }
+            placed.push((start, end));
+        }
+        Ok(())
+    }
+
+    /// Keeps a part that starts past the file's end in memory until the
+    /// bytes before it arrive (see [`Self::drain_held`]); the batch's ack
+    /// waits until whoever writes it has recorded it. Refused, as a storage
+    /// condition the sender retries, when the sink holds too much already.
+    fn hold(
+        &self,
+        slot: &Arc<Slot>,
+        state: &mut SlotState,
+        start: u64,
+        bytes: &[u8],
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
+        let len = bytes.len() as u64;
+        let before = self.held_bytes.fetch_add(len, Ordering::Relaxed);
+        if before + len > self.hold_limit {
+            self.held_bytes.fetch_sub(len, Ordering::Relaxed);
+            return Err(RowError::Storage(format!(
+                "{} bytes at {start} of {} arrived ahead of the bytes before them, and the sink already holds {before} such bytes (limit {}); the batch is sent again",
+                len, state.record.dest_path, self.hold_limit
+            )));
+        }
+        let end = start + len;
+        state.held.insert(
+            start,
+            Held {
+                bytes: bytes.to_vec(),
+            },
+        );
+        state.pending.insert(start, end);
+        work.held.push((slot.clone(), start, end));
+        work.request.dependencies.push(Dependency {
+            slot: slot.clone(),
+            start,
+            end,
+        });
+        Ok(())
+    }
+
+    /// Drops what a batch that failed still holds (nobody drained it): no
+    /// one waits for it once its batch is sent again.
+    pub(super) fn drop_holds_of(&self, held: &[(Arc<Slot>, u64, u64)]) {
+        for (slot, start, end) in held {
+            let mut state = lock(&slot.state);
+            let ours = state
+                .held
+                .get(start)
+                .is_some_and(|held| *start + held.bytes.len() as u64 == *end);
+            if ours && let Some(held) = state.held.remove(start) {
+                self.held_bytes
+                    .fetch_sub(held.bytes.len() as u64, Ordering::Relaxed);
+                state.pending.remove(*start, *end);
+            }
+        }
+    }
+
+    /// Drops everything a file holds: a newer generation replaced it, and
+    /// its batches are answered as superseded.
+    pub(super) fn drop_all_holds(&self, state: &mut SlotState) {
+        for (start, held) in std::mem::take(&mut state.held) {
+            let len = held.bytes.len() as u64;
+            self.held_bytes.fetch_sub(len, Ordering::Relaxed);
+            state.pending.remove(start, start + len);
+        }
     }
 }

@@ -19,9 +19,13 @@ impl Placer {
             .root
             .open_for_write(&state.record.dest_path)
             .map_err(confine_error)?;
+        let len = opened.file.metadata().map(|m| m.len()).ok();
         if state.disk_len.is_none() {
-            state.disk_len = opened.file.metadata().map(|m| m.len()).ok();
+            state.disk_len = len;
         }
+        // Evicted and opened again, or opened for the first time: what the
+        // file holds now is where writing may go on.
+        state.file_end = state.file_end.max(len.unwrap_or(0));
         state.opened(&opened.file);
         let file = Arc::new(opened.file);
         if !opened.dirs_to_sync.is_empty() {

@@ -71,7 +71,8 @@ impl Placer {
                 recorded_path: None,
                 recorded_superseded: false,
                 moving: false,
-                deferred_writes: 0,
+                file_end: disk_len.unwrap_or(0),
+                held: Default::default(),
                 written_crc: WrittenCrc::new(true),
                 inode: None,
             }),
@@ -154,6 +155,7 @@ impl Placer {
                 }
                 state.close_file();
                 state.record.superseded = true;
+                self.drop_all_holds(&mut state);
                 drop(state);
                 work.request.touched.push(old.clone());
             }
@@ -202,6 +204,8 @@ impl Placer {
         let moving = {
             let mut state = lock(&slot.state);
             self.settle_rename(source, slot, &mut state, work)?;
+            // Superseded either way: what it held is never written.
+            self.drop_all_holds(&mut state);
             match self.inode_at(from)? {
                 None => {
                     state.record.superseded = true;

@@ -13,8 +13,9 @@
 //! in the background. A few hundred appends to a hundred files then cost one
 //! flush of the manifest instead of a hundred file flushes; after a crash,
 //! [`Placer::replay_journal`] writes them back before the sink serves.
-//! Their writes into their files are deferred until the batch is handed to
-//! the committer ([`DeferredWrites`]), so they overlap its journal round.
+//! Every range is written in order: a file never grows past a hole, and
+//! a range that arrives ahead of the bytes before it waits in memory (see
+//! `data`).
 //!
 //! Here: the [`Placer`], each source's path indexes, and the walk over a
 //! batch's rows. Beside it: `data` (ranges), `generation` (slots, new and
@@ -36,12 +37,12 @@ use manifest_db::{
 
 use crate::SinkError;
 use crate::commit::Committer;
+use crate::config::{Layout, SupersededPolicy};
 use crate::confine::{ConfineError, Root, SettledMove};
 use crate::durability::direct::{self, DirectFile};
 use crate::health::Health;
-use crate::state::{CommitGate, CommitRequest, Dependency, Slot, SlotState, lock};
+use crate::state::{CommitGate, CommitRequest, Dependency, Held, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
-use crate::config::{Layout, SupersededPolicy};
 
 mod data;
 mod fds;
@@ -53,7 +54,6 @@ mod seal;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use data::DeferredWrites;
 use data::write_range;
 use rename::{MovedAway, Moving};
 pub(crate) use seal::head_crc;
@@ -137,7 +137,15 @@ pub(crate) struct Placer {
     /// their own. Unset during the startup replay and in unit tests, where
     /// nothing runs beside placement.
     committer: std::sync::OnceLock<Committer>,
+    /// Bytes held in memory across the sink's files, waiting for the bytes
+    /// before them (see `data`), and the most it may hold.
+    held_bytes: AtomicU64,
+    hold_limit: u64,
 }
+
+/// Default of [`Placer::with_hold_limit`]: room for the windows of a few
+/// watchers' connections whose batches all arrive ahead of one late batch.
+pub(crate) const HOLD_LIMIT: u64 = 256 << 20;
 
 /// Which ranges go to the manifest's journal.
 pub(crate) struct Journal {
@@ -151,9 +159,11 @@ pub(crate) struct Journal {
 struct BatchWork {
     request: CommitRequest,
     ack: Ack,
-    deferred: DeferredWrites,
     /// Slots (by address) this batch moved ahead of their Rename rows.
     renamed: std::collections::HashSet<usize>,
+    /// Parts this batch holds in memory, ahead of the bytes before them
+    /// (slot, start, end): dropped if the batch fails.
+    held: Vec<(Arc<Slot>, u64, u64)>,
 }
 
 impl Placer {
@@ -183,7 +193,21 @@ impl Placer {
             flat_source: Mutex::new(None),
             max_sources: MAX_SOURCES,
             committer: std::sync::OnceLock::new(),
+            held_bytes: AtomicU64::new(0),
+            hold_limit: HOLD_LIMIT,
         }
+    }
+
+    /// Bounds the bytes held in memory ahead of the bytes before them; a
+    /// batch that would hold more is refused as retryable.
+    pub fn with_hold_limit(mut self, limit: u64) -> Self {
+        self.hold_limit = limit;
+        self
+    }
+
+    /// Bytes held in memory now, ahead of the bytes before them.
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes.load(Ordering::Relaxed)
     }
 
     /// From now on, records written ahead of a batch's round go through
@@ -360,15 +384,15 @@ impl Placer {
         source: &Source,
         seq: u64,
         batch: &RangeBatch,
-    ) -> Result<(CommitRequest, Ack, DeferredWrites), SinkError> {
+    ) -> Result<(CommitRequest, Ack), SinkError> {
         let mut work = BatchWork {
             request: CommitRequest::default(),
             ack: Ack {
                 seq,
                 ..Ack::default()
             },
-            deferred: DeferredWrites::default(),
             renamed: Default::default(),
+            held: Vec::new(),
         };
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
@@ -378,7 +402,7 @@ impl Placer {
                 )
             };
             let result = match row.kind {
-                RowKind::Data => self.place_data(source, &row, index, &mut work),
+                RowKind::Data => self.place_data(source, &row, &mut work),
                 RowKind::Open => self.open_generation(source, &row, &mut work),
                 RowKind::Rename => self
                     .rename_run_at(source, batch, index, &mut work)
@@ -414,11 +438,19 @@ impl Placer {
                     state.pending.remove(start, end);
                 }
             }
+            self.drop_holds_of(&work.held);
             return Err(failure);
         }
-        work.request.counters.placed_bytes = work.ack.placed;
+        // Counted by the batch whose round records them: a range held for
+        // another batch counts when that batch writes it.
+        work.request.counters.placed_bytes = work
+            .request
+            .placed
+            .iter()
+            .flat_map(|(_, ranges)| ranges.iter().map(|(start, end)| end - start))
+            .sum();
         work.request.counters.duplicate_bytes = work.ack.duplicate;
-        Ok((work.request, work.ack, work.deferred))
+        Ok((work.request, work.ack))
     }
 
     /// The slot of (key, generation), from memory or from the manifest.
@@ -453,7 +485,9 @@ impl Placer {
                 recorded_path: Some(record.dest_path.clone()),
                 recorded_superseded: record.superseded,
                 moving: false,
-                deferred_writes: 0,
+                // Set from the file when it is first opened.
+                file_end: 0,
+                held: Default::default(),
                 // Bytes placed by an earlier run are vouched for only by the
                 // file itself.
                 written_crc: WrittenCrc::new(record.placed.is_empty()),

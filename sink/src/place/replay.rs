@@ -42,8 +42,8 @@ impl Placer {
         let mut work = BatchWork {
             request: CommitRequest::default(),
             ack: Ack::default(),
-            deferred: DeferredWrites::default(),
             renamed: Default::default(),
+            held: Vec::new(),
         };
         // The round a crash may have cut short, if any: its entries were
         // written while its bytes were, and none of its ranges was acknowledged.
@@ -162,6 +162,7 @@ impl Placer {
                 }
             };
             write_range(&file, &bytes, offset, || dest.clone()).map_err(storage)?;
+            state.file_end = state.file_end.max(offset + bytes.len() as u64);
             work.request.files_to_sync.push(file);
             replayed += bytes.len() as u64;
         }

@@ -18,17 +18,6 @@ impl Placer {
         let size = row.offset;
         let slot = self.slot_or_create(source, row, work)?;
         let mut state = lock(&slot.state);
-        if state.deferred_writes > 0 {
-            // A round in progress may have recorded ranges whose deferred
-            // writes are still under way: the digest below must see their
-            // bytes. Once the gate is free no round is in progress, and with
-            // it held until the slot is locked again, every range the record
-            // holds was recorded by a round that has ended.
-            drop(state);
-            let gate = self.open_gate()?;
-            state = lock(&slot.state);
-            drop(gate);
-        }
         if let Some(sealed) = state.record.sealed.clone() {
             let same = sealed.size == size
                 && (sealed.digest == digest
@@ -79,6 +68,7 @@ impl Placer {
             // or an older file): the destination must end where the source does.
             file.set_len(size)
                 .map_err(|e| RowError::Storage(format!("truncating {dest} to {size}: {e}")))?;
+            state.file_end = size;
             work.request
                 .flush_before_record(&mut lock(&slot.unsynced), Some(&file), []);
         }

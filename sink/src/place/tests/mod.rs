@@ -5,6 +5,7 @@ use super::*;
 use crate::durability::flush::SyncTarget;
 use flight_server::BatchBuilder;
 
+mod order;
 mod rename;
 mod replay;
 
@@ -68,11 +69,9 @@ fn record_placed(request: &CommitRequest) {
     }
 }
 
-/// Places `batch` and does what its round would: its deferred writes,
-/// then its records in memory.
+/// Places `batch` and does what its round would: its records in memory.
 fn place_and_record(placer: &Placer, source: &Source, seq: u64, batch: &RangeBatch) {
-    let (request, _, deferred) = placer.place(source, seq, batch).unwrap();
-    deferred.write(batch).unwrap();
+    let (request, _) = placer.place(source, seq, batch).unwrap();
     record_placed(&request);
 }
 
@@ -99,12 +98,11 @@ fn in_journal(bytes: &[u8]) -> JournalBytes {
 }
 
 /// Small ranges of a file the batch does not create go to the journal,
-/// and reach their file only through the deferred writes, once the
-/// batch is submitted; a seal is refused while ranges past its size are
-/// still in flight.
+/// and are in their file as soon as they are placed (before the batch's
+/// round); a seal is refused while ranges past its size are in flight.
 #[test]
-fn journaled_ranges_reach_their_file_through_the_deferred_writes() {
-    let fixture = Fixture::new("deferred");
+fn journaled_ranges_are_in_their_file_once_placed() {
+    let fixture = Fixture::new("journaled");
     let placer = fixture.placer();
     let source = placer.source("s").unwrap();
     let dest = fixture.dest("s/a.dat");
@@ -121,23 +119,22 @@ fn journaled_ranges_reach_their_file_through_the_deferred_writes() {
     };
 
     let first = batch(&|b| b.push_data("a.dat", 1, 0, b"head"));
-    let (request, _, deferred) = placer.place(&source, 1, &first).unwrap();
-    assert!(deferred.is_empty(), "a new file is flushed, not journaled");
+    let (request, _) = placer.place(&source, 1, &first).unwrap();
+    assert!(
+        request.journal.is_empty(),
+        "a new file is flushed, not journaled"
+    );
     assert_eq!(std::fs::read(&dest).unwrap(), b"head");
     record(&request);
 
     let second = batch(&|b| b.push_data("a.dat", 1, 4, b"tail"));
-    let (request, ack, deferred) = placer.place(&source, 2, &second).unwrap();
+    let (request, ack) = placer.place(&source, 2, &second).unwrap();
     assert_eq!((ack.placed, request.journal_bytes), (4, 4));
-    assert!(!deferred.is_empty());
-    assert_eq!(
-        std::fs::read(&dest).unwrap(),
-        b"head",
-        "written only once submitted"
-    );
+    assert_eq!(request.journal.len(), 1);
+    assert_eq!(std::fs::read(&dest).unwrap(), b"headtail");
 
     let early_seal = batch(&|b| b.push_seal("a.dat", 1, 4, &digest(b"head")));
-    let (_, ack, _) = placer.place(&source, 3, &early_seal).unwrap();
+    let (_, ack) = placer.place(&source, 3, &early_seal).unwrap();
     assert_eq!(ack.rejected.len(), 1);
     assert!(
         ack.rejected[0]
@@ -147,15 +144,9 @@ fn journaled_ranges_reach_their_file_through_the_deferred_writes() {
         ack.rejected[0].error
     );
 
-    let slot = request.placed[0].0.clone();
-    assert_eq!(lock(&slot.state).deferred_writes, 1);
-    deferred.write(&second).unwrap();
-    assert_eq!(std::fs::read(&dest).unwrap(), b"headtail");
-    // Nothing in flight: a seal need not wait for a round to end.
-    assert_eq!(lock(&slot.state).deferred_writes, 0);
     record(&request);
     let seal = batch(&|b| b.push_seal("a.dat", 1, 8, &digest(b"headtail")));
-    let (_, ack, _) = placer.place(&source, 4, &seal).unwrap();
+    let (_, ack) = placer.place(&source, 4, &seal).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected[0].error);
 }
 
@@ -182,10 +173,13 @@ fn large_ranges_write_their_aligned_middle_directly_and_land_byte_exact() {
         .into_iter()
         .enumerate()
     {
-        let (request, ack, deferred) = placer
+        let (request, ack) = placer
             .place(&source, seq as u64 + 1, &batch(offset, len))
             .unwrap();
-        assert!(deferred.is_empty(), "ranges this large are not journaled");
+        assert!(
+            request.journal.is_empty(),
+            "ranges this large are not journaled"
+        );
         assert_eq!(ack.placed, len as u64);
         record_placed(&request);
         if seq == 0 {
@@ -198,7 +192,7 @@ fn large_ranges_write_their_aligned_middle_directly_and_land_byte_exact() {
     }
     assert!(std::fs::read(fixture.dest("s/big.dat")).unwrap() == data);
 
-    let (_, ack, _) = placer.place(&source, 4, &batch(70_000, 100_123)).unwrap();
+    let (_, ack) = placer.place(&source, 4, &batch(70_000, 100_123)).unwrap();
     assert_eq!((ack.placed, ack.duplicate), (0, 100_123));
     assert!(std::fs::read(fixture.dest("s/big.dat")).unwrap() == data);
 
@@ -207,7 +201,7 @@ fn large_ranges_write_their_aligned_middle_directly_and_land_byte_exact() {
     let mut builder = BatchBuilder::with_capacity(1, 64);
     builder.push_seal("big.dat", 1, data.len() as u64, &hasher.finish());
     let seal = RangeBatch::validate(builder.finish()).unwrap();
-    let (_, ack, _) = placer.place(&source, 5, &seal).unwrap();
+    let (_, ack) = placer.place(&source, 5, &seal).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
 }
 
@@ -240,7 +234,7 @@ fn seals_check_the_bytes_as_written_and_read_back_what_an_earlier_run_wrote() {
             let mut builder = BatchBuilder::with_capacity(1, end - start + 64);
             builder.push_data("f.dat", 1, start as u64, &data[start..end]);
             let batch = RangeBatch::validate(builder.finish()).unwrap();
-            let (request, ack, _) = placer.place(source, seq as u64 + 1, &batch).unwrap();
+            let (request, ack) = placer.place(source, seq as u64 + 1, &batch).unwrap();
             assert_eq!(ack.placed, (end - start) as u64);
             for (slot, ranges) in &request.placed {
                 let mut state = lock(&slot.state);
@@ -261,7 +255,7 @@ fn seals_check_the_bytes_as_written_and_read_back_what_an_earlier_run_wrote() {
         file.write_all_at(b"X", 100).unwrap();
     };
     let rejected = |placer: &Placer, source: &Source, digest: &str| {
-        let (_, ack, _) = placer.place(source, 10, &seal_batch(digest)).unwrap();
+        let (_, ack) = placer.place(source, 10, &seal_batch(digest)).unwrap();
         ack.rejected.first().map(|r| r.error.clone())
     };
 
@@ -305,7 +299,7 @@ fn seals_check_the_bytes_as_written_and_read_back_what_an_earlier_run_wrote() {
     let mut builder = BatchBuilder::with_capacity(1, 120_064);
     builder.push_data("f.dat", 1, 0, &data[..120_000]);
     let batch = RangeBatch::validate(builder.finish()).unwrap();
-    let (request, _, _) = placer.place(&source, 1, &batch).unwrap();
+    let (request, _) = placer.place(&source, 1, &batch).unwrap();
     let slot = request.placed[0].0.clone();
     {
         let mut state = lock(&slot.state);
@@ -353,7 +347,7 @@ fn a_kept_generation_goes_aside_without_replacing_a_live_file() {
     let mut builder = BatchBuilder::with_capacity(4, 256);
     builder.push_data("a.dat", 1, 0, b"old generation");
     builder.push_data("a.dat.gen1", 1, 0, b"a live file");
-    let (request, ack, _) = placer
+    let (request, ack) = placer
         .place(&source, 1, &RangeBatch::validate(builder.finish()).unwrap())
         .unwrap();
     assert!(ack.rejected.is_empty());
@@ -361,7 +355,7 @@ fn a_kept_generation_goes_aside_without_replacing_a_live_file() {
     let mut builder = BatchBuilder::with_capacity(2, 256);
     builder.push_open("a.dat", 2, "a.dat");
     builder.push_data("a.dat", 2, 0, b"new");
-    let (_, ack, _) = placer
+    let (_, ack) = placer
         .place(&source, 2, &RangeBatch::validate(builder.finish()).unwrap())
         .unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
@@ -374,7 +368,7 @@ fn a_kept_generation_goes_aside_without_replacing_a_live_file() {
     // (and its record with it), the new one gets the name.
     let mut builder = BatchBuilder::with_capacity(1, 256);
     builder.push_data("a.dat.gen1.1", 1, 0, b"newcomer");
-    let (request, ack, _) = placer
+    let (request, ack) = placer
         .place(&source, 3, &RangeBatch::validate(builder.finish()).unwrap())
         .unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
@@ -423,9 +417,8 @@ fn a_generation_kept_aside_is_recorded_before_its_path_is_taken() {
 
     let placer = keeping();
     let source = placer.source("s").unwrap();
-    let (_, ack, deferred) = placer.place(&source, 1, &new).unwrap();
+    let (_, ack) = placer.place(&source, 1, &new).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
-    deferred.write(&new).unwrap();
     // The crash: no round ran.
     drop(source);
     let kept = old_record(&placer);
@@ -443,9 +436,8 @@ fn a_generation_kept_aside_is_recorded_before_its_path_is_taken() {
     std::fs::rename(fixture.dest("s/a.dat.gen1"), fixture.dest("s/a.dat")).unwrap();
     let placer = keeping();
     let source = placer.source("s").unwrap();
-    let (_, ack, deferred) = placer.place(&source, 1, &new).unwrap();
+    let (_, ack) = placer.place(&source, 1, &new).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
-    deferred.write(&new).unwrap();
     assert_eq!(
         std::fs::read(fixture.dest("s/a.dat.gen1")).unwrap(),
         b"old generation"
@@ -464,7 +456,7 @@ fn a_flat_layout_serves_one_source() {
     let source = first.source("cam").unwrap();
     let mut builder = BatchBuilder::with_capacity(1, 64);
     builder.push_data("f.dat", 1, 0, b"bytes");
-    let (request, _, _) = first
+    let (request, _) = first
         .place(&source, 1, &RangeBatch::validate(builder.finish()).unwrap())
         .unwrap();
     for (slot, _) in &request.placed {
@@ -563,5 +555,13 @@ fn record(dest: &str, end: u64) -> FileRecord {
         dest_path: dest.into(),
         placed: IntervalSet::from_ranges([(0, end)]),
         ..FileRecord::default()
+    }
+}
+
+fn file_of_s(key: &str) -> FileId {
+    FileId {
+        source: "s".into(),
+        key: key.into(),
+        generation: 1,
     }
 }

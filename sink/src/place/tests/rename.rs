@@ -59,7 +59,7 @@ fn a_run_of_renames_is_made_together() {
         let placer = fixture.placer();
         let source = placer.source("s").unwrap();
         let setup = ["a.tmp", "b.tmp", "c.tmp", "d.tmp", "e.tmp", "f.tmp", "c"].map(Data);
-        let (request, ack, _) = placer.place(&source, 1, &batch_of(&setup)).unwrap();
+        let (request, ack) = placer.place(&source, 1, &batch_of(&setup)).unwrap();
         assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
         record_placed(&request);
         (fixture, placer, source)
@@ -69,7 +69,7 @@ fn a_run_of_renames_is_made_together() {
     let (one_by_one, placer, source) = start("renames-one-by-one");
     for (seq, step) in steps.iter().enumerate() {
         let batch = batch_of(std::slice::from_ref(step));
-        let (_, ack, _) = placer.place(&source, seq as u64 + 2, &batch).unwrap();
+        let (_, ack) = placer.place(&source, seq as u64 + 2, &batch).unwrap();
         assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     }
     let expected = tree(&one_by_one);
@@ -82,7 +82,7 @@ fn a_run_of_renames_is_made_together() {
 
     // The whole batch at once.
     let (together, placer, source) = start("renames-together");
-    let (request, ack, _) = placer.place(&source, 2, &batch_of(&steps)).unwrap();
+    let (request, ack) = placer.place(&source, 2, &batch_of(&steps)).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     assert_eq!(tree(&together), expected);
     // Each moved file waits for its directories to be flushed before any
@@ -117,8 +117,8 @@ fn a_run_of_renames_is_made_together() {
     let mut work = BatchWork {
         request: CommitRequest::default(),
         ack: Ack::default(),
-        deferred: DeferredWrites::default(),
         renamed: Default::default(),
+        held: Vec::new(),
     };
     for first in [1, 4] {
         if let Err(e) = placer.rename_run_at(&source, &batch, first, &mut work) {
@@ -156,7 +156,7 @@ fn a_run_of_renames_is_made_together() {
     );
     assert!(!moved.contains_key("s/x"), "no other row ran");
     assert_eq!(work.request.touched.len(), 4);
-    let (_, ack, _) = placer.place(&source, 2, &batch).unwrap();
+    let (_, ack) = placer.place(&source, 2, &batch).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     assert_eq!(tree(&runs), expected);
 }
@@ -178,7 +178,7 @@ fn a_failed_batchs_move_is_flushed_by_the_next_round_recording_the_file() {
             &RangeBatch::validate(builder.finish()).unwrap(),
         )
     };
-    let (request, _, _) = place(1, &|b| b.push_data("a.tmp", 1, 0, b"first")).unwrap();
+    let (request, _) = place(1, &|b| b.push_data("a.tmp", 1, 0, b"first")).unwrap();
     record_placed(&request);
     let failed = place(2, &|b| {
         b.push_rename("a.tmp", 1, "a");
@@ -190,7 +190,7 @@ fn a_failed_batchs_move_is_flushed_by_the_next_round_recording_the_file() {
         "moved before the batch failed"
     );
 
-    let (request, _, _) = place(3, &|b| b.push_data("a.tmp", 1, 5, b" more")).unwrap();
+    let (request, _) = place(3, &|b| b.push_data("a.tmp", 1, 5, b" more")).unwrap();
     assert!(request.dirs_to_sync.is_empty(), "this batch moved nothing");
     let round = [crate::commit::Queued {
         request,
@@ -244,7 +244,7 @@ fn a_rename_that_cannot_be_made_leaves_the_file_at_its_name() {
     let placer = fixture.placer();
     let source = placer.source("s").unwrap();
     let first = rows(|b| b.push_data("a.tmp", 1, 0, b"first"));
-    let (request, _, _) = placer.place(&source, 1, &first).unwrap();
+    let (request, _) = placer.place(&source, 1, &first).unwrap();
     record_placed(&request);
     std::fs::write(fixture.dest("s/blocker"), b"a file, not a directory").unwrap();
     let id = FileId {
@@ -262,7 +262,7 @@ fn a_rename_that_cannot_be_made_leaves_the_file_at_its_name() {
             b.push_rename("a.tmp", 1, to);
             b.push_data("a.tmp", 1, 5, b" more");
         });
-        let (request, ack, deferred) = placer.place(&source, seq, &more).unwrap();
+        let (request, ack) = placer.place(&source, seq, &more).unwrap();
         assert_eq!(ack.rejected.len(), 1, "{:?}", ack.rejected);
         assert_eq!(ack.rejected[0].row, 0);
         assert!(!ack.rejected[0].superseded);
@@ -271,7 +271,6 @@ fn a_rename_that_cannot_be_made_leaves_the_file_at_its_name() {
             "{}",
             ack.rejected[0].error
         );
-        deferred.write(&more).unwrap();
         record_placed(&request);
         assert_eq!(
             std::fs::read(fixture.dest("s/a.tmp")).unwrap(),
@@ -298,11 +297,11 @@ fn a_rename_over_a_live_file_records_it_superseded_with_the_intent() {
         b.push_data("a.tmp", 1, 0, b"new");
         b.push_data("a", 1, 0, b"old");
     });
-    let (request, _, _) = placer.place(&source, 1, &setup).unwrap();
+    let (request, _) = placer.place(&source, 1, &setup).unwrap();
     record_placed(&request);
 
     let rename = rows(|b| b.push_rename("a.tmp", 1, "a"));
-    let (_, ack, _) = placer.place(&source, 2, &rename).unwrap();
+    let (_, ack) = placer.place(&source, 2, &rename).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"new");
     // Only the intent has reached the manifest: no round ran.
@@ -339,7 +338,7 @@ fn a_rotation_cut_short_by_a_crash_keeps_both_files() {
         b.push_rename("a.1", 1, "a.2");
         b.push_rename("a", 1, "a.1");
     });
-    let (_, ack, _) = placer.place(&source, 2, &rotate).unwrap();
+    let (_, ack) = placer.place(&source, 2, &rotate).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     // The move out of a.1 was made durable before the intent to move
     // into it was recorded; the later move waits for its round.
@@ -359,20 +358,11 @@ fn a_rotation_cut_short_by_a_crash_keeps_both_files() {
         b.push_data("a.1", 1, 5, b"+1");
         b.push_data("a", 1, 6, b"+2");
     });
-    let (_, ack, deferred) = restarted.place(&source, 3, &more).unwrap();
+    let (_, ack) = restarted.place(&source, 3, &more).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
-    deferred.write(&more).unwrap();
     assert_eq!(std::fs::read(fixture.dest("s/a.2")).unwrap(), b"first+1");
     assert_eq!(std::fs::read(fixture.dest("s/a.1")).unwrap(), b"second+2");
     assert!(!fixture.dest("s/a").exists());
-}
-
-fn file_of_s(key: &str) -> FileId {
-    FileId {
-        source: "s".into(),
-        key: key.into(),
-        generation: 1,
-    }
 }
 
 /// Leaves the manifest as an earlier process that crashed would: the
@@ -416,7 +406,7 @@ fn a_rename_into_a_path_an_earlier_run_meant_to_leave_moves_that_file_first() {
     let placer = fixture.placer();
     let source = placer.source("s").unwrap();
     let rename = rows(|b| b.push_rename("a", 1, "a.1"));
-    let (_, ack, _) = placer.place(&source, 1, &rename).unwrap();
+    let (_, ack) = placer.place(&source, 1, &rename).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     assert_eq!(std::fs::read(fixture.dest("s/a.2")).unwrap(), b"first");
     assert_eq!(std::fs::read(fixture.dest("s/a.1")).unwrap(), b"second");
@@ -434,9 +424,8 @@ fn a_new_file_where_a_recorded_move_starts_waits_for_that_move() {
     let placer = fixture.placer();
     let source = placer.source("s").unwrap();
     let new = rows(|b| b.push_data("a", 1, 0, b"second"));
-    let (_, ack, deferred) = placer.place(&source, 1, &new).unwrap();
+    let (_, ack) = placer.place(&source, 1, &new).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
-    deferred.write(&new).unwrap();
     assert_eq!(std::fs::read(fixture.dest("s/a.1")).unwrap(), b"first");
     assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"second");
 }
@@ -466,7 +455,7 @@ fn a_run_of_renames_waits_for_moves_away_from_its_targets() {
         b.push_rename("a", 1, "a.1");
         b.push_rename("b", 1, "b.1");
     });
-    let (_, ack, _) = placer.place(&source, 3, &run).unwrap();
+    let (_, ack) = placer.place(&source, 3, &run).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     assert_eq!(unsynced("a.1"), 0);
     assert_eq!(std::fs::read(fixture.dest("s/a.2")).unwrap(), b"first");
@@ -488,7 +477,7 @@ fn a_rename_of_a_file_the_sink_lost_is_refused() {
     place_and_record(&placer, &source, 1, &setup);
     std::fs::remove_file(fixture.dest("s/a.tmp")).unwrap();
     let rename = rows(|b| b.push_rename("a.tmp", 1, "a"));
-    let (_, ack, _) = placer.place(&source, 2, &rename).unwrap();
+    let (_, ack) = placer.place(&source, 2, &rename).unwrap();
     assert_eq!(ack.rejected.len(), 1, "{:?}", ack.rejected);
     assert!(
         ack.rejected[0].error.contains("holds no file"),
@@ -528,10 +517,9 @@ fn an_older_intent_whose_old_directory_is_gone_finds_its_file_moved() {
     let placer = fixture.placer();
     let source = placer.source("src").unwrap();
     let more = rows(|b| b.push_data("gone/x", 1, 5, b"+more"));
-    let (request, ack, deferred) = placer.place(&source, 1, &more).unwrap();
+    let (request, ack) = placer.place(&source, 1, &more).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     assert_eq!(ack.placed, 5);
-    deferred.write(&more).unwrap();
     record_placed(&request);
     assert_eq!(
         std::fs::read(fixture.dest("src/new/x")).unwrap(),
@@ -568,13 +556,13 @@ fn a_rename_leaves_the_batchs_small_ranges_journaled() {
     let mut builder = BatchBuilder::with_capacity(2, 64);
     builder.push_data("a.tmp", 1, 0, b"first");
     builder.push_data("b", 1, 0, b"first");
-    let (request, _, deferred) = placer
+    let (request, _) = placer
         .place(&source, 1, &RangeBatch::validate(builder.finish()).unwrap())
         .unwrap();
     let flushed: std::collections::HashSet<_> =
         request.files_to_sync.iter().map(Arc::as_ptr).collect();
     assert_eq!(flushed.len(), 2, "new files are flushed");
-    assert!(request.journal.is_empty() && deferred.is_empty());
+    assert!(request.journal.is_empty());
     record_placed(&request);
 
     let mut builder = BatchBuilder::with_capacity(3, 64);
@@ -582,13 +570,12 @@ fn a_rename_leaves_the_batchs_small_ranges_journaled() {
     builder.push_rename("a.tmp", 1, "a");
     builder.push_data("b", 1, 5, b" more");
     let batch = RangeBatch::validate(builder.finish()).unwrap();
-    let (request, ack, deferred) = placer.place(&source, 2, &batch).unwrap();
+    let (request, ack) = placer.place(&source, 2, &batch).unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     assert!(!request.dirs_to_sync.is_empty(), "the rename's directory");
     assert!(request.files_to_sync.is_empty(), "no file flushed");
     assert!(!request.flushes_anyway());
     assert_eq!(request.journal.len(), 2, "both small ranges journaled");
-    deferred.write(&batch).unwrap();
     assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"first more");
     assert_eq!(std::fs::read(fixture.dest("s/b")).unwrap(), b"first more");
 }
