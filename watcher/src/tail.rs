@@ -73,8 +73,16 @@ type Set<K> = HashSet<K, foldhash::fast::RandomState>;
 
 enum Control {
     Open,
-    Rename(String),
-    Seal { size: u64, digest: String },
+    /// To a new path, sent once the sink has acknowledged the bytes read
+    /// before the rename was seen (`after`).
+    Rename {
+        path: String,
+        after: u64,
+    },
+    Seal {
+        size: u64,
+        digest: String,
+    },
 }
 
 struct Tracked {

@@ -56,6 +56,15 @@ impl Tailer {
                     }
                 }
             }
+            // A rename goes out once every byte read before it was seen is
+            // acknowledged: a reader at the destination that stops waiting
+            // at the new name (a DAQ's final name) then finds the file
+            // whole there. Acks bring the file back here.
+            if let Some(Control::Rename { after, .. }) = t.controls.front()
+                && t.acked_offset() < *after
+            {
+                continue;
+            }
             let Some(control) = t.controls.pop_front() else {
                 continue;
             };
@@ -65,7 +74,7 @@ impl Tailer {
                     batch.builder.push_open(&t.key, t.generation, &t.path);
                     RowKind::Open
                 }
-                Control::Rename(path) => {
+                Control::Rename { path, .. } => {
                     batch.builder.push_rename(&t.key, t.generation, path);
                     RowKind::Rename
                 }
@@ -76,7 +85,7 @@ impl Tailer {
             };
             let (offset, path) = match control {
                 Control::Seal { size, .. } => (size, None),
-                Control::Rename(path) => (0, Some(path)),
+                Control::Rename { path, .. } => (0, Some(path)),
                 Control::Open => (0, None),
             };
             batch.rows.push(RowRef {

@@ -188,7 +188,10 @@ impl Tailer {
             t.fingerprint_len = fingerprint_len as u32;
         }
         tracing::debug!(from = %done.path, to = %found.path, "a sealed file was renamed");
-        t.controls.push_back(Control::Rename(found.path.clone()));
+        t.controls.push_back(Control::Rename {
+            path: found.path.clone(),
+            after: t.read_offset,
+        });
         self.insert(t);
     }
 
@@ -205,7 +208,10 @@ impl Tailer {
             t.seal_wanted = true;
         }
         tracing::debug!(from = %old, to = %new_path, "rename");
-        t.controls.push_back(Control::Rename(new_path.to_owned()));
+        t.controls.push_back(Control::Rename {
+            path: new_path.to_owned(),
+            after: t.read_offset,
+        });
         self.dirty.insert(key.clone());
         self.mark_ready(key);
     }
@@ -239,7 +245,10 @@ impl Tailer {
             let suffix = &self.config.inprogress_suffix;
             t.seal_wanted =
                 record.path.ends_with(suffix.as_str()) && !found.path.ends_with(suffix.as_str());
-            t.controls.push_back(Control::Rename(found.path.clone()));
+            t.controls.push_back(Control::Rename {
+                path: found.path.clone(),
+                after: t.read_offset,
+            });
         }
         self.insert(t);
         true
