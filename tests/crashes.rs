@@ -67,6 +67,8 @@ fn crash_cycles(name: &str, options: PipelineOptions, default_cycles: usize) {
     let mut options = options;
     options.extra_sink_args.extend(feed_log_args(&feed_log));
     let mut pipeline = Pipeline::start(&dir, options);
+    // Reads the destination files while they grow, through every kill.
+    let reader = common::LiveReader::start(&pipeline.source, &pipeline.dest());
     // Long enough to outlast every kill cycle; stopped when the cycles end.
     let mut sim = simulate_in_background(
         &dir,
@@ -111,6 +113,7 @@ fn crash_cycles(name: &str, options: PipelineOptions, default_cycles: usize) {
     let files = files_of_run(&pipeline.source, "r0001");
     pipeline.wait_sealed(files, Duration::from_secs(180));
     pipeline.wait_identical(Duration::from_secs(120));
+    common::assert_live_reads_match(reader.finish());
 
     let status = pipeline.status().expect("sink status");
     println!("sink status after the crashes: {status}");

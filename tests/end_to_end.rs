@@ -13,6 +13,7 @@ use common::{Pipeline, PipelineOptions, files_of_run, list_files, scratch, simul
 fn stream_and_check(name: &str, options: PipelineOptions) {
     let dir = scratch(name);
     let pipeline = Pipeline::start(&dir, options);
+    let reader = common::LiveReader::start(&pipeline.source, &pipeline.dest());
     simulate(&pipeline.source, &workload("r0001", "4", "2MiB", "3s"));
     let files = files_of_run(&pipeline.source, "r0001");
     assert!(
@@ -21,6 +22,7 @@ fn stream_and_check(name: &str, options: PipelineOptions) {
     );
     pipeline.wait_sealed(files, Duration::from_secs(120));
     pipeline.wait_identical(Duration::from_secs(60));
+    common::assert_live_reads_match(reader.finish());
 
     let source_files = list_files(&pipeline.source);
     let dest_files = list_files(&pipeline.dest());
@@ -139,6 +141,7 @@ fn two_sinks_shard_files() {
         args.extend(["--to".into(), endpoint.clone()]);
     }
     let _watcher = Proc::spawn(&dir, "watcher", &args);
+    let readers = ["dest-a", "dest-b"].map(|d| common::LiveReader::start(&source, &dir.join(d)));
     simulate(&source, &workload("r0001", "4", "1MiB", "2s"));
     let expected = files_of_run(&source, "r0001");
     common::wait_until(
@@ -153,6 +156,18 @@ fn two_sinks_shard_files() {
             sealed >= expected
         },
     );
+    // Each sink's files read live, as they grew, match the source.
+    let mut together = common::LiveReport::default();
+    for reader in readers {
+        let report = reader.finish();
+        assert!(
+            report.mismatched == 0,
+            "a live reader read bytes that differ from the source: {report:?}"
+        );
+        together.bytes_checked += report.bytes_checked;
+        together.bytes_checked_growing += report.bytes_checked_growing;
+    }
+    common::assert_live_reads_match(together);
     let in_a = list_files(&dir.join("dest-a"));
     let in_b = list_files(&dir.join("dest-b"));
     assert!(

@@ -587,3 +587,171 @@ pub fn assert_feed_told_each_byte_once(feed_log: &Path, state: &Path) -> usize {
     println!("feed log: {runs} runs, {rounds} rounds, {held} files told exactly once");
     rounds
 }
+
+/// A reader of the destination in the spirit of psana2's live mode: it
+/// reads every destination file while it grows, up to its current size
+/// (`fstat`, then `pread`; a short read means "wait"), following each file
+/// by its inode across renames, and compares every byte it reads with the
+/// source file at the same offset. A thread of the test process, so it
+/// lives through `kill -9` of the sink and the watcher.
+pub struct LiveReader {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<LiveReport>>,
+}
+
+/// What a [`LiveReader`] saw.
+#[derive(Debug, Default)]
+pub struct LiveReport {
+    /// Bytes read at the destination and compared with the source.
+    pub bytes_checked: u64,
+    /// Of those, bytes read while the file still had its in-progress name.
+    pub bytes_checked_growing: u64,
+    /// Bytes that differed from the source, and how many of them were zeros.
+    pub mismatched: u64,
+    pub mismatched_zeros: u64,
+    /// The first few differences: file, offset, read, expected.
+    pub examples: Vec<String>,
+    /// Times a file was found shorter than what was already read of it.
+    pub shrinks: u64,
+}
+
+impl LiveReader {
+    /// Reads the files under `dest` (paths as under `source`) until finished.
+    pub fn start(source: &Path, dest: &Path) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (source, dest, stopping) = (source.to_owned(), dest.to_owned(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut reading = LiveReading::default();
+            loop {
+                let last = stopping.load(std::sync::atomic::Ordering::Relaxed);
+                reading.poll(&source, &dest);
+                if last {
+                    return reading.report;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Reads once more to the end of every file, then reports.
+    pub fn finish(mut self) -> LiveReport {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .expect("finished once")
+            .join()
+            .expect("the live reader panicked")
+    }
+}
+
+impl Drop for LiveReader {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[derive(Default)]
+struct LiveReading {
+    /// Per (device, inode): the open file and how far it was read.
+    files: std::collections::HashMap<(u64, u64), (std::fs::File, u64)>,
+    report: LiveReport,
+}
+
+impl LiveReading {
+    fn poll(&mut self, source: &Path, dest: &Path) {
+        for relative in list_files(dest) {
+            self.read_file(source, dest, &relative);
+        }
+    }
+
+    fn read_file(&mut self, source: &Path, dest: &Path, relative: &str) {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let Ok(meta) = std::fs::metadata(dest.join(relative)) else {
+            return;
+        };
+        let id = (meta.dev(), meta.ino());
+        let (file, offset) = match self.files.entry(id) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(new) => {
+                let Ok(file) = std::fs::File::open(dest.join(relative)) else {
+                    return;
+                };
+                new.insert((file, 0))
+            }
+        };
+        let Ok(size) = file.metadata().map(|m| m.len()) else {
+            return;
+        };
+        if size < *offset {
+            self.report.shrinks += 1;
+            *offset = size;
+            return;
+        }
+        if size == *offset {
+            return;
+        }
+        let mut read = vec![0u8; (size - *offset).min(4 << 20) as usize];
+        let Ok(got) = file.read_at(&mut read, *offset) else {
+            return;
+        };
+        read.truncate(got);
+        // The source file under either name: it may be renamed meanwhile.
+        let plain = relative.strip_suffix(".inprogress").unwrap_or(relative);
+        let candidates = [
+            relative.to_owned(),
+            plain.to_owned(),
+            format!("{plain}.inprogress"),
+        ];
+        let expected = candidates.iter().find_map(|name| {
+            let file = std::fs::File::open(source.join(name)).ok()?;
+            let mut expected = vec![0u8; read.len()];
+            let n = file.read_at(&mut expected, *offset).ok()?;
+            (n == read.len()).then_some(expected)
+        });
+        let Some(expected) = expected else {
+            // Not findable at the source now (renamed in between): next poll.
+            return;
+        };
+        for (i, (got, want)) in read.iter().zip(&expected).enumerate() {
+            if got != want {
+                self.report.mismatched += 1;
+                if *got == 0 {
+                    self.report.mismatched_zeros += 1;
+                }
+                if self.report.examples.len() < 10 {
+                    self.report.examples.push(format!(
+                        "{relative} at {}: read {got}, the source has {want}",
+                        *offset + i as u64
+                    ));
+                }
+            }
+        }
+        self.report.bytes_checked += read.len() as u64;
+        if relative.ends_with(".inprogress") {
+            self.report.bytes_checked_growing += read.len() as u64;
+        }
+        *offset += read.len() as u64;
+    }
+}
+
+/// A live reader read the files while they grew and never read a byte that
+/// differs from the source (issue 28: no holes, no zeros for data).
+pub fn assert_live_reads_match(report: LiveReport) {
+    assert!(
+        report.mismatched == 0,
+        "a live reader read {} bytes that differ from the source ({} of them zeros): {:?}",
+        report.mismatched,
+        report.mismatched_zeros,
+        report.examples
+    );
+    assert!(report.bytes_checked > 0, "the live reader read nothing");
+    assert!(
+        report.bytes_checked_growing > 0,
+        "the live reader never read a file while it grew: {report:?}"
+    );
+    assert_eq!(report.shrinks, 0, "a destination file shrank: {report:?}");
+}
