@@ -94,10 +94,7 @@ impl Placer {
         row: &Row<'_>,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
-        let path = row
-            .path
-            .ok_or_else(|| RowError::Peer("an Open row needs a path".into()))?;
-        crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
+        let path = confined_path(row, "an Open row needs a path")?;
         if row.generation == 0 {
             return Err(RowError::Peer("generations start at 1".into()));
         }

@@ -548,6 +548,13 @@ impl RowError {
     }
 }
 
+/// A control row's path, which must be there and stay under the root.
+fn confined_path<'a>(row: &Row<'a>, missing: &str) -> Result<&'a str, RowError> {
+    let path = row.path.ok_or_else(|| RowError::Peer(missing.into()))?;
+    crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
+    Ok(path)
+}
+
 fn confine_error(e: ConfineError) -> RowError {
     if e.is_peer_error() {
         RowError::Peer(e.to_string())

@@ -45,10 +45,7 @@ impl Placer {
         row: &Row<'_>,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
-        let path = row
-            .path
-            .ok_or_else(|| RowError::Peer("a Rename row needs the new path".into()))?;
-        crate::confine::components(path).map_err(|e| RowError::Peer(e.to_string()))?;
+        let path = confined_path(row, "a Rename row needs the new path")?;
         let slot = self.slot_or_create(source, row, work)?;
         // Renames of one source are serialised: a re-delivered rename racing
         // the original must see its effect, not undo it.
