@@ -143,6 +143,8 @@ impl FileCounts {
 /// A part of a file held in memory until the bytes before it are written.
 pub(crate) struct Held {
     pub bytes: Vec<u8>,
+    /// When it was held, for how long its batch may wait.
+    pub since: std::time::Instant,
 }
 
 /// Ranges of a file another batch already placed or is placing.

@@ -73,8 +73,8 @@ type Set<K> = HashSet<K, foldhash::fast::RandomState>;
 
 enum Control {
     Open,
-    /// To a new path, sent once the sink has acknowledged the bytes read
-    /// before the rename was seen (`after`).
+    /// To a new path, sent once the sink has acknowledged every byte the
+    /// file held when the rename was seen (`after`).
     Rename {
         path: String,
         after: u64,

@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// How long a batch may wait for the bytes before a range it sent (held in
+/// memory until they arrive) before it is failed and sent again.
+pub(super) const HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often waiting requests are looked at when no round runs.
+pub(super) const HOLD_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Answers every request whose dependencies are now recorded; returns the rest.
 pub(super) fn answer_ready(waiting: Vec<Queued>) -> Vec<Queued> {
     let mut still_waiting = Vec::new();
@@ -46,6 +53,21 @@ pub(super) fn verdict(request: &CommitRequest) -> Verdict {
             return Verdict::Fail(format!(
                 "range {}..{} of {} was being written by a batch that failed; send it again",
                 dependency.start, dependency.end, state.record.dest_path
+            ));
+        }
+        // Held for the bytes before it for too long: the batch that brings
+        // them may sit unread behind this very batch (a stream reads no
+        // more while its pipeline is full of waiting batches). Failing
+        // this one frees the stream; what it held stays, written and
+        // recorded by whoever fills the gap, and its copy sent again finds
+        // it there.
+        let stuck = state.held.range(..dependency.end).any(|(&start, held)| {
+            start + held.bytes.len() as u64 > dependency.start && held.since.elapsed() > HOLD_WAIT
+        });
+        if stuck {
+            return Verdict::Fail(format!(
+                "range {}..{} of {} waited over {:?} for the bytes before it; send it again",
+                dependency.start, dependency.end, state.record.dest_path, HOLD_WAIT
             ));
         }
         verdict = Verdict::Wait;

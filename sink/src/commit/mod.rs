@@ -58,7 +58,7 @@ mod journal_round;
 mod round;
 
 use backlog::Backlog;
-use deps::answer_ready;
+use deps::{HOLD_RECHECK, answer_ready};
 use journal_round::{JournalRound, journal_or_flush, reserve_journal_round};
 use round::{RoundSink, record_round};
 pub(crate) use round::{forget_flushed, sync_targets};
@@ -270,6 +270,12 @@ async fn run(rounds: Rounds) {
                 backlog.flush_if_due(&manifest, &health);
                 continue;
             }
+            // Requests waiting for held ranges are looked at again even
+            // when no round runs: one held too long is failed (see `deps`).
+            () = tokio::time::sleep(HOLD_RECHECK), if !waiting.is_empty() => {
+                waiting = answer_ready(std::mem::take(&mut waiting));
+                continue;
+            }
         };
         let mut round = vec![first];
         while round.len() < MAX_ROUND {
@@ -313,11 +319,10 @@ async fn run(rounds: Rounds) {
         let (targets, pending_flushed) = sync_targets(&round);
         let flushed = targets.len();
         // Placement wrote every range into its file before it submitted
-        // the request, so a flush finds them there.
-        let synced = match journaling {
-            true => Ok(()),
-            false => flusher.flush(targets, SYNC_PARALLELISM).await,
-        };
+        // the request, so a flush finds them there. A journaling round
+        // still flushes its directories and the files' pending changes (a
+        // rename, a new file): the journal holds only ranges.
+        let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
         if synced.is_ok() {
             forget_flushed(&round, &pending_flushed);
         }

@@ -256,7 +256,17 @@ impl Placer {
             };
             self.held_bytes
                 .fetch_sub(held.bytes.len() as u64, Ordering::Relaxed);
-            let end = start + held.bytes.len() as u64;
+            let len = held.bytes.len() as u64;
+            let end = start + len;
+            // Journaled only if it would have been on its own: a large held
+            // range goes in place (directly, past the page cache), and is
+            // flushed with its file.
+            let journal = journal
+                && len <= self.journal.max_range
+                && work.request.journal_bytes + len <= JOURNAL_BATCH_MAX;
+            if !journal {
+                work.request.files_to_sync.push(file.clone());
+            }
             // Pending already (the holder put it there): write_part adds it
             // again. Failing, it is no one's any more: its holder sends it again.
             if let Err(error) =
@@ -286,16 +296,22 @@ impl Placer {
         let before = self.held_bytes.fetch_add(len, Ordering::Relaxed);
         if before + len > self.hold_limit {
             self.held_bytes.fetch_sub(len, Ordering::Relaxed);
-            return Err(RowError::Storage(format!(
+            // The batch fails, but only once its other rows are written:
+            // those that fill gaps move the files' ends on, so the next
+            // attempt holds less, and a full budget cannot lock two batches
+            // that each fill the other's gap out for good.
+            work.refused.get_or_insert(format!(
                 "{} bytes at {start} of {} arrived ahead of the bytes before them, and the sink already holds {before} such bytes (limit {}); the batch is sent again",
                 len, state.record.dest_path, self.hold_limit
-            )));
+            ));
+            return Ok(());
         }
         let end = start + len;
         state.held.insert(
             start,
             Held {
                 bytes: bytes.to_vec(),
+                since: std::time::Instant::now(),
             },
         );
         state.pending.insert(start, end);

@@ -164,6 +164,9 @@ struct BatchWork {
     /// Parts this batch holds in memory, ahead of the bytes before them
     /// (slot, start, end): dropped if the batch fails.
     held: Vec<(Arc<Slot>, u64, u64)>,
+    /// Why the batch fails once all its rows are placed (a part it could
+    /// not hold within the sink's limit).
+    refused: Option<String>,
 }
 
 impl Placer {
@@ -393,6 +396,7 @@ impl Placer {
             },
             renamed: Default::default(),
             held: Vec::new(),
+            refused: None,
         };
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
@@ -430,16 +434,12 @@ impl Placer {
                 Err(RowError::Peer(error)) => SinkError::Peer(context(error)),
                 Err(RowError::Storage(error)) => SinkError::Storage(context(error)),
             };
-            // What this batch wrote will not be recorded: others must not
-            // wait for it, and a re-delivery must write it again.
-            for (slot, ranges) in &work.request.placed {
-                let mut state = lock(&slot.state);
-                for &(start, end) in ranges {
-                    state.pending.remove(start, end);
-                }
-            }
-            self.drop_holds_of(&work.held);
+            self.give_back(&work);
             return Err(failure);
+        }
+        if let Some(reason) = work.refused.take() {
+            self.give_back(&work);
+            return Err(SinkError::Storage(format!("batch {seq}: {reason}")));
         }
         // Counted by the batch whose round records them: a range held for
         // another batch counts when that batch writes it.
@@ -451,6 +451,19 @@ impl Placer {
             .sum();
         work.request.counters.duplicate_bytes = work.ack.duplicate;
         Ok((work.request, work.ack))
+    }
+
+    /// Undoes what a failed batch claimed: what it wrote will not be
+    /// recorded (others must not wait for it, and a re-delivery writes it
+    /// again, at or below the file's end), and what it held is dropped.
+    fn give_back(&self, work: &BatchWork) {
+        for (slot, ranges) in &work.request.placed {
+            let mut state = lock(&slot.state);
+            for &(start, end) in ranges {
+                state.pending.remove(start, end);
+            }
+        }
+        self.drop_holds_of(&work.held);
     }
 
     /// The slot of (key, generation), from memory or from the manifest.

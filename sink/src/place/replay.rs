@@ -44,6 +44,7 @@ impl Placer {
             ack: Ack::default(),
             renamed: Default::default(),
             held: Vec::new(),
+            refused: None,
         };
         // The round a crash may have cut short, if any: its entries were
         // written while its bytes were, and none of its ranges was acknowledged.

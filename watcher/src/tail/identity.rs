@@ -208,9 +208,12 @@ impl Tailer {
             t.seal_wanted = true;
         }
         tracing::debug!(from = %old, to = %new_path, "rename");
+        // What the file holds as it is renamed, even if the tailer has not
+        // read all of it yet: the rename waits until all of it is acked.
+        let size = std::fs::metadata(self.root.join(new_path)).map_or(0, |m| m.len());
         t.controls.push_back(Control::Rename {
             path: new_path.to_owned(),
-            after: t.read_offset,
+            after: t.read_offset.max(size),
         });
         self.dirty.insert(key.clone());
         self.mark_ready(key);
@@ -247,7 +250,7 @@ impl Tailer {
                 record.path.ends_with(suffix.as_str()) && !found.path.ends_with(suffix.as_str());
             t.controls.push_back(Control::Rename {
                 path: found.path.clone(),
-                after: t.read_offset,
+                after: t.read_offset.max(found.size),
             });
         }
         self.insert(t);

@@ -235,3 +235,49 @@ fn duplicated_interleaved_and_restarted_ranges_leave_no_hole() {
     }
     assert_eq!(placer.held_bytes(), 0);
 }
+
+/// With the hold budget full, a batch whose other rows fill gaps still
+/// writes them before it is refused: two batches that each fill the
+/// other's gap get through on their next attempts instead of being refused
+/// for good.
+#[test]
+fn a_refused_batch_still_moves_the_files_it_fills_on() {
+    let fixture = Fixture::new("hold-progress");
+    let placer = fixture.placer().with_hold_limit(100);
+    let source = placer.source("s").unwrap();
+    let bytes = content(300);
+    for (seq, key) in ["f", "g", "h"].iter().enumerate() {
+        place_and_record(
+            &placer,
+            &source,
+            seq as u64,
+            &data_batch(key, 0, &bytes[..100]),
+        );
+    }
+    // The budget is full with another file's range.
+    let (holding, _) = placer
+        .place(&source, 3, &data_batch("h", 200, &bytes[200..]))
+        .unwrap();
+    record_placed(&holding);
+    let crossed = |seq: u64, ahead: &str, fills: &str| {
+        let mut builder = BatchBuilder::with_capacity(2, 256);
+        builder.push_data(ahead, 1, 200, &bytes[200..]);
+        builder.push_data(fills, 1, 100, &bytes[100..200]);
+        let batch = RangeBatch::validate(builder.finish()).unwrap();
+        placer
+            .place(&source, seq, &batch)
+            .map(|(request, _)| request)
+    };
+    assert!(crossed(4, "g", "f").is_err(), "g's range cannot be held");
+    let request = crossed(5, "f", "g").expect("f reaches 200 now, g is filled");
+    record_placed(&request);
+    let request = crossed(6, "g", "f").expect("sent again, it goes through");
+    record_placed(&request);
+    for key in ["f", "g"] {
+        assert_eq!(
+            std::fs::read(fixture.dest(&format!("s/{key}"))).unwrap(),
+            bytes
+        );
+    }
+    assert_eq!(placer.held_bytes(), 100, "only h's range is held");
+}

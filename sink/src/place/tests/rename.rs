@@ -119,6 +119,7 @@ fn a_run_of_renames_is_made_together() {
         ack: Ack::default(),
         renamed: Default::default(),
         held: Vec::new(),
+        refused: None,
     };
     for first in [1, 4] {
         if let Err(e) = placer.rename_run_at(&source, &batch, first, &mut work) {
