@@ -169,6 +169,23 @@ struct BatchWork {
     refused: Option<String>,
 }
 
+impl BatchWork {
+    /// Nothing placed yet, for the batch numbered `seq` (0 for work that
+    /// is not a received batch, such as the journal's replay).
+    fn new(seq: u64) -> Self {
+        Self {
+            request: CommitRequest::default(),
+            ack: Ack {
+                seq,
+                ..Ack::default()
+            },
+            renamed: Default::default(),
+            held: Vec::new(),
+            refused: None,
+        }
+    }
+}
+
 impl Placer {
     pub fn new(
         root: Root,
@@ -388,16 +405,7 @@ impl Placer {
         seq: u64,
         batch: &RangeBatch,
     ) -> Result<(CommitRequest, Ack), SinkError> {
-        let mut work = BatchWork {
-            request: CommitRequest::default(),
-            ack: Ack {
-                seq,
-                ..Ack::default()
-            },
-            renamed: Default::default(),
-            held: Vec::new(),
-            refused: None,
-        };
+        let mut work = BatchWork::new(seq);
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
                 format!(

@@ -39,13 +39,7 @@ impl Placer {
             .manifest
             .journal()
             .map_err(|e| storage(e.to_string()))?;
-        let mut work = BatchWork {
-            request: CommitRequest::default(),
-            ack: Ack::default(),
-            renamed: Default::default(),
-            held: Vec::new(),
-            refused: None,
-        };
+        let mut work = BatchWork::new(0);
         // The round a crash may have cut short, if any: its entries were
         // written while its bytes were, and none of its ranges was acknowledged.
         let in_doubt: std::collections::HashSet<_> = self

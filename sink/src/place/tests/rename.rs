@@ -114,13 +114,7 @@ fn a_run_of_renames_is_made_together() {
     // The runs alone, then the batch again (as a re-delivery would).
     let (runs, placer, source) = start("renames-runs");
     let batch = batch_of(&steps);
-    let mut work = BatchWork {
-        request: CommitRequest::default(),
-        ack: Ack::default(),
-        renamed: Default::default(),
-        held: Vec::new(),
-        refused: None,
-    };
+    let mut work = BatchWork::new(0);
     for first in [1, 4] {
         if let Err(e) = placer.rename_run_at(&source, &batch, first, &mut work) {
             panic!("{}", e.into_message());
