@@ -149,11 +149,13 @@ pub struct SinkArgs {
     /// in place before its ack.
     #[arg(long, default_value = "64KiB", value_parser = parse_size)]
     journal_max_range: u64,
-    /// Most bytes the sink holds in memory because they arrived ahead of
-    /// the bytes before them in their file (a destination file grows only
-    /// over bytes written in order, so live readers never read a hole); a
-    /// batch that would hold more is refused and sent again.
-    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    /// Writes each destination file in order, so that live readers never
+    /// read a hole: ranges that arrive ahead of the bytes before them wait
+    /// in memory, at most this many bytes for the whole sink (a batch that
+    /// would hold more is refused and sent again). 0, the default for now,
+    /// writes every range as it arrives (see the README's limits); 256MiB
+    /// is a good value.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
     hold_limit: u64,
     /// Ranges whose block-aligned middle holds at least this many bytes
     /// write it with O_DIRECT, past the page cache: bulk data is not copied

@@ -132,7 +132,16 @@ impl Placer {
         let written: u64 = to_write.iter().map(|(s, e)| e - s).sum();
         if written < len {
             // Parts already recorded or being written by another batch: this
-            // ack must not overtake theirs.
+            // ack must not overtake theirs. Parts held for the bytes before
+            // them were sent again: their wait starts over, or this copy
+            // would be failed at once, again and again, taking down each
+            // new stream before the batch that fills the gap is read.
+            let now = std::time::Instant::now();
+            for (&held_start, held) in state.held.range_mut(..end) {
+                if held_start + held.bytes.len() as u64 > start {
+                    held.since = now;
+                }
+            }
             work.request.dependencies.push(Dependency {
                 slot: slot.clone(),
                 start,
@@ -159,7 +168,7 @@ impl Placer {
         let mut placed = Vec::with_capacity(to_write.len());
         for &(s, e) in &to_write {
             let bytes = &row.data[(s - start) as usize..(e - start) as usize];
-            let outcome = if !writable_at(&state, s) {
+            let outcome = if self.hold_limit > 0 && !writable_at(&state, s) {
                 self.hold(&slot, &mut state, s, bytes, work)
             } else {
                 self.write_part(&slot, &mut state, &file, s, bytes, journal, work)
@@ -206,7 +215,10 @@ impl Placer {
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         let end = start + bytes.len() as u64;
-        debug_assert!(writable_at(state, start), "a write past a hole");
+        debug_assert!(
+            self.hold_limit == 0 || writable_at(state, start),
+            "a write past a hole"
+        );
         let written = if journal {
             write_range(file, bytes, start, || state.record.dest_path.clone())
         } else {

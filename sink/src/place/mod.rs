@@ -143,8 +143,9 @@ pub(crate) struct Placer {
     hold_limit: u64,
 }
 
-/// Default of [`Placer::with_hold_limit`]: room for the windows of a few
-/// watchers' connections whose batches all arrive ahead of one late batch.
+/// Default of [`Placer::with_hold_limit`] in the unit tests: room for the
+/// windows of a few watchers' connections whose batches all arrive ahead
+/// of one late batch. The sink's own default (`SinkConfig`) is 0, off.
 pub(crate) const HOLD_LIMIT: u64 = 256 << 20;
 
 /// Which ranges go to the manifest's journal.
@@ -219,7 +220,9 @@ impl Placer {
     }
 
     /// Bounds the bytes held in memory ahead of the bytes before them; a
-    /// batch that would hold more is refused as retryable.
+    /// batch that would hold more is refused as retryable. 0 holds nothing:
+    /// every range is written where it belongs as it arrives, and a file
+    /// may grow past a hole for a while.
     pub fn with_hold_limit(mut self, limit: u64) -> Self {
         self.hold_limit = limit;
         self
