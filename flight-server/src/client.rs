@@ -4,9 +4,9 @@
 //! Each connection keeps at most `window_bytes` sent but not acknowledged, and
 //! the HTTP/2 windows are raised to match, so on a long-RTT link throughput is
 //! set by the window, not by HTTP/2's 64 KiB default. Batches that were in
-//! flight when a connection failed go back to the front of the queue and are
-//! sent again on whichever connection is up; the sink recognises what it
-//! already placed.
+//! flight when a connection failed go back to their place in the queue (it
+//! stays in the order batches were handed over) and are sent again on
+//! whichever connection is up; the sink recognises what it already placed.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -89,6 +89,9 @@ const MAX_REFUSALS: u32 = 3;
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 struct Queued {
+    /// Place in the order batches were handed over: resent batches go back
+    /// to their place in it, never ahead of older ones.
+    order: u64,
     out: Outgoing,
     bytes: u64,
     refusals: u32,
@@ -99,7 +102,9 @@ struct Queued {
 struct Shared {
     config: ClientConfig,
     endpoint: Endpoint,
+    /// Batches waiting to be sent, in hand-over order (see [`Shared::requeue`]).
     queue: Mutex<VecDeque<Queued>>,
+    next_order: std::sync::atomic::AtomicU64,
     queued: Notify,
     /// Bounds the queue in KiB, so a fast reader cannot outrun the network.
     queue_space: Semaphore,
@@ -147,6 +152,7 @@ impl FlightPool {
         let shared = Arc::new(Shared {
             endpoint,
             queue: Mutex::new(VecDeque::new()),
+            next_order: std::sync::atomic::AtomicU64::new(0),
             queued: Notify::new(),
             queue_space: Semaphore::new(queue_space_kib as usize),
             queue_space_kib,
@@ -169,6 +175,7 @@ impl FlightPool {
             permit.forget();
         }
         self.shared.push_back(Queued {
+            order: 0,
             out,
             bytes,
             refusals: 0,
@@ -266,19 +273,29 @@ fn make_endpoint(config: &ClientConfig) -> Result<Endpoint, ClientError> {
 }
 
 impl Shared {
-    fn push_back(&self, item: Queued) {
-        lock(&self.queue).push_back(item);
+    fn push_back(&self, mut item: Queued) {
+        let mut queue = lock(&self.queue);
+        // Numbered under the lock, so the queue stays in order.
+        item.order = self.next_order.fetch_add(1, Ordering::Relaxed);
+        queue.push_back(item);
+        drop(queue);
         self.queued.notify_waiters();
     }
 
-    /// Puts batches that were in flight back at the front, oldest first.
-    fn requeue_front(&self, items: Vec<Queued>) {
+    /// Puts batches that were in flight back in the queue at their place in
+    /// hand-over order. Connections fail at different times; putting each
+    /// one's batches at the front would let a later range of a file go out
+    /// before an earlier one that failed on another connection, and a sink
+    /// writing in order holds the later range until the earlier arrives,
+    /// which may sit unread behind it in the same stream.
+    fn requeue(&self, items: Vec<Queued>) {
         if items.is_empty() {
             return;
         }
         let mut queue = lock(&self.queue);
-        for item in items.into_iter().rev() {
-            queue.push_front(item);
+        for item in items {
+            let at = queue.partition_point(|queued| queued.order < item.order);
+            queue.insert(at, item);
         }
         drop(queue);
         self.queued.notify_waiters();
@@ -337,7 +354,7 @@ async fn run_connection(shared: Arc<Shared>, index: usize) {
                         retry.push(item);
                     }
                 }
-                shared.requeue_front(retry);
+                shared.requeue(retry);
                 tokio::time::sleep(backoff).await;
                 continue;
             }
@@ -345,7 +362,7 @@ async fn run_connection(shared: Arc<Shared>, index: usize) {
                 tracing::warn!(endpoint = %shared.config.endpoint, connection = index, error = %detail, resent = count, "connection lost; reconnecting");
             }
         }
-        shared.requeue_front(unacked);
+        shared.requeue(unacked);
         tokio::time::sleep(backoff).await;
         // Capped low: a restarted sink should see its watchers back within a
         // fraction of a second, and a refused connect costs little.
