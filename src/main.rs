@@ -152,10 +152,9 @@ pub struct SinkArgs {
     /// Writes each destination file in order, so that live readers never
     /// read a hole: ranges that arrive ahead of the bytes before them wait
     /// in memory, at most this many bytes for the whole sink (a batch that
-    /// would hold more is refused and sent again). 0, the default for now,
-    /// writes every range as it arrives (see the README's limits); 256MiB
-    /// is a good value.
-    #[arg(long, default_value = "0", value_parser = parse_size)]
+    /// would hold more is refused and sent again). 0 writes every range as
+    /// it arrives, as fast as that is, and readers may then read holes.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     hold_limit: u64,
     /// Ranges whose block-aligned middle holds at least this many bytes
     /// write it with O_DIRECT, past the page cache: bulk data is not copied

@@ -66,7 +66,6 @@ fn crash_cycles(name: &str, options: PipelineOptions, default_cycles: usize) {
     let feed_log = dir.join("feed.jsonl");
     let mut options = options;
     options.extra_sink_args.extend(feed_log_args(&feed_log));
-    options.extra_sink_args.extend(common::in_order_args());
     let mut pipeline = Pipeline::start(&dir, options);
     // Reads the destination files while they grow, through every kill.
     let reader = common::LiveReader::start(&pipeline.source, &pipeline.dest());

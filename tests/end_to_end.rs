@@ -12,8 +12,6 @@ use common::{Pipeline, PipelineOptions, files_of_run, list_files, scratch, simul
 
 fn stream_and_check(name: &str, options: PipelineOptions) {
     let dir = scratch(name);
-    let mut options = options;
-    options.extra_sink_args.extend(common::in_order_args());
     let pipeline = Pipeline::start(&dir, options);
     let reader = common::LiveReader::start(&pipeline.source, &pipeline.dest());
     simulate(&pipeline.source, &workload("r0001", "4", "2MiB", "3s"));
@@ -113,7 +111,6 @@ fn two_sinks_shard_files() {
             "--layout",
             "flat",
         ]);
-        args.extend(common::in_order_args());
         args.extend([
             "--root".into(),
             dir.join(format!("dest-{name}")).display().to_string(),

@@ -25,7 +25,7 @@ pub use checksum::{FileHasher, SealDigest};
 pub use client::{ClientConfig, Delivery, FlightPool, Outgoing};
 pub use encode::EncodedBatch;
 pub use protocol::{Ack, FileWatermark, Hello, RejectedRow};
-pub use service::{Ingest, ServerConfig, serve};
+pub use service::{AwaitDurable, Ingest, ServerConfig, serve};
 pub use wire::{BatchBuilder, RangeBatch, Row, RowKind, range_schema};
 
 /// A batch or message that does not follow the wire format.

@@ -27,18 +27,30 @@ use crate::protocol::{self, Hello};
 use crate::tls::ServerTls;
 use crate::wire::RangeBatch;
 
+/// What a placed batch leaves to wait for: resolves with its ack once
+/// everything the ack reports is durable.
+pub type AwaitDurable = Pin<Box<dyn Future<Output = Result<protocol::Ack, Status>> + Send>>;
+
+/// Placed batches of one stream waiting to become durable. Each costs the
+/// sink a few hundred bytes (its bytes are in their files or counted in the
+/// sink's own bound on held ranges), so many may wait: a watcher's window
+/// (32 MiB by default, at least 64 KiB charged a batch) stays below this.
+const MAX_AWAITING_DURABLE: usize = 1024;
+
 /// What a sink does with validated batches.
 pub trait Ingest: Send + Sync + 'static {
     /// Accepts (or refuses) a stream from `source`, before any batch.
     fn accept_source(&self, source: &str) -> Result<(), Status>;
 
-    /// Places one batch; resolves only once everything the ack reports is durable.
+    /// Places one batch: resolves once its bytes are in their files (or
+    /// held by the sink until the bytes before them arrive), when the batch
+    /// itself is no longer needed, with the wait for its ack.
     fn ingest(
         &self,
         source: Arc<str>,
         seq: u64,
         batch: RangeBatch,
-    ) -> impl Future<Output = Result<protocol::Ack, Status>> + Send;
+    ) -> impl Future<Output = Result<AwaitDurable, Status>> + Send;
 
     /// Answers a Flight action with a JSON body.
     fn action(
@@ -68,7 +80,8 @@ pub struct ServerConfig {
     /// HTTP/2 flow-control windows; match the clients' in-flight window.
     pub stream_window_bytes: u32,
     pub connection_window_bytes: u32,
-    /// Batches of one stream being placed at once.
+    /// Batches of one stream being placed at once (placed batches waiting
+    /// to become durable do not count: see `MAX_AWAITING_DURABLE`).
     pub pipeline_depth: usize,
     /// DoPut streams served at once; with the message limit and the
     /// pipeline depth this bounds the memory peers can make the sink hold.
@@ -307,8 +320,6 @@ impl<I: Ingest> FlightService for Service<I> {
     }
 }
 
-/// Reads one DoPut stream, places up to `depth` batches at once and sends each
-/// ack as soon as its batch is durable. Returns the error that ends the stream.
 /// Whether a stream failed because the peer's connection went away rather
 /// than because this side refused what it sent.
 fn connection_lost(status: &Status) -> bool {
@@ -327,6 +338,13 @@ fn connection_lost(status: &Status) -> bool {
     false
 }
 
+/// Reads one DoPut stream, places up to `depth` batches at once and sends each
+/// ack as soon as its batch is durable. Returns the error that ends the stream.
+///
+/// A placed batch leaves the placing stage at once, so waiting for durability
+/// never stops the stream being read: a batch whose ranges the sink holds
+/// until the bytes before them arrive may wait for a batch further down this
+/// very stream.
 async fn run_put<I: Ingest>(
     ingest: Arc<I>,
     peer: &str,
@@ -334,20 +352,33 @@ async fn run_put<I: Ingest>(
     acks: &mpsc::Sender<Result<PutResult, Status>>,
     depth: usize,
 ) -> Result<(), Status> {
+    use futures::FutureExt;
     let mut source: Option<Arc<str>> = None;
     let mut schema_seen = false;
-    let mut pending = FuturesUnordered::new();
+    let mut placing = FuturesUnordered::new();
+    let mut awaiting = FuturesUnordered::new();
     let mut input_done = false;
     loop {
+        let may_read =
+            !input_done && placing.len() < depth && awaiting.len() < MAX_AWAITING_DURABLE;
         tokio::select! {
-            Some(result) = pending.next(), if !pending.is_empty() => {
+            Some(result) = awaiting.next(), if !awaiting.is_empty() => {
                 let ack: protocol::Ack = result?;
                 let put = PutResult { app_metadata: ack.encode().into() };
                 if acks.send(Ok(put)).await.is_err() {
                     return Ok(()); // the peer went away; nothing left to tell it
                 }
             }
-            message = stream.message(), if !input_done && pending.len() < depth => {
+            Some(result) = placing.next(), if !placing.is_empty() => {
+                let (seq, placed): (u64, Result<AwaitDurable, Status>) = result;
+                let durable = placed?;
+                awaiting.push(
+                    std::panic::AssertUnwindSafe(durable)
+                        .catch_unwind()
+                        .map(move |outcome| outcome.unwrap_or_else(|panic| Err(sink_panic(seq, "waiting for it to become durable", panic)))),
+                );
+            }
+            message = stream.message(), if may_read => {
                 let Some(data) = message? else {
                     input_done = true;
                     continue;
@@ -366,23 +397,26 @@ async fn run_put<I: Ingest>(
                 };
                 let source = source.clone().unwrap_or_else(|| Arc::from(""));
                 let ingest = ingest.clone();
-                pending.push(async move {
-                    use futures::FutureExt;
-                    std::panic::AssertUnwindSafe(ingest.ingest(source, seq, batch))
+                placing.push(async move {
+                    let placed = std::panic::AssertUnwindSafe(ingest.ingest(source, seq, batch))
                         .catch_unwind()
                         .await
-                        .unwrap_or_else(|panic| {
-                            Err(Status::internal(format!(
-                                "batch {seq}: placing it panicked (a bug in the sink, not bad input): {}",
-                                panic_message(panic.as_ref())
-                            )))
-                        })
+                        .unwrap_or_else(|panic| Err(sink_panic(seq, "placing it", panic)));
+                    (seq, placed)
                 });
             }
             else => break,
         }
     }
     Ok(())
+}
+
+/// A panic in the sink's handling of a batch: its own bug, never bad input.
+fn sink_panic(seq: u64, doing: &str, panic: Box<dyn std::any::Any + Send>) -> Status {
+    Status::internal(format!(
+        "batch {seq}: {doing} panicked (a bug in the sink, not bad input): {}",
+        panic_message(panic.as_ref())
+    ))
 }
 
 /// Decodes one DoPut message: `None` for a schema or an empty message, the
@@ -456,7 +490,7 @@ mod tests {
             _: Arc<str>,
             seq: u64,
             _: RangeBatch,
-        ) -> Result<protocol::Ack, Status> {
+        ) -> Result<AwaitDurable, Status> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             panic!("a bug in the sink while placing batch {seq}");
         }
@@ -464,6 +498,104 @@ mod tests {
         async fn action(&self, _: &str, _: &[u8]) -> Result<Vec<u8>, Status> {
             Err(Status::unimplemented("no actions"))
         }
+    }
+
+    /// A sink that holds every batch but the last one's ranges until the
+    /// last arrives, as a sink writing in order holds ranges that came
+    /// ahead of the bytes before them.
+    struct GapAtTheEnd {
+        last: u64,
+        filled: tokio::sync::watch::Sender<bool>,
+    }
+
+    impl Ingest for GapAtTheEnd {
+        fn accept_source(&self, _: &str) -> Result<(), Status> {
+            Ok(())
+        }
+
+        async fn ingest(
+            &self,
+            _: Arc<str>,
+            seq: u64,
+            _: RangeBatch,
+        ) -> Result<AwaitDurable, Status> {
+            if seq == self.last {
+                self.filled.send_replace(true);
+            }
+            let mut filled = self.filled.subscribe();
+            Ok(Box::pin(async move {
+                let _ = filled.wait_for(|filled| *filled).await;
+                Ok(protocol::Ack {
+                    seq,
+                    ..Default::default()
+                })
+            }))
+        }
+
+        async fn action(&self, _: &str, _: &[u8]) -> Result<Vec<u8>, Status> {
+            Err(Status::unimplemented("no actions"))
+        }
+    }
+
+    /// Batches waiting to become durable do not stop a stream being read:
+    /// the batch that releases them may come after more of them than the
+    /// pipeline places at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_batches_do_not_stop_the_stream_being_read() {
+        let depth = 4;
+        let batches = 3 * depth as u64;
+        let ingest = Arc::new(GapAtTheEnd {
+            last: batches - 1,
+            filled: tokio::sync::watch::channel(false).0,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            ingest,
+            ServerConfig {
+                pipeline_depth: depth,
+                ..ServerConfig::default()
+            },
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let (pool, mut deliveries) = FlightPool::start(ClientConfig {
+            endpoint: format!("http://{address}"),
+            source: "s".into(),
+            connections: 1,
+            ..ClientConfig::default()
+        })
+        .unwrap();
+        for token in 0..batches {
+            let mut builder = BatchBuilder::with_capacity(1, 16);
+            builder.push_data("f", 1, token * 16, b"sixteen bytes!!!");
+            pool.send(Outgoing {
+                token,
+                batch: builder.finish_encoded(),
+            })
+            .await;
+        }
+        // A deadlock guard, not a timing goal: before, the stream stopped
+        // reading with `depth` batches waiting, and this never completed.
+        let acked = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut acked = 0;
+            while acked < batches {
+                match deliveries.recv().await {
+                    Some(Delivery::Acked { .. }) => acked += 1,
+                    other => panic!("expected an ack, got {other:?}"),
+                }
+            }
+            acked
+        })
+        .await
+        .expect("the stream stopped being read while batches waited");
+        assert_eq!(acked, batches);
+        drop(pool);
+        let _ = stop.send(());
+        let _ = server.await;
     }
 
     /// A panic inside the sink is its own bug, not the watcher's bad input:

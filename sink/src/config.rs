@@ -52,7 +52,7 @@ pub struct SinkConfig {
     /// Most bytes held in memory across files because they arrived ahead of
     /// the bytes before them, so that a file grows only over bytes written
     /// in order; a batch that would hold more is refused as retryable. 0
-    /// (the default for now) turns writing in order off.
+    /// turns writing in order off.
     pub hold_limit: u64,
     /// Ranges whose block-aligned middle holds at least this many bytes
     /// write it with O_DIRECT, past the page cache (0: never; None: 512 KiB
@@ -81,7 +81,7 @@ impl Default for SinkConfig {
             window_bytes: 64 << 20,
             max_open_files: 1024,
             journal_max_range: 64 << 10,
-            hold_limit: 0,
+            hold_limit: 256 << 20,
             direct_min: None,
             sync: SyncStrategy::Auto,
             seal_read_back: false,

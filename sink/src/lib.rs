@@ -478,14 +478,27 @@ impl Sink {
     }
 
     /// Places one batch and waits until everything its ack reports is
-    /// durable. A panic while placing it poisons the sink: the slots it
-    /// held may be half updated, and nothing may be acknowledged from them.
+    /// durable (see [`Self::place_batch`]).
+    #[cfg(test)]
     async fn ingest_batch(
         &self,
         source: Arc<str>,
         seq: u64,
         batch: RangeBatch,
     ) -> Result<Ack, SinkError> {
+        self.place_batch(source, seq, batch).await?.await
+    }
+
+    /// Places one batch and returns the wait until everything its ack
+    /// reports is durable; the batch is dropped once placed. A panic while
+    /// placing it poisons the sink: the slots it held may be half updated,
+    /// and nothing may be acknowledged from them.
+    async fn place_batch(
+        &self,
+        source: Arc<str>,
+        seq: u64,
+        batch: RangeBatch,
+    ) -> Result<impl Future<Output = Result<Ack, SinkError>> + Send + 'static, SinkError> {
         self.health.check()?;
         let placer = self.placer.clone();
         let committer = self.committer.clone();
@@ -514,14 +527,17 @@ impl Sink {
                 Err(_) => SinkError::Shutdown,
             })?;
         let (answer, ack) = placed?;
-        answer
-            .durable()
-            .await
-            .map_err(|reason| match self.health.reason() {
-                Some(poisoned) => SinkError::Poisoned(poisoned),
-                None => SinkError::Storage(reason),
-            })?;
-        Ok(ack)
+        let health = self.health.clone();
+        Ok(async move {
+            answer
+                .durable()
+                .await
+                .map_err(|reason| match health.reason() {
+                    Some(poisoned) => SinkError::Poisoned(poisoned),
+                    None => SinkError::Storage(reason),
+                })?;
+            Ok(ack)
+        })
     }
 }
 

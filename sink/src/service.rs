@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use flight_server::protocol::{ACTION_STATUS, ACTION_WATERMARKS};
-use flight_server::{Ack, Ingest, RangeBatch};
+use flight_server::{AwaitDurable, Ingest, RangeBatch};
 use serde::Deserialize;
 use tonic::Status;
 
@@ -36,10 +36,17 @@ impl Ingest for Sink {
         }
     }
 
-    async fn ingest(&self, source: Arc<str>, seq: u64, batch: RangeBatch) -> Result<Ack, Status> {
-        self.ingest_batch(source, seq, batch)
+    async fn ingest(
+        &self,
+        source: Arc<str>,
+        seq: u64,
+        batch: RangeBatch,
+    ) -> Result<AwaitDurable, Status> {
+        let durable = self
+            .place_batch(source, seq, batch)
             .await
-            .map_err(status_of)
+            .map_err(status_of)?;
+        Ok(Box::pin(async move { durable.await.map_err(status_of) }))
     }
 
     async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, Status> {

@@ -755,9 +755,3 @@ pub fn assert_live_reads_match(report: LiveReport) {
     );
     assert_eq!(report.shrinks, 0, "a destination file shrank: {report:?}");
 }
-
-/// Sink flags that write each file in order (issue 28), for the tests
-/// whose live readers rely on it.
-pub fn in_order_args() -> Vec<String> {
-    strings(&["--hold-limit", "256MiB"])
-}

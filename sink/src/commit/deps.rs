@@ -4,8 +4,11 @@
 use super::*;
 
 /// How long a batch may wait for the bytes before a range it sent (held in
-/// memory until they arrive) before it is failed and sent again.
-pub(super) const HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// memory until they arrive) before it is failed and sent again. A stream
+/// is read on while its batches wait, and the watcher sends a file's ranges
+/// in order, so the bytes before arrive unless their batch is lost; this is
+/// the way out should they not, long enough for a slow link to bring them.
+pub(super) const HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How often waiting requests are looked at when no round runs.
 pub(super) const HOLD_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -56,11 +59,11 @@ pub(super) fn verdict(request: &CommitRequest) -> Verdict {
             ));
         }
         // Held for the bytes before it for too long: the batch that brings
-        // them may sit unread behind this very batch (a stream reads no
-        // more while its pipeline is full of waiting batches). Failing
-        // this one frees the stream; what it held stays, written and
-        // recorded by whoever fills the gap, and its copy sent again finds
-        // it there.
+        // them may be lost, or sit unread behind this very batch in a
+        // stream whose waiting batches reached their bound. Failing this
+        // one ends its stream, and the watcher sends both again, in order;
+        // what it held stays, written and recorded by whoever fills the
+        // gap, and its copy sent again finds it there.
         let stuck = state.held.range(..dependency.end).any(|(&start, held)| {
             start + held.bytes.len() as u64 > dependency.start && held.since.elapsed() > HOLD_WAIT
         });
