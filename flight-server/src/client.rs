@@ -449,7 +449,8 @@ async fn stream_once(
                 *backoff = Duration::from_millis(50);
                 let _ = shared.deliveries.send(Delivery::Acked { token: item.out.token, ack });
             }
-            item = shared.next(), if in_flight_bytes < shared.config.window_bytes => {
+            item = shared.next(), if in_flight_bytes < shared.config.window_bytes
+                && in_flight.len() < protocol::MAX_UNACKED_BATCHES => {
                 let seq = next_seq;
                 next_seq += 1;
                 let message = batch_message(&item.out.batch, seq);

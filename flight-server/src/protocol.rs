@@ -14,6 +14,13 @@ pub const ACTION_WATERMARKS: &str = "watermarks";
 /// Action: counters and state of the sink.
 pub const ACTION_STATUS: &str = "status";
 
+/// Batches of one DoPut stream that may be unacknowledged at once: the sink
+/// reads a stream on while fewer of its placed batches wait to become
+/// durable, and a watcher keeps no more than this in flight on a
+/// connection, so every batch it sends is read, even one that batches
+/// before it in the stream wait for.
+pub const MAX_UNACKED_BATCHES: usize = 1024;
+
 /// Sent as the FlightDescriptor command of each DoPut stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {

@@ -31,11 +31,10 @@ use crate::wire::RangeBatch;
 /// everything the ack reports is durable.
 pub type AwaitDurable = Pin<Box<dyn Future<Output = Result<protocol::Ack, Status>> + Send>>;
 
-/// Placed batches of one stream waiting to become durable. Each costs the
-/// sink a few hundred bytes (its bytes are in their files or counted in the
-/// sink's own bound on held ranges), so many may wait: a watcher's window
-/// (32 MiB by default, at least 64 KiB charged a batch) stays below this.
-const MAX_AWAITING_DURABLE: usize = 1024;
+/// Placed batches of one stream waiting to become durable, at most. Their
+/// batches are dropped once placed; what each still costs the sink (the
+/// ranges it waits for) is bounded by the sink itself.
+const MAX_AWAITING_DURABLE: usize = protocol::MAX_UNACKED_BATCHES;
 
 /// What a sink does with validated batches.
 pub trait Ingest: Send + Sync + 'static {
@@ -59,14 +58,33 @@ pub trait Ingest: Send + Sync + 'static {
         body: &[u8],
     ) -> impl Future<Output = Result<Vec<u8>, Status>> + Send;
 
-    /// Serves a DoGet ticket as a stream of Flight messages.
+    /// Serves a DoGet ticket from `peer` as a stream of Flight messages.
     fn get(
         &self,
         ticket: Ticket,
+        peer: String,
     ) -> impl Future<Output = Result<BoxStream<'static, Result<FlightData, Status>>, Status>> + Send
     {
-        let _ = ticket;
+        let _ = (ticket, peer);
         async { Err(Status::unimplemented("DoGet is not served by this sink")) }
+    }
+
+    /// Lists what a ListFlights criteria expression matches.
+    fn list(
+        &self,
+        criteria: Vec<u8>,
+    ) -> impl Future<Output = Result<Vec<FlightInfo>, Status>> + Send {
+        let _ = criteria;
+        async { Err(Status::unimplemented("ListFlights is not served by this sink")) }
+    }
+
+    /// Describes one flight (GetFlightInfo).
+    fn info(
+        &self,
+        descriptor: FlightDescriptor,
+    ) -> impl Future<Output = Result<FlightInfo, Status>> + Send {
+        let _ = descriptor;
+        async { Err(Status::unimplemented("GetFlightInfo is not served by this sink")) }
     }
 }
 
@@ -84,7 +102,7 @@ pub struct ServerConfig {
     /// to become durable do not count: see `MAX_AWAITING_DURABLE`).
     pub pipeline_depth: usize,
     /// DoPut streams served at once; with the message limit and the
-    /// pipeline depth this bounds the memory peers can make the sink hold.
+    /// pipeline depth this bounds the batches peers can make the sink hold.
     pub max_streams: usize,
 }
 
@@ -198,16 +216,22 @@ impl<I: Ingest> FlightService for Service<I> {
 
     async fn list_flights(
         &self,
-        _: Request<Criteria>,
+        request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        Err(Status::unimplemented("list_flights is not served"))
+        let infos = self
+            .ingest
+            .list(request.into_inner().expression.to_vec())
+            .await?;
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            infos.into_iter().map(Ok),
+        ))))
     }
 
     async fn get_flight_info(
         &self,
-        _: Request<FlightDescriptor>,
+        request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        Err(Status::unimplemented("get_flight_info is not served"))
+        Ok(Response::new(self.ingest.info(request.into_inner()).await?))
     }
 
     async fn poll_flight_info(
@@ -228,7 +252,8 @@ impl<I: Ingest> FlightService for Service<I> {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        let stream = self.ingest.get(request.into_inner()).await?;
+        let peer = peer_name(&request);
+        let stream = self.ingest.get(request.into_inner(), peer).await?;
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -154,6 +154,39 @@ pub(crate) struct Dependency {
     pub end: u64,
 }
 
+/// Dependencies of requests not answered yet, across the sink: a request
+/// carries its share and gives it back when it is dropped (answered or
+/// failed). Placement refuses a batch that would go past the bound.
+pub(crate) struct DependencyCharge {
+    count: usize,
+    total: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl DependencyCharge {
+    /// Charges `count` dependencies to `total`, or says how many wait already.
+    pub fn take(
+        total: &Arc<std::sync::atomic::AtomicUsize>,
+        count: usize,
+        limit: usize,
+    ) -> Result<Self, usize> {
+        let before = total.fetch_add(count, Ordering::Relaxed);
+        if before + count > limit {
+            total.fetch_sub(count, Ordering::Relaxed);
+            return Err(before);
+        }
+        Ok(Self {
+            count,
+            total: total.clone(),
+        })
+    }
+}
+
+impl Drop for DependencyCharge {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.count, Ordering::Relaxed);
+    }
+}
+
 /// Serialises every write of file records to the manifest. A round that
 /// fails after changing records in memory poisons the sink's [`Health`]
 /// before it lets go of the gate: from then on those records may name
@@ -174,6 +207,8 @@ pub(crate) struct CommitRequest {
     pub files_to_sync: Vec<Arc<File>>,
     pub dirs_to_sync: Vec<Arc<OwnedFd>>,
     pub dependencies: Vec<Dependency>,
+    /// Their share of the sink's bound on dependencies waiting.
+    pub dependency_charge: Option<DependencyCharge>,
     pub counters: SinkCounters,
     /// Ranges to journal, (file, offset, bytes), if the round can...
     pub journal: Vec<(FileId, u64, Vec<u8>)>,
@@ -191,6 +226,37 @@ pub(crate) struct CommitRequest {
 }
 
 impl CommitRequest {
+    /// Depends on `start..end` of `slot`; merged into the last dependency
+    /// when it is the same file's and touches it, as a batch's rows of one
+    /// file usually are.
+    pub fn depend_on(&mut self, slot: &Arc<Slot>, start: u64, end: u64) {
+        if let Some(last) = self.dependencies.last_mut()
+            && Arc::ptr_eq(&last.slot, slot)
+            && start <= last.end
+            && end >= last.start
+        {
+            last.start = last.start.min(start);
+            last.end = last.end.max(end);
+            return;
+        }
+        self.dependencies.push(Dependency {
+            slot: slot.clone(),
+            start,
+            end,
+        });
+    }
+
+    /// What is left of a recorded request that waits for others: its
+    /// dependencies only. Its files, ranges and journal copies are let go,
+    /// so a waiting batch costs little whatever it carried.
+    pub fn keep_dependencies_only(&mut self) {
+        *self = Self {
+            dependencies: std::mem::take(&mut self.dependencies),
+            dependency_charge: self.dependency_charge.take(),
+            ..Self::default()
+        };
+    }
+
     /// The files and directories a request touched, for a flush at startup
     /// (the journal replay), before any round runs.
     pub fn sync_now(&self) -> Result<(), String> {

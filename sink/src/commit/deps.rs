@@ -44,7 +44,16 @@ pub(super) fn verdict(request: &CommitRequest) -> Verdict {
     let mut verdict = Verdict::Ready;
     for dependency in &request.dependencies {
         let state = lock(&dependency.slot.state);
-        if state.record.superseded || state.record.placed.covers(dependency.start, dependency.end) {
+        // A superseded generation's ranges are never written, but ranges
+        // it still holds may be: its move aside can fail and leave it live.
+        let still_held = || {
+            state.held.range(..dependency.end).any(|(&start, held)| {
+                start + held.bytes.len() as u64 > dependency.start
+            })
+        };
+        if (state.record.superseded && !still_held())
+            || state.record.placed.covers(dependency.start, dependency.end)
+        {
             continue;
         }
         // Not recorded yet: fine while another batch is still writing it.

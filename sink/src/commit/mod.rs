@@ -80,10 +80,10 @@ pub(crate) struct Committer {
     task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
-/// Requests queued for rounds at most. Fewer are ever in flight (each
-/// stream holds at most its pipeline depth of batches, and the streams are
-/// bounded), so this only guards memory against a bug; a placement thread
-/// that finds it full waits.
+/// Requests queued for rounds at most. Fewer are ever in flight (batches
+/// are placed by a bounded pool of threads, each submitting one at a time),
+/// so this only guards memory against a bug; a placement thread that finds
+/// it full waits.
 const QUEUE_DEPTH: usize = 4 * MAX_ROUND;
 
 /// What the committer task is given to own or share.
@@ -416,7 +416,10 @@ async fn run(rounds: Rounds) {
             .collect();
         backlog.add(journal_round, recorded.journal_bytes, files);
         backlog.flush_if_due(&manifest, &health);
-        waiting.extend(round);
+        waiting.extend(round.into_iter().map(|mut queued| {
+            queued.request.keep_dependencies_only();
+            queued
+        }));
         waiting = answer_ready(waiting);
     }
     // Stopping: a background flush in progress ends before its files and

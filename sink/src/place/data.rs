@@ -142,11 +142,7 @@ impl Placer {
                     held.since = now;
                 }
             }
-            work.request.dependencies.push(Dependency {
-                slot: slot.clone(),
-                start,
-                end,
-            });
+            work.request.depend_on(&slot, start, end);
         }
         work.ack.duplicate += len - written;
         if to_write.is_empty() {
@@ -328,11 +324,7 @@ impl Placer {
         );
         state.pending.insert(start, end);
         work.held.push((slot.clone(), start, end));
-        work.request.dependencies.push(Dependency {
-            slot: slot.clone(),
-            start,
-            end,
-        });
+        work.request.depend_on(slot, start, end);
         Ok(())
     }
 

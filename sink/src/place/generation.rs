@@ -201,13 +201,13 @@ impl Placer {
         let moving = {
             let mut state = lock(&slot.state);
             self.settle_rename(source, slot, &mut state, work)?;
-            // Superseded either way: what it held is never written.
-            self.drop_all_holds(&mut state);
             match self.inode_at(from)? {
                 None => {
                     state.record.superseded = true;
                     state.record.kept = false;
                     state.close_file();
+                    // What it held is never written.
+                    self.drop_all_holds(&mut state);
                     None
                 }
                 Some(inode) => {
@@ -254,6 +254,9 @@ impl Placer {
                 .flush_before_record(&mut lock(&slot.unsynced), None, dirs);
             state.record.end_move();
             state.close_file();
+            // Superseded for good only now (a failed move above makes it
+            // live again): what it held is never written.
+            self.drop_all_holds(&mut state);
             moving.made(&mut state);
         }
         lock(&source.moved_away).made(from.to_owned(), slot.clone());

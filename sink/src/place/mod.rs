@@ -41,7 +41,9 @@ use crate::config::{Layout, SupersededPolicy};
 use crate::confine::{ConfineError, Root, SettledMove};
 use crate::durability::direct::{self, DirectFile};
 use crate::health::Health;
-use crate::state::{CommitGate, CommitRequest, Dependency, Held, Slot, SlotState, lock};
+use crate::state::{
+    CommitGate, CommitRequest, DependencyCharge, Held, Slot, SlotState, lock,
+};
 use crate::written_crc::WrittenCrc;
 
 mod data;
@@ -141,11 +143,20 @@ pub(crate) struct Placer {
     /// before them (see `data`), and the most it may hold.
     held_bytes: AtomicU64,
     hold_limit: u64,
+    /// Ranges that batches not answered yet wait for (see [`DependencyCharge`]).
+    waiting_dependencies: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Most ranges batches may wait for across the sink (a few tens of bytes
+/// each): duplicates of ranges others are writing and ranges held ahead of
+/// the bytes before them. What bounds the memory of waiting batches, as a
+/// stream's placed batches wait on their own (a watcher's batches rarely
+/// wait for more than a few ranges each).
+const MAX_WAITING_DEPENDENCIES: usize = 1 << 20;
 
 /// Default of [`Placer::with_hold_limit`] in the unit tests: room for the
 /// windows of a few watchers' connections whose batches all arrive ahead
-/// of one late batch. The sink's own default (`SinkConfig`) is 0, off.
+/// of one late batch, as the sink's own default (`SinkConfig`).
 pub(crate) const HOLD_LIMIT: u64 = 256 << 20;
 
 /// Which ranges go to the manifest's journal.
@@ -216,6 +227,7 @@ impl Placer {
             committer: std::sync::OnceLock::new(),
             held_bytes: AtomicU64::new(0),
             hold_limit: HOLD_LIMIT,
+            waiting_dependencies: Default::default(),
         }
     }
 
@@ -447,6 +459,21 @@ impl Placer {
             };
             self.give_back(&work);
             return Err(failure);
+        }
+        if !work.request.dependencies.is_empty() && work.refused.is_none() {
+            match DependencyCharge::take(
+                &self.waiting_dependencies,
+                work.request.dependencies.len(),
+                MAX_WAITING_DEPENDENCIES,
+            ) {
+                Ok(charge) => work.request.dependency_charge = Some(charge),
+                Err(waiting) => {
+                    work.refused = Some(format!(
+                        "it waits for {} ranges other batches are writing, and {waiting} such ranges wait already (limit {MAX_WAITING_DEPENDENCIES}); the batch is sent again",
+                        work.request.dependencies.len()
+                    ))
+                }
+            }
         }
         if let Some(reason) = work.refused.take() {
             self.give_back(&work);

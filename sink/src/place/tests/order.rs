@@ -281,3 +281,35 @@ fn a_refused_batch_still_moves_the_files_it_fills_on() {
     }
     assert_eq!(placer.held_bytes(), 100, "only h's range is held");
 }
+
+/// A generation replaced while it holds ranges ahead of its file's end:
+/// under `keep` it goes aside with only the bytes it had in order, and what
+/// it held is let go (never written: its source moved on), once it is
+/// aside; the new generation starts from nothing held.
+#[test]
+fn a_generation_superseded_while_holding_goes_aside_without_a_hole() {
+    let fixture = Fixture::new("held-superseded");
+    let placer = fixture.placer_with(Layout::PerSource, SupersededPolicy::Keep, 64 << 10);
+    let source = placer.source("s").unwrap();
+    let old = content(300);
+    place_and_record(&placer, &source, 1, &data_batch("a", 0, &old[..100]));
+    let (held, _) = placer
+        .place(&source, 2, &data_batch("a", 200, &old[200..]))
+        .unwrap();
+    assert_eq!(placer.held_bytes(), 100);
+    let mut builder = BatchBuilder::with_capacity(2, 256);
+    builder.push_open("a", 2, "a");
+    builder.push_data("a", 2, 0, b"new");
+    let (request, ack) = placer
+        .place(&source, 3, &RangeBatch::validate(builder.finish()).unwrap())
+        .unwrap();
+    assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+    record_placed(&request);
+    assert_eq!(placer.held_bytes(), 0, "the superseded generation still holds");
+    let slot = &held.dependencies[0].slot;
+    let state = lock(&slot.state);
+    assert!(state.record.superseded && state.held.is_empty());
+    drop(state);
+    assert_eq!(std::fs::read(fixture.dest("s/a.gen1")).unwrap(), &old[..100]);
+    assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"new");
+}
