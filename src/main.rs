@@ -7,6 +7,7 @@ mod commit_log;
 mod config;
 mod demo;
 mod feed_log;
+mod tail;
 mod verify;
 
 use std::net::SocketAddr;
@@ -57,6 +58,8 @@ enum Command {
     Audit(AuditArgs),
     /// Run simulator, watcher and sink on loopback with live progress, then verify.
     Demo(demo::DemoArgs),
+    /// Follow a sink's files as they become durable (a live-tail subscription).
+    Tail(tail::TailArgs),
 }
 
 #[derive(Args, Clone)]
@@ -595,6 +598,7 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
             });
         }
         Command::Demo(args) => return demo::run(args),
+        Command::Tail(args) => return tail::run(args),
     }
     Ok(ExitCode::SUCCESS)
 }

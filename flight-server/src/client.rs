@@ -244,6 +244,74 @@ async fn run_action(
     Ok(out)
 }
 
+/// One batch of a live-tail subscription, with the cursor update its
+/// `app_metadata` carried.
+pub struct Consumed {
+    pub batch: arrow_array::RecordBatch,
+    pub cursor: crate::subscription::CursorUpdate,
+}
+
+/// Opens a live-tail subscription (DoGet with `ticket`): its batches in
+/// order, until the sink ends the stream (or, with `follow`, forever).
+pub async fn subscribe(
+    config: &ClientConfig,
+    ticket: &crate::subscription::Ticket,
+) -> Result<futures::stream::BoxStream<'static, Result<Consumed, ClientError>>, ClientError> {
+    use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+    use futures::{StreamExt, TryStreamExt};
+    let url = config.endpoint.clone();
+    let endpoint = make_endpoint(config)?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| ClientError::Endpoint {
+            endpoint: url.clone(),
+            detail: format!("cannot connect: {}", error_chain(&e)),
+        })?;
+    let mut client = FlightServiceClient::new(channel)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let refused = |status: tonic::Status| ClientError::Action {
+        endpoint: url.clone(),
+        action: "DoGet".into(),
+        status: Box::new(status),
+    };
+    let flight = client
+        .do_get(arrow_flight::Ticket::new(ticket.encode()))
+        .await
+        .map_err(refused)?
+        .into_inner()
+        .map_err(arrow_flight::error::FlightError::from);
+    let batches = FlightDataDecoder::new(flight).filter_map(move |decoded| {
+        let url = url.clone();
+        async move {
+            let failed = |detail: String| ClientError::Endpoint {
+                endpoint: url.clone(),
+                detail,
+            };
+            match decoded {
+                Err(arrow_flight::error::FlightError::Tonic(status)) => {
+                    Some(Err(ClientError::Action {
+                        endpoint: url.clone(),
+                        action: "DoGet".into(),
+                        status,
+                    }))
+                }
+                Err(e) => Some(Err(failed(format!("subscription stream: {e}")))),
+                Ok(decoded) => match decoded.payload {
+                    DecodedPayload::RecordBatch(batch) => Some(
+                        crate::subscription::CursorUpdate::decode(&decoded.inner.app_metadata)
+                            .map(|cursor| Consumed { batch, cursor })
+                            .map_err(|e| failed(e.to_string())),
+                    ),
+                    DecodedPayload::Schema(_) | DecodedPayload::None => None,
+                },
+            }
+        }
+    });
+    Ok(batches.boxed())
+}
+
 fn make_endpoint(config: &ClientConfig) -> Result<Endpoint, ClientError> {
     let bad = |detail: String| ClientError::Endpoint {
         endpoint: config.endpoint.clone(),

@@ -6,6 +6,7 @@
 //! - [`checksum`]: CRC-32C of each row and the whole-file digest of a seal;
 //! - [`protocol`]: what travels beside the batches (stream hello, acks, actions);
 //! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
+//! - [`subscription`]: live-tail tickets, the consumer schema and cursors;
 //! - [`client`]: the multi-connection DoPut client with a bounded in-flight window;
 //! - [`tls`]: rustls configuration from PEM files.
 
@@ -18,11 +19,12 @@ pub mod protocol;
 mod put_stream;
 pub mod schema;
 pub mod service;
+pub mod subscription;
 pub mod tls;
 pub mod wire;
 
 pub use checksum::{FileHasher, SealDigest};
-pub use client::{ClientConfig, Delivery, FlightPool, Outgoing};
+pub use client::{ClientConfig, Consumed, Delivery, FlightPool, Outgoing};
 pub use encode::EncodedBatch;
 pub use protocol::{Ack, FileWatermark, Hello, RejectedRow};
 pub use service::{AwaitDurable, Ingest, ServerConfig, serve};

@@ -75,7 +75,11 @@ pub trait Ingest: Send + Sync + 'static {
         criteria: Vec<u8>,
     ) -> impl Future<Output = Result<Vec<FlightInfo>, Status>> + Send {
         let _ = criteria;
-        async { Err(Status::unimplemented("ListFlights is not served by this sink")) }
+        async {
+            Err(Status::unimplemented(
+                "ListFlights is not served by this sink",
+            ))
+        }
     }
 
     /// Describes one flight (GetFlightInfo).
@@ -84,7 +88,11 @@ pub trait Ingest: Send + Sync + 'static {
         descriptor: FlightDescriptor,
     ) -> impl Future<Output = Result<FlightInfo, Status>> + Send {
         let _ = descriptor;
-        async { Err(Status::unimplemented("GetFlightInfo is not served by this sink")) }
+        async {
+            Err(Status::unimplemented(
+                "GetFlightInfo is not served by this sink",
+            ))
+        }
     }
 }
 

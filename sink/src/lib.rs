@@ -28,6 +28,7 @@ mod place;
 mod service;
 mod stage_cpu;
 mod state;
+pub mod subscribe;
 mod written_crc;
 
 /// Helpers shared by the unit tests of this crate's modules.
@@ -184,6 +185,9 @@ pub struct SinkStatus {
     /// waiting in memory (a file grows only over bytes written in order).
     #[serde(default)]
     pub held_bytes: u64,
+    /// Live-tail subscriptions, with how far behind each is.
+    #[serde(default)]
+    pub subscriptions: Vec<subscribe::SubscriptionStatus>,
     pub poisoned: Option<String>,
 }
 
@@ -277,6 +281,7 @@ pub struct Sink {
     placing: Arc<PlacementThreads>,
     health: Health,
     feed: feed::FeedHandle,
+    subscribers: Arc<subscribe::Subscribers>,
 }
 
 impl Sink {
@@ -362,6 +367,7 @@ impl Sink {
             placing: PlacementThreads::new(config.placement_threads),
             health,
             feed: feed_handle,
+            subscribers: Arc::new(subscribe::Subscribers::new()),
         })
     }
 
@@ -422,6 +428,7 @@ impl Sink {
             placements_running_peak: self.placing.running_peak.load(Ordering::Relaxed),
             placements_waiting: self.placing.waiting.load(Ordering::Relaxed),
             held_bytes: self.placer.held_bytes(),
+            subscriptions: self.subscribers.status(),
             poisoned: self.health.reason().map(|reason| reason.to_string()),
         })
     }

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use flight_server::protocol::{ACTION_STATUS, ACTION_WATERMARKS};
-use flight_server::{AwaitDurable, Ingest, RangeBatch};
+use flight_server::{AwaitDurable, Ingest, RangeBatch, subscription};
+use futures::stream::BoxStream;
 use serde::Deserialize;
 use tonic::Status;
 
@@ -47,6 +48,47 @@ impl Ingest for Sink {
             .await
             .map_err(status_of)?;
         Ok(Box::pin(async move { durable.await.map_err(status_of) }))
+    }
+
+    async fn get(
+        &self,
+        ticket: arrow_flight::Ticket,
+        peer: String,
+    ) -> Result<BoxStream<'static, Result<arrow_flight::FlightData, Status>>, Status> {
+        let ticket = subscription::Ticket::decode(&ticket.ticket)
+            .map_err(|e| Status::invalid_argument(format!("peer {peer}: {e}")))?;
+        self.subscribe(ticket, peer).await.map_err(status_of)
+    }
+
+    async fn list(&self, criteria: Vec<u8>) -> Result<Vec<arrow_flight::FlightInfo>, Status> {
+        let criteria = String::from_utf8(criteria).map_err(|_| {
+            Status::invalid_argument("the criteria expression must be a UTF-8 glob")
+        })?;
+        let sink = self.clone();
+        tokio::task::spawn_blocking(move || sink.list_files(&criteria))
+            .await
+            .map_err(|e| Status::internal(format!("listing files: {e}")))?
+            .map_err(status_of)
+    }
+
+    async fn info(
+        &self,
+        descriptor: arrow_flight::FlightDescriptor,
+    ) -> Result<arrow_flight::FlightInfo, Status> {
+        let [source, path] = &descriptor.path[..] else {
+            return Err(Status::invalid_argument(
+                "GetFlightInfo takes a path descriptor: [source, path of the file in it]",
+            ));
+        };
+        let criteria = subscription::exact_glob(source, path);
+        let sink = self.clone();
+        let mut infos = tokio::task::spawn_blocking(move || sink.list_files(&criteria))
+            .await
+            .map_err(|e| Status::internal(format!("describing a file: {e}")))?
+            .map_err(status_of)?;
+        infos
+            .pop()
+            .ok_or_else(|| Status::not_found(format!("no file {path:?} in source {source:?}")))
     }
 
     async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, Status> {

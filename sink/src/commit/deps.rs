@@ -47,9 +47,10 @@ pub(super) fn verdict(request: &CommitRequest) -> Verdict {
         // A superseded generation's ranges are never written, but ranges
         // it still holds may be: its move aside can fail and leave it live.
         let still_held = || {
-            state.held.range(..dependency.end).any(|(&start, held)| {
-                start + held.bytes.len() as u64 > dependency.start
-            })
+            state
+                .held
+                .range(..dependency.end)
+                .any(|(&start, held)| start + held.bytes.len() as u64 > dependency.start)
         };
         if (state.record.superseded && !still_held())
             || state.record.placed.covers(dependency.start, dependency.end)

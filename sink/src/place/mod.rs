@@ -41,9 +41,7 @@ use crate::config::{Layout, SupersededPolicy};
 use crate::confine::{ConfineError, Root, SettledMove};
 use crate::durability::direct::{self, DirectFile};
 use crate::health::Health;
-use crate::state::{
-    CommitGate, CommitRequest, DependencyCharge, Held, Slot, SlotState, lock,
-};
+use crate::state::{CommitGate, CommitRequest, DependencyCharge, Held, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
 
 mod data;

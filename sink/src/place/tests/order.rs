@@ -305,11 +305,18 @@ fn a_generation_superseded_while_holding_goes_aside_without_a_hole() {
         .unwrap();
     assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
     record_placed(&request);
-    assert_eq!(placer.held_bytes(), 0, "the superseded generation still holds");
+    assert_eq!(
+        placer.held_bytes(),
+        0,
+        "the superseded generation still holds"
+    );
     let slot = &held.dependencies[0].slot;
     let state = lock(&slot.state);
     assert!(state.record.superseded && state.held.is_empty());
     drop(state);
-    assert_eq!(std::fs::read(fixture.dest("s/a.gen1")).unwrap(), &old[..100]);
+    assert_eq!(
+        std::fs::read(fixture.dest("s/a.gen1")).unwrap(),
+        &old[..100]
+    );
     assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"new");
 }

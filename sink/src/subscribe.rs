@@ -1,0 +1,840 @@
+//! Live-tail subscriptions (Flight DoGet): a consumer follows the files of
+//! one source as their bytes become durable.
+//!
+//! Each subscription is a task that owns its position in every file it
+//! follows. It learns what became durable from the commit feed (and from
+//! the manifest when it starts, or when it fell so far behind that the
+//! feed dropped rounds for it) and reads the bytes from the destination
+//! files when it sends them: nothing is kept in memory for a consumer, so
+//! one that stops reading costs a batch, and simply falls behind. Only
+//! bytes below a file's durable contiguous end are sent (read-committed),
+//! per file in offset order, never twice in one stream.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use arrow_flight::FlightData;
+use flight_server::subscription::{
+    ConsumerBatchBuilder, ConsumerRow, CursorUpdate, Globs, Position, RowKind, Start, Ticket,
+    encode_batch, schema_message,
+};
+use futures::stream::BoxStream;
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc};
+
+use crate::config::Layout;
+use crate::confine::Root;
+use crate::feed::{CommitRound, DurableFile, FileChange};
+use crate::place::Placer;
+use crate::{Sink, SinkError};
+
+/// Subscriptions served at once; more are refused as unavailable.
+pub const MAX_SUBSCRIBERS: usize = 64;
+
+/// What the sink knows of its subscriptions, for `status`.
+#[derive(Default)]
+pub(crate) struct Subscribers {
+    next_id: AtomicU64,
+    live: std::sync::Mutex<BTreeMap<u64, Arc<SubscriberStats>>>,
+    permits: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+impl Subscribers {
+    pub fn new() -> Self {
+        Self {
+            permits: Some(Arc::new(tokio::sync::Semaphore::new(MAX_SUBSCRIBERS))),
+            ..Self::default()
+        }
+    }
+
+    pub fn status(&self) -> Vec<SubscriptionStatus> {
+        let now = SystemTime::now();
+        crate::state::lock(&self.live)
+            .iter()
+            .map(|(&id, stats)| stats.status(id, now))
+            .collect()
+    }
+}
+
+/// One subscription's progress, shared between its task and `status`.
+pub(crate) struct SubscriberStats {
+    source: String,
+    globs: Vec<String>,
+    peer: String,
+    sent_bytes: AtomicU64,
+    behind_bytes: AtomicU64,
+    /// When the oldest durable byte not yet sent became durable (µs since
+    /// the epoch; 0 when caught up).
+    behind_since_us: AtomicU64,
+}
+
+/// A subscription as `status` shows it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct SubscriptionStatus {
+    pub id: u64,
+    pub peer: String,
+    pub source: String,
+    pub globs: Vec<String>,
+    pub sent_bytes: u64,
+    /// Durable bytes of its files not sent to it yet.
+    pub behind_bytes: u64,
+    /// How long the oldest of those has been durable.
+    pub behind_seconds: f64,
+}
+
+impl SubscriberStats {
+    fn status(&self, id: u64, now: SystemTime) -> SubscriptionStatus {
+        let since = self.behind_since_us.load(Ordering::Relaxed);
+        let behind_seconds = match since {
+            0 => 0.0,
+            us => now.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| {
+                (d.as_micros() as u64).saturating_sub(us) as f64 / 1e6
+            }),
+        };
+        SubscriptionStatus {
+            id,
+            peer: self.peer.clone(),
+            source: self.source.clone(),
+            globs: self.globs.clone(),
+            sent_bytes: self.sent_bytes.load(Ordering::Relaxed),
+            behind_bytes: self.behind_bytes.load(Ordering::Relaxed),
+            behind_seconds,
+        }
+    }
+}
+
+/// One file generation a subscription follows.
+#[derive(Debug)]
+struct Followed {
+    /// Relative to the source (what the consumer sees).
+    path: String,
+    /// Relative to the sink's root (where the bytes are read).
+    dest_path: String,
+    /// Every byte below this was sent.
+    sent: u64,
+    /// Every byte below this is durable.
+    durable: u64,
+    /// When `durable` last moved past `sent` (the start of the lag).
+    behind_since: Option<SystemTime>,
+    /// The consumer was told of it (an `opened` row, or it knew it from
+    /// its cursor).
+    announced: bool,
+    /// Renamed from these paths since the consumer last saw it.
+    renamed_from: Vec<String>,
+    sealed: Option<(u64, String)>,
+    seal_sent: bool,
+    superseded: bool,
+    /// Reading it failed; tried again once the feed says more of it.
+    unreadable: bool,
+}
+
+impl Followed {
+    fn new(file: &DurableFile, path: String, sent: u64, announced: bool) -> Self {
+        Self {
+            path,
+            dest_path: file.path.clone(),
+            sent,
+            durable: file.contiguous_end,
+            behind_since: (file.contiguous_end > sent).then(SystemTime::now),
+            announced,
+            renamed_from: Vec::new(),
+            sealed: file.sealed.as_ref().map(|s| (s.size, s.digest.clone())),
+            seal_sent: false,
+            superseded: file.superseded,
+            unreadable: false,
+        }
+    }
+
+    /// Whether anything is left to tell the consumer (now).
+    fn has_news(&self) -> bool {
+        !self.announced
+            || !self.renamed_from.is_empty()
+            || self.superseded
+            || self.seal_due()
+            || (!self.unreadable && self.sent < self.durable)
+    }
+
+    fn seal_due(&self) -> bool {
+        !self.seal_sent
+            && !self.superseded
+            && self
+                .sealed
+                .as_ref()
+                .is_some_and(|(size, _)| self.sent >= *size)
+    }
+
+    fn position(&self, key: &str, generation: u64) -> Position {
+        Position {
+            key: key.to_owned(),
+            generation,
+            offset: self.sent,
+            path: self.path.clone(),
+            sealed: self.seal_sent,
+        }
+    }
+}
+
+/// A subscription's state: the files it follows, by (key, generation).
+struct Subscription {
+    ticket: Ticket,
+    globs: Globs,
+    layout: Layout,
+    /// Whose root the files are read under.
+    placer: Arc<Placer>,
+    files: BTreeMap<(String, u64), Followed>,
+    /// Generations superseded before or while this subscription followed
+    /// them: what the feed says of them later (a kept one moving on) is not
+    /// news to the consumer.
+    retired: std::collections::BTreeSet<(String, u64)>,
+    /// Where the last batch stopped, so files take turns.
+    next_turn: Option<(String, u64)>,
+    stats: Arc<SubscriberStats>,
+}
+
+impl Subscription {
+    /// The path a consumer sees: relative to the source.
+    fn relative<'a>(&self, dest_path: &'a str) -> &'a str {
+        relative(self.layout, &self.ticket.source, dest_path)
+    }
+
+    fn matches(&self, relative: &str) -> bool {
+        self.globs
+            .matches(&format!("{}/{relative}", self.ticket.source))
+    }
+
+    /// Starts from what the manifest holds: every matching file of the
+    /// source, at the ticket's start.
+    fn start(&mut self, files: Vec<DurableFile>) -> Result<Option<CursorUpdate>, SinkError> {
+        let ours: Vec<DurableFile> = files
+            .into_iter()
+            .filter(|f| f.id.source == self.ticket.source)
+            .collect();
+        // The newest generation of each key.
+        let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
+        for file in &ours {
+            let known = newest.entry(file.id.key.as_str()).or_insert(0);
+            *known = (*known).max(file.id.generation);
+        }
+        let cursor: BTreeMap<String, Position> = self
+            .ticket
+            .cursor
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| (p.key.clone(), p))
+            .collect();
+        for (key, position) in &cursor {
+            let Some(&newest) = newest.get(key.as_str()) else {
+                return Err(SinkError::Peer(format!(
+                    "the cursor names file {key:?} of source {:?}, which this sink does not hold",
+                    self.ticket.source
+                )));
+            };
+            if position.generation > newest {
+                return Err(SinkError::Peer(format!(
+                    "the cursor names generation {} of file {key:?}, which this sink never held (newest: {newest})",
+                    position.generation
+                )));
+            }
+        }
+        let mut initial = Vec::new();
+        for file in &ours {
+            let relative = self.relative(&file.path).to_owned();
+            let key = file.id.key.clone();
+            let generation = file.id.generation;
+            let is_newest = newest.get(key.as_str()) == Some(&generation);
+            let followed = match (self.ticket.start, cursor.get(&key)) {
+                (Start::Cursor, Some(position)) if position.generation == generation => {
+                    if position.offset > file.contiguous_end {
+                        return Err(SinkError::Peer(format!(
+                            "the cursor is at offset {} of {relative:?} generation {generation}, past its durable end {}",
+                            position.offset, file.contiguous_end
+                        )));
+                    }
+                    let mut followed = Followed::new(file, relative, position.offset, true);
+                    followed.seal_sent = position.sealed;
+                    // Renamed since the consumer's last batch: told first.
+                    if !position.path.is_empty() && position.path != followed.path {
+                        followed.renamed_from.push(position.path.clone());
+                    }
+                    followed
+                }
+                // The consumer knew an older generation: it is told that one
+                // is void (below), and gets this one from its start.
+                (Start::Cursor, _) if is_newest && !file.superseded => {
+                    if !self.matches(&relative) && !cursor.contains_key(&key) {
+                        continue;
+                    }
+                    Followed::new(file, relative, 0, false)
+                }
+                (Start::Cursor, _) => {
+                    self.retired.insert((key, generation));
+                    continue;
+                }
+                _ if file.superseded || !is_newest => {
+                    self.retired.insert((key, generation));
+                    continue;
+                }
+                _ if !self.matches(&relative) => continue,
+                (Start::Beginning, _) => Followed::new(file, relative, 0, false),
+                (Start::Now, _) => {
+                    let followed = Followed::new(file, relative, file.contiguous_end, true);
+                    initial.push(followed.position(&key, generation));
+                    followed
+                }
+            };
+            self.files.insert((key, generation), followed);
+        }
+        // Generations the cursor knows that are superseded now.
+        for (key, position) in cursor {
+            let followed_generation = self.files.contains_key(&(key.clone(), position.generation));
+            if !followed_generation {
+                self.files.insert(
+                    (key, position.generation),
+                    Followed {
+                        path: position.path.clone(),
+                        dest_path: String::new(),
+                        sent: position.offset,
+                        durable: position.offset,
+                        behind_since: None,
+                        announced: true,
+                        renamed_from: Vec::new(),
+                        sealed: None,
+                        seal_sent: position.sealed,
+                        superseded: true,
+                        unreadable: false,
+                    },
+                );
+            }
+        }
+        Ok((self.ticket.start == Start::Now).then_some(CursorUpdate { cursor: initial }))
+    }
+
+    /// Takes in what a commit round made durable.
+    fn apply(&mut self, round: &CommitRound) {
+        for commit in &round.files {
+            if commit.id.source != self.ticket.source {
+                continue;
+            }
+            let relative = self.relative(&commit.path).to_owned();
+            let id = (commit.id.key.clone(), commit.id.generation);
+            if self.retired.contains(&id) {
+                continue;
+            }
+            if !self.files.contains_key(&id) {
+                // A file that appears now, or first matches: from its start.
+                if !self.matches(&relative) || commit.changes.contains(&FileChange::Superseded) {
+                    continue;
+                }
+                self.files.insert(
+                    id.clone(),
+                    Followed {
+                        path: relative.clone(),
+                        dest_path: commit.path.clone(),
+                        sent: 0,
+                        durable: 0,
+                        behind_since: None,
+                        announced: false,
+                        renamed_from: Vec::new(),
+                        sealed: None,
+                        seal_sent: false,
+                        superseded: false,
+                        unreadable: false,
+                    },
+                );
+            }
+            let Some(followed) = self.files.get_mut(&id) else {
+                continue;
+            };
+            followed.unreadable = false;
+            if commit.contiguous_end > followed.durable {
+                followed.durable = commit.contiguous_end;
+                if followed.sent < followed.durable && followed.behind_since.is_none() {
+                    followed.behind_since = Some(round.committed_at);
+                }
+            }
+            for change in &commit.changes {
+                match change {
+                    FileChange::Opened => {}
+                    FileChange::Renamed { .. } => {
+                        if followed.announced && followed.path != relative {
+                            followed.renamed_from.push(followed.path.clone());
+                        }
+                        followed.path = relative.clone();
+                        followed.dest_path = commit.path.clone();
+                    }
+                    FileChange::Sealed { size, digest } => {
+                        followed.sealed = Some((*size, digest.clone()));
+                    }
+                    FileChange::Superseded => followed.superseded = true,
+                }
+            }
+        }
+        self.update_lag();
+    }
+
+    /// Takes in what the manifest holds now (after the feed dropped rounds).
+    fn resync(&mut self, files: Vec<DurableFile>) {
+        let round = CommitRound {
+            sequence: 0,
+            committed_at: SystemTime::now(),
+            files: files
+                .into_iter()
+                .filter(|f| f.id.source == self.ticket.source)
+                .map(|file| {
+                    let mut changes = Vec::new();
+                    if let Some(followed) =
+                        self.files.get(&(file.id.key.clone(), file.id.generation))
+                        && followed.dest_path != file.path
+                    {
+                        changes.push(FileChange::Renamed {
+                            from: followed.dest_path.clone(),
+                        });
+                    }
+                    if let Some(sealed) = &file.sealed {
+                        changes.push(FileChange::Sealed {
+                            size: sealed.size,
+                            digest: sealed.digest.clone(),
+                        });
+                    }
+                    if file.superseded {
+                        changes.push(FileChange::Superseded);
+                    }
+                    crate::feed::FileCommit {
+                        id: file.id,
+                        path: file.path,
+                        ranges: Vec::new(),
+                        contiguous_end: file.contiguous_end,
+                        changes,
+                        received: None,
+                    }
+                })
+                .collect(),
+        };
+        self.apply(&round);
+    }
+
+    fn update_lag(&self) {
+        let behind: u64 = self
+            .files
+            .values()
+            .filter(|f| !f.superseded)
+            .map(|f| f.durable.saturating_sub(f.sent))
+            .sum();
+        let since = self
+            .files
+            .values()
+            .filter(|f| !f.superseded && f.sent < f.durable)
+            .filter_map(|f| f.behind_since)
+            .min()
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_micros() as u64);
+        self.stats.behind_bytes.store(behind, Ordering::Relaxed);
+        self.stats.behind_since_us.store(since, Ordering::Relaxed);
+    }
+
+    fn has_news(&self) -> bool {
+        self.files.values().any(Followed::has_news)
+    }
+
+    /// The next batch: files take turns, each sending what it has until
+    /// the batch is full. Blocking (reads the files).
+    fn next_batch(&mut self) -> Option<(arrow_array::RecordBatch, CursorUpdate)> {
+        let budget = self.ticket.batch_bytes();
+        let mut builder = ConsumerBatchBuilder::new(&self.ticket.source, budget as usize);
+        let mut update = CursorUpdate::default();
+        let mut room = budget;
+        let ids: Vec<(String, u64)> = {
+            let start = self.next_turn.take();
+            let mut ids: Vec<_> = self.files.keys().cloned().collect();
+            if let Some(start) = start {
+                let at = ids.partition_point(|id| *id < start);
+                ids.rotate_left(at);
+            }
+            ids
+        };
+        let mut done = Vec::new();
+        for id in ids {
+            if room == 0 {
+                self.next_turn = Some(id);
+                break;
+            }
+            let Some(file) = self.files.get_mut(&id) else {
+                continue;
+            };
+            if !file.has_news() {
+                continue;
+            }
+            let (key, generation) = (id.0.as_str(), id.1);
+            if file.superseded {
+                if file.announced {
+                    builder.push(&base_row(RowKind::Superseded, file, key, generation));
+                    update.cursor.push(file.position(key, generation));
+                }
+                done.push(id.clone());
+                continue;
+            }
+            if !file.announced {
+                builder.push(&base_row(RowKind::Opened, file, key, generation));
+                file.announced = true;
+            }
+            for from in std::mem::take(&mut file.renamed_from) {
+                builder.push(&ConsumerRow {
+                    from_path: Some(&from),
+                    ..base_row(RowKind::Renamed, file, key, generation)
+                });
+            }
+            if file.sent < file.durable && !file.unreadable {
+                let len = (file.durable - file.sent).min(room);
+                match read_at(&self.placer.root, &file.dest_path, file.sent, len) {
+                    Ok(bytes) if !bytes.is_empty() => {
+                        builder.push(&ConsumerRow {
+                            data: &bytes,
+                            ..base_row(RowKind::Data, file, key, generation)
+                        });
+                        file.sent += bytes.len() as u64;
+                        room = room.saturating_sub(bytes.len() as u64);
+                        self.stats
+                            .sent_bytes
+                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                        if file.sent >= file.durable {
+                            file.behind_since = None;
+                        }
+                    }
+                    // Moved or replaced since the feed said where it is: the
+                    // feed's next word on it says where to read.
+                    Ok(_) | Err(_) => file.unreadable = true,
+                }
+            }
+            if file.seal_due()
+                && let Some((size, digest)) = file.sealed.clone()
+            {
+                builder.push(&ConsumerRow {
+                    size: Some(size),
+                    digest: Some(&digest),
+                    ..base_row(RowKind::Sealed, file, key, generation)
+                });
+                file.seal_sent = true;
+            }
+            update.cursor.push(file.position(key, generation));
+        }
+        for id in done {
+            self.files.remove(&id);
+            self.retired.insert(id);
+        }
+        self.update_lag();
+        (builder.rows() > 0).then(|| (builder.finish(), update))
+    }
+}
+
+/// A row of `kind` about `file`, at its position, without data.
+fn base_row<'a>(
+    kind: RowKind,
+    file: &'a Followed,
+    key: &'a str,
+    generation: u64,
+) -> ConsumerRow<'a> {
+    ConsumerRow {
+        kind,
+        path: &file.path,
+        file_key: key,
+        generation,
+        offset: file.sent,
+        data: &[],
+        size: None,
+        digest: None,
+        from_path: None,
+    }
+}
+
+/// A destination path relative to its source, as consumers see it.
+fn relative<'a>(layout: Layout, source: &str, dest_path: &'a str) -> &'a str {
+    match layout {
+        Layout::PerSource => dest_path
+            .strip_prefix(source)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or(dest_path),
+        Layout::Flat => dest_path,
+    }
+}
+
+/// What a listed file says of itself, as its FlightInfo's `app_metadata`.
+#[derive(Serialize)]
+struct ListedFile<'a> {
+    source: &'a str,
+    path: &'a str,
+    file_key: &'a str,
+    generation: u64,
+    durable_bytes: u64,
+    sealed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    digest: Option<&'a str>,
+}
+
+impl Sink {
+    /// The files a ListFlights criteria names: a glob over
+    /// `<source>/<path>` (empty: every file), superseded generations left
+    /// out. Each comes with a ticket that reads it from its start (and
+    /// follows it while it is not sealed). Blocking.
+    pub(crate) fn list_files(
+        &self,
+        criteria: &str,
+    ) -> Result<Vec<arrow_flight::FlightInfo>, SinkError> {
+        use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo};
+        let filter = match criteria {
+            "" => None,
+            glob => {
+                let source = glob.split('/').next().unwrap_or_default();
+                if source.contains(['*', '?', '[', '{']) {
+                    return Err(SinkError::Peer(format!(
+                        "criteria {glob:?} must start with a source name (<source>/<glob>)"
+                    )));
+                }
+                let globs = Globs::new(source, &[glob.to_owned()]).map_err(SinkError::Peer)?;
+                Some((source.to_owned(), globs))
+            }
+        };
+        let snapshot = self.durable_files()?;
+        let layout = self.placer.layout;
+        let mut infos = Vec::new();
+        for file in &snapshot.files {
+            let source = file.id.source.as_str();
+            let path = relative(layout, source, &file.path);
+            if file.superseded {
+                continue;
+            }
+            if let Some((wanted, globs)) = &filter
+                && (wanted != source || !globs.matches(&format!("{source}/{path}")))
+            {
+                continue;
+            }
+            let ticket = Ticket {
+                source: source.to_owned(),
+                globs: vec![flight_server::subscription::exact_glob(source, path)],
+                start: Start::Beginning,
+                cursor: None,
+                follow: file.sealed.is_none(),
+                max_batch_bytes: None,
+            };
+            let listed = ListedFile {
+                source,
+                path,
+                file_key: &file.id.key,
+                generation: file.id.generation,
+                durable_bytes: file.contiguous_end,
+                sealed: file.sealed.is_some(),
+                size: file.sealed.as_ref().map(|s| s.size),
+                digest: file.sealed.as_ref().map(|s| s.digest.as_str()),
+            };
+            let info = FlightInfo::new()
+                .try_with_schema(&flight_server::subscription::consumer_schema())
+                .map_err(|e| SinkError::Internal(format!("encoding the consumer schema: {e}")))?
+                .with_descriptor(FlightDescriptor::new_path(vec![
+                    source.to_owned(),
+                    path.to_owned(),
+                ]))
+                .with_endpoint(
+                    FlightEndpoint::new().with_ticket(arrow_flight::Ticket::new(ticket.encode())),
+                )
+                .with_total_bytes(file.contiguous_end as i64)
+                .with_app_metadata(serde_json::to_vec(&listed).unwrap_or_default());
+            infos.push(info);
+        }
+        Ok(infos)
+    }
+}
+
+/// Reads up to `len` bytes of a destination file at `offset`.
+fn read_at(root: &Root, dest_path: &str, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = root
+        .open_for_read(dest_path)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut bytes = vec![0u8; len as usize];
+    let mut filled = 0;
+    while filled < bytes.len() {
+        match file.read_at(&mut bytes[filled..], offset + filled as u64)? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    bytes.truncate(filled);
+    Ok(bytes)
+}
+
+type Sent = Result<FlightData, tonic::Status>;
+
+impl Sink {
+    /// Starts a subscription: the stream of its Flight messages.
+    pub(crate) async fn subscribe(
+        &self,
+        ticket: Ticket,
+        peer: String,
+    ) -> Result<BoxStream<'static, Sent>, SinkError> {
+        let globs = Globs::new(&ticket.source, &ticket.globs).map_err(SinkError::Peer)?;
+        let permit = self
+            .subscribers
+            .permits
+            .clone()
+            .and_then(|permits| permits.try_acquire_owned().ok())
+            .ok_or_else(|| {
+                SinkError::Storage(format!(
+                    "the sink serves its maximum of {MAX_SUBSCRIBERS} subscriptions; retry later"
+                ))
+            })?;
+        // Subscribed before the snapshot is read: no round falls between.
+        let feed = self.feed().subscribe().ok_or(SinkError::Shutdown)?;
+        let sink = self.clone();
+        let snapshot = tokio::task::spawn_blocking(move || sink.durable_files())
+            .await
+            .map_err(|e| SinkError::Internal(format!("reading the manifest: {e}")))??;
+        if !snapshot.files.iter().any(|f| f.id.source == ticket.source) {
+            return Err(SinkError::Peer(format!(
+                "source {:?} is unknown to this sink",
+                ticket.source
+            )));
+        }
+        let id = self.subscribers.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let stats = Arc::new(SubscriberStats {
+            source: ticket.source.clone(),
+            globs: ticket.globs.clone(),
+            peer,
+            sent_bytes: AtomicU64::new(0),
+            behind_bytes: AtomicU64::new(0),
+            behind_since_us: AtomicU64::new(0),
+        });
+        let mut subscription = Subscription {
+            ticket,
+            globs,
+            layout: self.placer.layout,
+            placer: self.placer.clone(),
+            files: BTreeMap::new(),
+            retired: Default::default(),
+            next_turn: None,
+            stats: stats.clone(),
+        };
+        let initial = subscription.start(snapshot.files)?;
+        subscription.update_lag();
+        crate::state::lock(&self.subscribers.live).insert(id, stats);
+        let (tx, rx) = mpsc::channel::<Sent>(2);
+        let sink = self.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let outcome = serve(subscription, snapshot.sequence, feed, initial, &tx, &sink).await;
+            crate::state::lock(&sink.subscribers.live).remove(&id);
+            if let Err(status) = outcome {
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
+/// Runs one subscription until its consumer goes away, it is done (without
+/// `follow`), or the sink stops.
+async fn serve(
+    mut subscription: Subscription,
+    snapshot_sequence: u64,
+    mut feed: broadcast::Receiver<Arc<CommitRound>>,
+    initial: Option<CursorUpdate>,
+    tx: &mpsc::Sender<Sent>,
+    sink: &Sink,
+) -> Result<(), tonic::Status> {
+    let internal = |e: String| tonic::Status::internal(e);
+    if tx.send(Ok(schema_message())).await.is_err() {
+        return Ok(());
+    }
+    if let Some(update) = initial {
+        let empty = ConsumerBatchBuilder::new(&subscription.ticket.source, 0).finish();
+        let message = encode_batch(&empty, &update).map_err(|e| internal(e.to_string()))?;
+        if tx.send(Ok(message)).await.is_err() {
+            return Ok(());
+        }
+    }
+    let mut seen = snapshot_sequence;
+    loop {
+        // Rounds that came meanwhile are taken in first, so a batch reads
+        // as far as is durable.
+        loop {
+            match feed.try_recv() {
+                Ok(round) => {
+                    if round.sequence > seen {
+                        seen = round.sequence;
+                        subscription.apply(&round);
+                    }
+                }
+                Err(broadcast::error::TryRecvError::Empty) => break,
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    resync(&mut subscription, sink, &mut seen).await?;
+                }
+                Err(broadcast::error::TryRecvError::Closed) => {
+                    return Err(tonic::Status::unavailable("the sink is stopping"));
+                }
+            }
+        }
+        if subscription.has_news() {
+            let (batch, subscription_back) = tokio::task::spawn_blocking(move || {
+                let batch = subscription.next_batch();
+                (batch, subscription)
+            })
+            .await
+            .map_err(|e| internal(format!("reading files for a subscriber: {e}")))?;
+            subscription = subscription_back;
+            if let Some((batch, update)) = batch {
+                let message = encode_batch(&batch, &update).map_err(|e| internal(e.to_string()))?;
+                // The consumer's pace: a full channel waits here, and HTTP/2
+                // flow control stops it filling beyond that.
+                let permit = tokio::select! {
+                    permit = tx.reserve() => permit,
+                    () = tx.closed() => return Ok(()),
+                };
+                let Ok(permit) = permit else {
+                    return Ok(());
+                };
+                permit.send(Ok(message));
+                continue;
+            }
+        }
+        if !subscription.ticket.follow {
+            return Ok(());
+        }
+        tokio::select! {
+            round = feed.recv() => match round {
+                Ok(round) => {
+                    if round.sequence > seen {
+                        seen = round.sequence;
+                        subscription.apply(&round);
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    resync(&mut subscription, sink, &mut seen).await?;
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    return Err(tonic::Status::unavailable("the sink is stopping"));
+                }
+            },
+            () = tx.closed() => return Ok(()),
+        }
+    }
+}
+
+/// The feed dropped rounds for this subscriber (it was that far behind):
+/// what the manifest holds now stands in for them.
+async fn resync(
+    subscription: &mut Subscription,
+    sink: &Sink,
+    seen: &mut u64,
+) -> Result<(), tonic::Status> {
+    let reading = sink.clone();
+    let snapshot = tokio::task::spawn_blocking(move || reading.durable_files())
+        .await
+        .map_err(|e| tonic::Status::internal(format!("reading the manifest: {e}")))?
+        .map_err(crate::service::status_of)?;
+    *seen = snapshot.sequence;
+    subscription.resync(snapshot.files);
+    Ok(())
+}
