@@ -195,6 +195,15 @@ pub struct SinkArgs {
     /// at least 8 and at most 64.
     #[arg(long)]
     placement_threads: Option<usize>,
+    /// Subscriber tokens, one a line: live-tail subscriptions and listings
+    /// then need 'authorization: Bearer <token>' with one of them. Read
+    /// again whenever the file changes (edit it to rotate tokens).
+    #[arg(long)]
+    subscriber_tokens: Option<PathBuf>,
+    /// Under mutual TLS, let a client certificate the CA signed (a
+    /// watcher's) subscribe and list too; otherwise it may only write.
+    #[arg(long)]
+    writers_may_read: bool,
     /// Append what the manifest holds at the start, then every commit
     /// round of the commit feed, as JSON lines (for tests and for watching
     /// commits land).
@@ -453,6 +462,10 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
         sync: args.sync.into(),
         seal_read_back: args.seal_read_back,
         placement_threads: args.placement_threads,
+        read_access: flight_server::ReadAccess {
+            tokens_file: args.subscriber_tokens.clone(),
+            writers_may_read: args.writers_may_read,
+        },
     }
 }
 

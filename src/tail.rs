@@ -47,6 +47,9 @@ pub struct TailArgs {
     /// Keeps the cursor: a restart resumes from it (default: <out>/.tailflight-cursor.json).
     #[arg(long)]
     state: Option<PathBuf>,
+    /// A file holding the subscriber token the sink asks for (its first line).
+    #[arg(long, env = "TAILFLIGHT_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
     /// Largest batch the sink sends (bytes).
     #[arg(long, value_parser = crate::parse_size)]
     max_batch_bytes: Option<u64>,
@@ -101,6 +104,18 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
         tls: args.tls.config(),
         ..Default::default()
     };
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the token in {}", path.display()))?
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
     let mut output = match &args.out {
         Some(out) => Output::Files(Rebuilt::new(out)?),
         None => Output::Print,
@@ -109,7 +124,8 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let mut batches = flight_server::client::subscribe(&config, &ticket).await?;
+        let mut batches =
+            flight_server::client::subscribe(&config, &ticket, token.as_deref()).await?;
         let mut progress = Progress::new();
         while let Some(consumed) = batches.next().await {
             let consumed = consumed?;

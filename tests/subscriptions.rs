@@ -195,3 +195,125 @@ fn bad_tickets_get_clear_errors_and_the_sink_serves_on() {
 fn wait_for_exit(mut sim: Proc) {
     common::wait_until("the simulator to finish", TIMEOUT, || !sim.is_running());
 }
+
+/// The first error a DoGet meets (at the call or in its stream), or None
+/// when the stream is served to its end.
+async fn do_get_error(
+    client: &mut arrow_flight::flight_service_client::FlightServiceClient<
+        tonic::transport::Channel,
+    >,
+    ticket: &str,
+    token: Option<&str>,
+) -> Option<tonic::Code> {
+    use futures::StreamExt;
+    let mut request = tonic::Request::new(arrow_flight::Ticket::new(ticket.as_bytes().to_vec()));
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    let mut stream = match client.do_get(request).await {
+        Err(status) => return Some(status.code()),
+        Ok(response) => response.into_inner(),
+    };
+    while let Some(message) = stream.next().await {
+        if let Err(status) = message {
+            return Some(status.code());
+        }
+    }
+    None
+}
+
+#[test]
+fn subscriber_tokens_are_checked_on_every_call_and_rotate_with_their_file() {
+    use arrow_flight::flight_service_client::FlightServiceClient;
+    let dir = common::scratch("subscribe-tokens");
+    let tokens = dir.join("tokens.txt");
+    std::fs::write(&tokens, "# readers\nalpha\n").unwrap();
+    let mut pipeline = Pipeline::start(
+        &dir,
+        PipelineOptions {
+            extra_sink_args: vec!["--subscriber-tokens".into(), tokens.display().to_string()],
+            ..Default::default()
+        },
+    );
+    std::fs::write(pipeline.source.join("a.dat"), b"some bytes").unwrap();
+    common::wait_until("a.dat at the sink", TIMEOUT, || {
+        pipeline
+            .status()
+            .is_some_and(|s| common::status_u64(&s, "files") > 0)
+    });
+    let endpoint = pipeline.endpoint.clone();
+    let ticket = r#"{"source":"src"}"#;
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = FlightServiceClient::new(channel);
+        let unauthenticated = Some(tonic::Code::Unauthenticated);
+        assert_eq!(
+            do_get_error(&mut client, ticket, None).await,
+            unauthenticated
+        );
+        assert_eq!(
+            do_get_error(&mut client, ticket, Some("beta")).await,
+            unauthenticated
+        );
+        assert_eq!(do_get_error(&mut client, ticket, Some("alpha")).await, None);
+        let listed = client
+            .list_flights(arrow_flight::Criteria::default())
+            .await
+            .map(|_| ())
+            .map_err(|s| s.code());
+        assert_eq!(listed, Err(tonic::Code::Unauthenticated));
+
+        // Rotated: the old token is refused from the next call on.
+        std::fs::write(&tokens, "beta\n").unwrap();
+        assert_eq!(
+            do_get_error(&mut client, ticket, Some("alpha")).await,
+            unauthenticated
+        );
+        assert_eq!(do_get_error(&mut client, ticket, Some("beta")).await, None);
+
+        // A subscriber's token does not let it write.
+        let mut put = tonic::Request::new(futures::stream::empty::<arrow_flight::FlightData>());
+        put.metadata_mut()
+            .insert("authorization", "Bearer beta".parse().unwrap());
+        let written = client.do_put(put).await.map(|_| ()).map_err(|s| s.code());
+        assert_eq!(written, Err(tonic::Code::PermissionDenied));
+    });
+    assert!(pipeline.status().is_some(), "the sink stopped serving");
+    pipeline.watcher.stop();
+    pipeline.sink.stop();
+}
+
+#[test]
+fn a_watchers_certificate_does_not_grant_reading() {
+    let mut pipeline = Pipeline::in_scratch(
+        "subscribe-mtls",
+        PipelineOptions {
+            mtls: true,
+            ..Default::default()
+        },
+    );
+    std::fs::write(pipeline.source.join("a.dat"), b"some bytes").unwrap();
+    common::wait_until("a.dat at the sink", TIMEOUT, || {
+        pipeline
+            .status()
+            .is_some_and(|s| common::status_u64(&s, "files") > 0)
+    });
+    let mut args = strings(&["tail", "--source", "src", "--print"]);
+    args.extend(["--from".into(), pipeline.endpoint.clone()]);
+    args.extend(pipeline.client_tls.iter().cloned());
+    let (ok, text) = common::run(&args);
+    println!("{text}");
+    assert!(!ok, "a watcher's certificate subscribed");
+    assert!(
+        text.contains("grants write access only"),
+        "the refusal does not say why: {text}"
+    );
+    pipeline.watcher.stop();
+    pipeline.sink.stop();
+}

@@ -256,6 +256,7 @@ pub struct Consumed {
 pub async fn subscribe(
     config: &ClientConfig,
     ticket: &crate::subscription::Ticket,
+    token: Option<&str>,
 ) -> Result<futures::stream::BoxStream<'static, Result<Consumed, ClientError>>, ClientError> {
     use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
     use futures::{StreamExt, TryStreamExt};
@@ -276,8 +277,18 @@ pub async fn subscribe(
         action: "DoGet".into(),
         status: Box::new(status),
     };
+    let mut request = tonic::Request::new(arrow_flight::Ticket::new(ticket.encode()));
+    if let Some(token) = token {
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| ClientError::Endpoint {
+                endpoint: url.clone(),
+                detail: "the subscriber token holds characters a header cannot carry".into(),
+            })?;
+        request.metadata_mut().insert("authorization", value);
+    }
     let flight = client
-        .do_get(arrow_flight::Ticket::new(ticket.encode()))
+        .do_get(request)
         .await
         .map_err(refused)?
         .into_inner()

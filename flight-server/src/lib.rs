@@ -17,6 +17,7 @@ mod decode;
 pub mod encode;
 pub mod protocol;
 mod put_stream;
+mod read_access;
 pub mod schema;
 pub mod service;
 pub mod subscription;
@@ -27,6 +28,7 @@ pub use checksum::{FileHasher, SealDigest};
 pub use client::{ClientConfig, Consumed, Delivery, FlightPool, Outgoing};
 pub use encode::EncodedBatch;
 pub use protocol::{Ack, FileWatermark, Hello, RejectedRow};
+pub use read_access::ReadAccess;
 pub use service::{AwaitDurable, Ingest, ServerConfig, serve};
 pub use wire::{BatchBuilder, RangeBatch, Row, RowKind, range_schema};
 

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::connection::ServerConnection;
 use crate::decode;
 use crate::protocol::{self, Hello};
+use crate::read_access::{ReadAccess, ReadGate};
 use crate::tls::ServerTls;
 use crate::wire::RangeBatch;
 
@@ -112,6 +113,8 @@ pub struct ServerConfig {
     /// DoPut streams served at once; with the message limit and the
     /// pipeline depth this bounds the batches peers can make the sink hold.
     pub max_streams: usize,
+    /// Who may subscribe and list (see [`crate::read_access`]).
+    pub read_access: ReadAccess,
 }
 
 /// Largest HTTP/2 frame peers may send. At HTTP/2's default of 16 KiB a
@@ -130,6 +133,7 @@ impl Default for ServerConfig {
             connection_window_bytes: 64 << 20,
             pipeline_depth: 8,
             max_streams: 256,
+            read_access: ReadAccess::default(),
         }
     }
 }
@@ -141,7 +145,12 @@ pub async fn serve<I: Ingest>(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mutual_tls = config
+        .tls
+        .as_ref()
+        .is_some_and(|tls| tls.client_ca.is_some());
     let service = Service {
+        readers: Arc::new(ReadGate::new(config.read_access.clone(), mutual_tls)),
         ingest,
         pipeline_depth: config.pipeline_depth.max(1),
         streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
@@ -190,6 +199,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 struct Service<I> {
     ingest: Arc<I>,
+    readers: Arc<ReadGate>,
     pipeline_depth: usize,
     streams: Arc<tokio::sync::Semaphore>,
 }
@@ -226,6 +236,7 @@ impl<I: Ingest> FlightService for Service<I> {
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.readers.check(&request)?;
         let infos = self
             .ingest
             .list(request.into_inner().expression.to_vec())
@@ -239,6 +250,7 @@ impl<I: Ingest> FlightService for Service<I> {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        self.readers.check(&request)?;
         Ok(Response::new(self.ingest.info(request.into_inner()).await?))
     }
 
@@ -260,6 +272,7 @@ impl<I: Ingest> FlightService for Service<I> {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.readers.check(&request)?;
         let peer = peer_name(&request);
         let stream = self.ingest.get(request.into_inner(), peer).await?;
         Ok(Response::new(Box::pin(stream)))
@@ -269,6 +282,7 @@ impl<I: Ingest> FlightService for Service<I> {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.readers.refuse_readers(&request)?;
         let peer = peer_name(&request);
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(

@@ -66,6 +66,8 @@ pub struct SinkConfig {
     /// Batches placed at once, each on a thread of its own (None: four per
     /// core, at least 8 and at most 64).
     pub placement_threads: Option<usize>,
+    /// Who may subscribe to and list the sink's files.
+    pub read_access: flight_server::ReadAccess,
 }
 
 impl Default for SinkConfig {
@@ -86,6 +88,7 @@ impl Default for SinkConfig {
             sync: SyncStrategy::Auto,
             seal_read_back: false,
             placement_threads: None,
+            read_access: Default::default(),
         }
     }
 }

@@ -602,6 +602,7 @@ pub async fn serve(
         max_message_bytes: config.max_message_bytes,
         stream_window_bytes: config.window_bytes,
         connection_window_bytes: config.window_bytes,
+        read_access: config.read_access.clone(),
         ..ServerConfig::default()
     };
     let served = flight_server::serve(sink.clone(), server, listener, shutdown)
