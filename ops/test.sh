@@ -10,6 +10,21 @@ cd "$(dirname "$0")/.."
 source ops/env.sh
 tailflight_install_build_deps
 cargo build --workspace --all-targets
+# A consumer test runs ops/examples/live_tail.py with pyarrow from PyPI, in
+# a venv outside the clone (reused across runs).
+pyvenv="${TAILFLIGHT_PY_VENV:-$HOME/.cache/tailflight/py-venv}"
+if ! "$pyvenv/bin/python" -c 'import pyarrow.flight' >/dev/null 2>&1; then
+    if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    fi
+    rm -rf "$pyvenv"
+    /usr/bin/python3 -m venv "$pyvenv"
+    "$pyvenv/bin/pip" install --quiet pyarrow
+fi
+export TAILFLIGHT_PYTHON="$pyvenv/bin/python"
 # The tests need ~2 GiB of scratch at peak (each removes its folder when it
 # passes); say what there is, so a full disk is recognised as such.
 df -h "${TMPDIR:-/tmp}" . | sed 's/^/disk: /'

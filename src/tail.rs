@@ -70,6 +70,11 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
             .as_ref()
             .map(|out| out.join(".tailflight-cursor.json"))
     });
+    if args.start == "now" && args.out.is_some() {
+        bail!(
+            "--out rebuilds whole files, and --start now joins them in the middle: use --print with --start now"
+        );
+    }
     let mut cursor = Cursor::default();
     let mut start = match args.start.as_str() {
         "now" => Start::Now,
@@ -333,6 +338,7 @@ impl Rebuilt {
                 let from = row.from_path.context("a renamed row without from_path")?;
                 let (from_target, to_target) = (self.target(from)?, self.target(row.path)?);
                 self.open.remove(from);
+                self.open.remove(row.path);
                 if let Some(parent) = to_target.parent() {
                     std::fs::create_dir_all(parent)?;
                 }

@@ -317,3 +317,167 @@ fn a_watchers_certificate_does_not_grant_reading() {
     pipeline.watcher.stop();
     pipeline.sink.stop();
 }
+
+/// The Python with pyarrow that ops/test.sh prepares (TAILFLIGHT_PYTHON).
+fn pyarrow_python() -> std::path::PathBuf {
+    match std::env::var_os("TAILFLIGHT_PYTHON") {
+        Some(python) => python.into(),
+        None => panic!(
+            "TAILFLIGHT_PYTHON names no Python with pyarrow: run the suite with ops/test.sh, \
+             which makes one (or set it to such a Python)"
+        ),
+    }
+}
+
+/// A consumer with pyarrow alone (ops/examples/live_tail.py, no tailflight
+/// code) follows from the beginning while the simulator writes with
+/// rotation, and assembles files identical to the sources.
+#[test]
+fn a_pyarrow_consumer_rebuilds_the_files_exactly() {
+    let python = pyarrow_python();
+    let mut pipeline = Pipeline::in_scratch("subscribe-pyarrow", PipelineOptions::default());
+    let dir = pipeline.dir.clone();
+    let out = dir.join("consumer");
+    let sim = simulate_in_background(
+        &dir,
+        &pipeline.source,
+        &common::workload("r0001", "4", "1MiB", "4s"),
+    );
+    common::wait_until("the first file at the sink", TIMEOUT, || {
+        pipeline
+            .status()
+            .is_some_and(|s| common::status_u64(&s, "files") > 0)
+    });
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/examples/live_tail.py");
+    let endpoint = pipeline.endpoint.replace("http://", "grpc://");
+    let log = std::fs::File::create(dir.join("pyarrow.log")).unwrap();
+    let mut consumer = std::process::Command::new(python)
+        .arg(example)
+        .arg(&endpoint)
+        .arg("src")
+        .arg("--out")
+        .arg(&out)
+        .arg("--cursor")
+        .arg(dir.join("cursor.json"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start the pyarrow consumer");
+    wait_for_exit(sim);
+    let files = files_of_run(&pipeline.source, "r0001");
+    pipeline.wait_sealed(files, TIMEOUT);
+    pipeline.wait_identical(TIMEOUT);
+    let identical = (0..(TIMEOUT.as_secs() * 4)).any(|_| {
+        if common::verify(&pipeline.source, &out).0 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        false
+    });
+    let _ = consumer.kill();
+    let _ = consumer.wait();
+    let log = std::fs::read_to_string(dir.join("pyarrow.log")).unwrap_or_default();
+    assert!(
+        identical,
+        "the pyarrow consumer's files differ: {}\n--- its log ---\n{log}",
+        common::verify(&pipeline.source, &out).1
+    );
+    pipeline.watcher.stop();
+    pipeline.sink.stop();
+}
+
+/// A consumer that starts from `now` in the middle of a run gets, for every
+/// file, one run of bytes without a gap or a repeat that ends at the file's
+/// final size: exactly what became durable after it started.
+#[test]
+fn a_consumer_from_now_gets_exactly_the_bytes_after_its_start() {
+    let mut pipeline = Pipeline::in_scratch("subscribe-now", PipelineOptions::default());
+    let dir = pipeline.dir.clone();
+    let sim = simulate_in_background(
+        &dir,
+        &pipeline.source,
+        &common::workload("r0001", "4", "1MiB", "4s"),
+    );
+    common::wait_until("bytes at the sink", TIMEOUT, || {
+        pipeline
+            .status()
+            .is_some_and(|s| common::status_u64(&s, "placed_bytes") > (1 << 20))
+    });
+    let mut args = strings(&[
+        "tail", "--source", "src", "--follow", "--print", "--start", "now",
+    ]);
+    args.extend(["--from".into(), pipeline.endpoint.clone()]);
+    let mut consumer = Proc::spawn(&dir, "consumer", &args);
+    wait_for_exit(sim);
+    let files = files_of_run(&pipeline.source, "r0001");
+    pipeline.wait_sealed(files, TIMEOUT);
+    pipeline.wait_identical(TIMEOUT);
+    // Sealed rows are the last a file gets: once every file has one, all
+    // its bytes were delivered.
+    let sealed_rows = |text: &str| text.lines().filter(|l| l.starts_with("sealed")).count() as u64;
+    common::wait_until("a sealed row for every file", TIMEOUT, || {
+        sealed_rows(&consumer.log_text()) >= files
+    });
+    consumer.stop();
+    let text = consumer.log_text();
+    // Per path: the data rows' ranges, in the order they came.
+    let mut ranges: std::collections::BTreeMap<String, Vec<(u64, u64)>> = Default::default();
+    let mut renamed_from: std::collections::BTreeMap<String, String> = Default::default();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let field = |name: &str| {
+            words
+                .iter()
+                .find_map(|w| w.strip_prefix(name))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        match words.first() {
+            Some(&"data") => {
+                let (offset, len) = (
+                    field("offset=").unwrap(),
+                    words[words.len() - 2].parse::<u64>().unwrap(),
+                );
+                ranges
+                    .entry(words[1].to_string())
+                    .or_default()
+                    .push((offset, offset + len));
+            }
+            Some(&"renamed") => {
+                renamed_from.insert(words[1].to_string(), words[words.len() - 1].to_string());
+            }
+            _ => {}
+        }
+    }
+    // A file's ranges under its earlier names count as its own.
+    for (to, from) in &renamed_from {
+        if let Some(earlier) = ranges.remove(from) {
+            let later = ranges.remove(to).unwrap_or_default();
+            ranges.insert(to.clone(), earlier.into_iter().chain(later).collect());
+        }
+    }
+    assert!(!ranges.is_empty(), "the consumer got no data:\n{text}");
+    let mut started_late = 0;
+    for (path, runs) in &ranges {
+        for pair in runs.windows(2) {
+            assert_eq!(
+                pair[0].1, pair[1].0,
+                "{path}: a gap or a repeat between {pair:?}"
+            );
+        }
+        let size = std::fs::metadata(pipeline.source.join(path)).map(|m| m.len());
+        assert_eq!(
+            Ok(runs[runs.len() - 1].1),
+            size.map_err(|e| e.to_string()),
+            "{path} did not end at its size"
+        );
+        if runs[0].0 > 0 {
+            started_late += 1;
+        }
+    }
+    assert!(
+        started_late > 0,
+        "no file was joined in the middle: 'now' started at the beginning"
+    );
+    pipeline.watcher.stop();
+    pipeline.sink.stop();
+}

@@ -6,7 +6,8 @@
 Subscribes with a DoGet ticket (JSON), rebuilds each file under DIR as its
 durable bytes arrive (renames applied, a new generation replacing the old),
 keeps the merged cursor in DIR/.cursor.json so that a restart resumes where
-it stopped, and prints its throughput every two seconds.
+it stopped, and prints its throughput every two seconds. (It does not check
+seal digests: `tailflight tail` does.)
 """
 
 import argparse
@@ -32,10 +33,12 @@ def main():
     parser.add_argument("globs", nargs="*", help="globs over <source>/<path>")
     parser.add_argument("--out", required=True)
     parser.add_argument("--no-follow", action="store_true", help="stop once caught up")
+    parser.add_argument("--cursor", help="where to keep the cursor (default: OUT/.cursor.json)")
+    parser.add_argument("--token-file", help="a file holding the sink's subscriber token")
     args = parser.parse_args()
 
     os.makedirs(args.out, exist_ok=True)
-    cursor_file = os.path.join(args.out, ".cursor.json")
+    cursor_file = args.cursor or os.path.join(args.out, ".cursor.json")
     cursor = {}  # file_key -> [key, generation, offset, path(, sealed)]
     if os.path.exists(cursor_file):
         with open(cursor_file) as f:
@@ -45,7 +48,12 @@ def main():
         ticket.update(start="cursor", cursor=list(cursor.values()))
 
     client = flight.FlightClient(args.endpoint)
-    reader = client.do_get(flight.Ticket(json.dumps(ticket).encode()))
+    options = flight.FlightCallOptions()
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.readline().strip()
+        options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
+    reader = client.do_get(flight.Ticket(json.dumps(ticket).encode()), options)
     started = last = time.monotonic()
     received = 0
     while True:
@@ -55,8 +63,10 @@ def main():
             break
         batch = chunk.data
         for row in batch.to_pylist() if batch is not None else []:
-            target = confined(args.out, row["path"])
             kind = row["kind"]
+            if not row["path"]:
+                continue  # a generation the cursor knew that is gone entirely
+            target = confined(args.out, row["path"])
             if kind == "opened":
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 open(target, "wb").close()

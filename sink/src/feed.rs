@@ -51,6 +51,10 @@ pub struct FileCommit {
     /// reached the sink (none for a round of control changes only): the
     /// commit's share of a range's latency is `committed_at` minus this.
     pub received: Option<SystemTime>,
+    /// (device, inode) of the file its bytes went to, when known: a reader
+    /// that opens `path` checks it holds this file, not one that took the
+    /// name after a move the feed has not told of yet.
+    pub inode: Option<(u64, u64)>,
 }
 
 /// A change to a file other than its bytes.
@@ -158,7 +162,9 @@ impl DurableFile {
         Self {
             contiguous_end: record.placed.contiguous_end(),
             ranges: record.placed.ranges().to_vec(),
-            path: record.dest_path,
+            // Where the file is: a recorded move not made yet leaves it at
+            // its old name.
+            path: record.renamed_from.unwrap_or(record.dest_path),
             sealed: record.sealed,
             superseded: record.superseded,
             id,

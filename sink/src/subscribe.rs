@@ -112,17 +112,16 @@ struct Followed {
     path: String,
     /// Relative to the sink's root (where the bytes are read).
     dest_path: String,
+    /// The file, once opened: it follows the file across later moves.
+    file: Option<Arc<std::fs::File>>,
+    /// (device, inode) of the file, when the feed said.
+    inode: Option<(u64, u64)>,
     /// Every byte below this was sent.
     sent: u64,
     /// Every byte below this is durable.
     durable: u64,
     /// When `durable` last moved past `sent` (the start of the lag).
     behind_since: Option<SystemTime>,
-    /// The consumer was told of it (an `opened` row, or it knew it from
-    /// its cursor).
-    announced: bool,
-    /// Renamed from these paths since the consumer last saw it.
-    renamed_from: Vec<String>,
     sealed: Option<(u64, String)>,
     seal_sent: bool,
     superseded: bool,
@@ -131,15 +130,15 @@ struct Followed {
 }
 
 impl Followed {
-    fn new(file: &DurableFile, path: String, sent: u64, announced: bool) -> Self {
+    fn new(file: &DurableFile, path: String, sent: u64) -> Self {
         Self {
             path,
             dest_path: file.path.clone(),
+            file: None,
+            inode: None,
             sent,
             durable: file.contiguous_end,
             behind_since: (file.contiguous_end > sent).then(SystemTime::now),
-            announced,
-            renamed_from: Vec::new(),
             sealed: file.sealed.as_ref().map(|s| (s.size, s.digest.clone())),
             seal_sent: false,
             superseded: file.superseded,
@@ -147,13 +146,26 @@ impl Followed {
         }
     }
 
-    /// Whether anything is left to tell the consumer (now).
+    /// A file the feed tells of for the first time, from its first byte.
+    fn appearing(path: String, dest_path: String) -> Self {
+        Self {
+            path,
+            dest_path,
+            file: None,
+            inode: None,
+            sent: 0,
+            durable: 0,
+            behind_since: None,
+            sealed: None,
+            seal_sent: false,
+            superseded: false,
+            unreadable: false,
+        }
+    }
+
+    /// Whether bytes or its seal are left to send (now).
     fn has_news(&self) -> bool {
-        !self.announced
-            || !self.renamed_from.is_empty()
-            || self.superseded
-            || self.seal_due()
-            || (!self.unreadable && self.sent < self.durable)
+        !self.superseded && (self.seal_due() || (!self.unreadable && self.sent < self.durable))
     }
 
     fn seal_due(&self) -> bool {
@@ -174,7 +186,49 @@ impl Followed {
             sealed: self.seal_sent,
         }
     }
+
+    /// The file to read: the one held open, or `dest_path` opened now and
+    /// checked against the inode the feed gave (another file may hold the
+    /// name after a move the feed has not told of yet).
+    fn open(&mut self, root: &Root) -> std::io::Result<Arc<std::fs::File>> {
+        use std::os::unix::fs::MetadataExt;
+        if let Some(file) = &self.file {
+            return Ok(file.clone());
+        }
+        let file = root
+            .open_for_read(&self.dest_path)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if let Some(inode) = self.inode {
+            let meta = file.metadata()?;
+            if (meta.dev(), meta.ino()) != inode {
+                return Err(std::io::Error::other(format!(
+                    "{} holds another file now",
+                    self.dest_path
+                )));
+            }
+        }
+        let file = Arc::new(file);
+        self.file = Some(file.clone());
+        Ok(file)
+    }
 }
+
+/// What the consumer is told of a file besides its bytes, in the order it
+/// happened (a rename onto a path another file left must come after that
+/// file's rows, whatever their keys).
+#[derive(Debug)]
+struct Control {
+    kind: RowKind,
+    key: String,
+    generation: u64,
+    /// The path the row names, as the consumer knows it then.
+    path: String,
+    from_path: Option<String>,
+}
+
+/// Descriptors a subscription keeps open at most; files caught up are
+/// closed first, and opened again (and checked) when they grow.
+const MAX_OPEN_FILES: usize = 64;
 
 /// A subscription's state: the files it follows, by (key, generation).
 struct Subscription {
@@ -184,6 +238,8 @@ struct Subscription {
     /// Whose root the files are read under.
     placer: Arc<Placer>,
     files: BTreeMap<(String, u64), Followed>,
+    /// Rows to send before any data, in the order they happened.
+    control: std::collections::VecDeque<Control>,
     /// Generations superseded before or while this subscription followed
     /// them: what the feed says of them later (a kept one moving on) is not
     /// news to the consumer.
@@ -204,6 +260,16 @@ impl Subscription {
             .matches(&format!("{}/{relative}", self.ticket.source))
     }
 
+    fn tell(&mut self, kind: RowKind, id: &(String, u64), path: String, from_path: Option<String>) {
+        self.control.push_back(Control {
+            kind,
+            key: id.0.clone(),
+            generation: id.1,
+            path,
+            from_path,
+        });
+    }
+
     /// Starts from what the manifest holds: every matching file of the
     /// source, at the ticket's start.
     fn start(&mut self, files: Vec<DurableFile>) -> Result<Option<CursorUpdate>, SinkError> {
@@ -212,9 +278,9 @@ impl Subscription {
             .filter(|f| f.id.source == self.ticket.source)
             .collect();
         // The newest generation of each key.
-        let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut newest: BTreeMap<String, u64> = BTreeMap::new();
         for file in &ours {
-            let known = newest.entry(file.id.key.as_str()).or_insert(0);
+            let known = newest.entry(file.id.key.clone()).or_insert(0);
             *known = (*known).max(file.id.generation);
         }
         let cursor: BTreeMap<String, Position> = self
@@ -226,7 +292,7 @@ impl Subscription {
             .map(|p| (p.key.clone(), p))
             .collect();
         for (key, position) in &cursor {
-            let Some(&newest) = newest.get(key.as_str()) else {
+            let Some(&newest) = newest.get(key) else {
                 return Err(SinkError::Peer(format!(
                     "the cursor names file {key:?} of source {:?}, which this sink does not hold",
                     self.ticket.source
@@ -240,74 +306,56 @@ impl Subscription {
             }
         }
         let mut initial = Vec::new();
+        // Generations the consumer knew that are void now: told first.
+        for (key, position) in &cursor {
+            let id = (key.clone(), position.generation);
+            let live = ours.iter().any(|f| {
+                f.id.key == *key && f.id.generation == position.generation && !f.superseded
+            });
+            if !live {
+                self.tell(RowKind::Superseded, &id, position.path.clone(), None);
+                self.retired.insert(id);
+            }
+        }
         for file in &ours {
             let relative = self.relative(&file.path).to_owned();
-            let key = file.id.key.clone();
-            let generation = file.id.generation;
-            let is_newest = newest.get(key.as_str()) == Some(&generation);
-            let followed = match (self.ticket.start, cursor.get(&key)) {
-                (Start::Cursor, Some(position)) if position.generation == generation => {
+            let id = (file.id.key.clone(), file.id.generation);
+            let is_newest = newest.get(&id.0) == Some(&id.1);
+            if file.superseded || !is_newest {
+                self.retired.insert(id);
+                continue;
+            }
+            let known = cursor.get(&id.0).filter(|p| p.generation == id.1);
+            let followed = match (self.ticket.start, known) {
+                (Start::Cursor, Some(position)) => {
                     if position.offset > file.contiguous_end {
                         return Err(SinkError::Peer(format!(
-                            "the cursor is at offset {} of {relative:?} generation {generation}, past its durable end {}",
-                            position.offset, file.contiguous_end
+                            "the cursor is at offset {} of {relative:?} generation {}, past its durable end {}",
+                            position.offset, id.1, file.contiguous_end
                         )));
                     }
-                    let mut followed = Followed::new(file, relative, position.offset, true);
+                    let mut followed = Followed::new(file, relative.clone(), position.offset);
                     followed.seal_sent = position.sealed;
                     // Renamed since the consumer's last batch: told first.
-                    if !position.path.is_empty() && position.path != followed.path {
-                        followed.renamed_from.push(position.path.clone());
+                    if !position.path.is_empty() && position.path != relative {
+                        self.tell(RowKind::Renamed, &id, relative, Some(position.path.clone()));
                     }
                     followed
                 }
-                // The consumer knew an older generation: it is told that one
-                // is void (below), and gets this one from its start.
-                (Start::Cursor, _) if is_newest && !file.superseded => {
-                    if !self.matches(&relative) && !cursor.contains_key(&key) {
-                        continue;
-                    }
-                    Followed::new(file, relative, 0, false)
-                }
-                (Start::Cursor, _) => {
-                    self.retired.insert((key, generation));
-                    continue;
-                }
-                _ if file.superseded || !is_newest => {
-                    self.retired.insert((key, generation));
-                    continue;
-                }
                 _ if !self.matches(&relative) => continue,
-                (Start::Beginning, _) => Followed::new(file, relative, 0, false),
+                (Start::Beginning | Start::Cursor, _) => {
+                    self.tell(RowKind::Opened, &id, relative.clone(), None);
+                    Followed::new(file, relative, 0)
+                }
                 (Start::Now, _) => {
-                    let followed = Followed::new(file, relative, file.contiguous_end, true);
-                    initial.push(followed.position(&key, generation));
+                    let mut followed = Followed::new(file, relative, file.contiguous_end);
+                    // Sealed before the consumer came: nothing of it is news.
+                    followed.seal_sent = followed.sealed.is_some();
+                    initial.push(followed.position(&id.0, id.1));
                     followed
                 }
             };
-            self.files.insert((key, generation), followed);
-        }
-        // Generations the cursor knows that are superseded now.
-        for (key, position) in cursor {
-            let followed_generation = self.files.contains_key(&(key.clone(), position.generation));
-            if !followed_generation {
-                self.files.insert(
-                    (key, position.generation),
-                    Followed {
-                        path: position.path.clone(),
-                        dest_path: String::new(),
-                        sent: position.offset,
-                        durable: position.offset,
-                        behind_since: None,
-                        announced: true,
-                        renamed_from: Vec::new(),
-                        sealed: None,
-                        seal_sent: position.sealed,
-                        superseded: true,
-                        unreadable: false,
-                    },
-                );
-            }
+            self.files.insert(id, followed);
         }
         Ok((self.ticket.start == Start::Now).then_some(CursorUpdate { cursor: initial }))
     }
@@ -328,27 +376,21 @@ impl Subscription {
                 if !self.matches(&relative) || commit.changes.contains(&FileChange::Superseded) {
                     continue;
                 }
+                self.tell(RowKind::Opened, &id, relative.clone(), None);
                 self.files.insert(
                     id.clone(),
-                    Followed {
-                        path: relative.clone(),
-                        dest_path: commit.path.clone(),
-                        sent: 0,
-                        durable: 0,
-                        behind_since: None,
-                        announced: false,
-                        renamed_from: Vec::new(),
-                        sealed: None,
-                        seal_sent: false,
-                        superseded: false,
-                        unreadable: false,
-                    },
+                    Followed::appearing(relative.clone(), commit.path.clone()),
                 );
             }
+            let mut told = Vec::new();
             let Some(followed) = self.files.get_mut(&id) else {
                 continue;
             };
             followed.unreadable = false;
+            if commit.inode.is_some() && commit.inode != followed.inode {
+                followed.inode = commit.inode;
+                followed.file = None;
+            }
             if commit.contiguous_end > followed.durable {
                 followed.durable = commit.contiguous_end;
                 if followed.sent < followed.durable && followed.behind_since.is_none() {
@@ -359,8 +401,12 @@ impl Subscription {
                 match change {
                     FileChange::Opened => {}
                     FileChange::Renamed { .. } => {
-                        if followed.announced && followed.path != relative {
-                            followed.renamed_from.push(followed.path.clone());
+                        if followed.path != relative {
+                            told.push((
+                                RowKind::Renamed,
+                                relative.clone(),
+                                Some(followed.path.clone()),
+                            ));
                         }
                         followed.path = relative.clone();
                         followed.dest_path = commit.path.clone();
@@ -368,8 +414,18 @@ impl Subscription {
                     FileChange::Sealed { size, digest } => {
                         followed.sealed = Some((*size, digest.clone()));
                     }
-                    FileChange::Superseded => followed.superseded = true,
+                    FileChange::Superseded => {
+                        followed.superseded = true;
+                        told.push((RowKind::Superseded, followed.path.clone(), None));
+                    }
                 }
+            }
+            for (kind, path, from_path) in told {
+                self.tell(kind, &id, path, from_path);
+            }
+            if self.files.get(&id).is_some_and(|f| f.superseded) {
+                self.files.remove(&id);
+                self.retired.insert(id);
             }
         }
         self.update_lag();
@@ -384,9 +440,9 @@ impl Subscription {
                 .into_iter()
                 .filter(|f| f.id.source == self.ticket.source)
                 .map(|file| {
+                    let id = (file.id.key.clone(), file.id.generation);
                     let mut changes = Vec::new();
-                    if let Some(followed) =
-                        self.files.get(&(file.id.key.clone(), file.id.generation))
+                    if let Some(followed) = self.files.get(&id)
                         && followed.dest_path != file.path
                     {
                         changes.push(FileChange::Renamed {
@@ -409,6 +465,7 @@ impl Subscription {
                         contiguous_end: file.contiguous_end,
                         changes,
                         received: None,
+                        inode: None,
                     }
                 })
                 .collect(),
@@ -420,13 +477,12 @@ impl Subscription {
         let behind: u64 = self
             .files
             .values()
-            .filter(|f| !f.superseded)
             .map(|f| f.durable.saturating_sub(f.sent))
             .sum();
         let since = self
             .files
             .values()
-            .filter(|f| !f.superseded && f.sent < f.durable)
+            .filter(|f| f.sent < f.durable)
             .filter_map(|f| f.behind_since)
             .min()
             .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
@@ -436,15 +492,38 @@ impl Subscription {
     }
 
     fn has_news(&self) -> bool {
-        self.files.values().any(Followed::has_news)
+        !self.control.is_empty() || self.files.values().any(Followed::has_news)
     }
 
-    /// The next batch: files take turns, each sending what it has until
-    /// the batch is full. Blocking (reads the files).
+    /// The next batch: first what happened to files other than their
+    /// bytes, in order; then files take turns, each sending what it has
+    /// until the batch is full. Blocking (reads the files).
     fn next_batch(&mut self) -> Option<(arrow_array::RecordBatch, CursorUpdate)> {
         let budget = self.ticket.batch_bytes();
         let mut builder = ConsumerBatchBuilder::new(&self.ticket.source, budget as usize);
         let mut update = CursorUpdate::default();
+        for control in self.control.drain(..) {
+            let id = (control.key, control.generation);
+            let offset = self.files.get(&id).map_or(0, |f| f.sent);
+            builder.push(&ConsumerRow {
+                kind: control.kind,
+                path: &control.path,
+                file_key: &id.0,
+                generation: id.1,
+                offset,
+                data: &[],
+                size: None,
+                digest: None,
+                from_path: control.from_path.as_deref(),
+            });
+            update.cursor.push(Position {
+                key: id.0.clone(),
+                generation: id.1,
+                offset,
+                path: control.path.clone(),
+                sealed: self.files.get(&id).is_some_and(|f| f.seal_sent),
+            });
+        }
         let mut room = budget;
         let ids: Vec<(String, u64)> = {
             let start = self.next_turn.take();
@@ -455,12 +534,12 @@ impl Subscription {
             }
             ids
         };
-        let mut done = Vec::new();
         for id in ids {
             if room == 0 {
                 self.next_turn = Some(id);
                 break;
             }
+            let root = &self.placer.root;
             let Some(file) = self.files.get_mut(&id) else {
                 continue;
             };
@@ -468,27 +547,9 @@ impl Subscription {
                 continue;
             }
             let (key, generation) = (id.0.as_str(), id.1);
-            if file.superseded {
-                if file.announced {
-                    builder.push(&base_row(RowKind::Superseded, file, key, generation));
-                    update.cursor.push(file.position(key, generation));
-                }
-                done.push(id.clone());
-                continue;
-            }
-            if !file.announced {
-                builder.push(&base_row(RowKind::Opened, file, key, generation));
-                file.announced = true;
-            }
-            for from in std::mem::take(&mut file.renamed_from) {
-                builder.push(&ConsumerRow {
-                    from_path: Some(&from),
-                    ..base_row(RowKind::Renamed, file, key, generation)
-                });
-            }
             if file.sent < file.durable && !file.unreadable {
                 let len = (file.durable - file.sent).min(room);
-                match read_at(&self.placer.root, &file.dest_path, file.sent, len) {
+                match file.open(root).and_then(|f| read_at(&f, file.sent, len)) {
                     Ok(bytes) if !bytes.is_empty() => {
                         builder.push(&ConsumerRow {
                             data: &bytes,
@@ -505,7 +566,10 @@ impl Subscription {
                     }
                     // Moved or replaced since the feed said where it is: the
                     // feed's next word on it says where to read.
-                    Ok(_) | Err(_) => file.unreadable = true,
+                    Ok(_) | Err(_) => {
+                        file.unreadable = true;
+                        file.file = None;
+                    }
                 }
             }
             if file.seal_due()
@@ -517,15 +581,31 @@ impl Subscription {
                     ..base_row(RowKind::Sealed, file, key, generation)
                 });
                 file.seal_sent = true;
+                file.file = None;
             }
             update.cursor.push(file.position(key, generation));
         }
-        for id in done {
-            self.files.remove(&id);
-            self.retired.insert(id);
-        }
+        self.close_spare_files();
         self.update_lag();
         (builder.rows() > 0).then(|| (builder.finish(), update))
+    }
+
+    /// Keeps at most [`MAX_OPEN_FILES`] descriptors, closing those of files
+    /// with nothing to send first.
+    fn close_spare_files(&mut self) {
+        let open = self.files.values().filter(|f| f.file.is_some()).count();
+        let mut excess = open.saturating_sub(MAX_OPEN_FILES);
+        for caught_up in [true, false] {
+            for file in self.files.values_mut() {
+                if excess == 0 {
+                    return;
+                }
+                if file.file.is_some() && (file.sent >= file.durable) == caught_up {
+                    file.file = None;
+                    excess -= 1;
+                }
+            }
+        }
     }
 }
 
@@ -648,12 +728,9 @@ impl Sink {
     }
 }
 
-/// Reads up to `len` bytes of a destination file at `offset`.
-fn read_at(root: &Root, dest_path: &str, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+/// Reads up to `len` bytes of a file at `offset`.
+fn read_at(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
-    let file = root
-        .open_for_read(dest_path)
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut bytes = vec![0u8; len as usize];
     let mut filled = 0;
     while filled < bytes.len() {
@@ -676,6 +753,18 @@ impl Sink {
         peer: String,
     ) -> Result<BoxStream<'static, Sent>, SinkError> {
         let globs = Globs::new(&ticket.source, &ticket.globs).map_err(SinkError::Peer)?;
+        // Asked before anything else is read, and without the commit gate.
+        let (placer, source) = (self.placer.clone(), ticket.source.clone());
+        let known = tokio::task::spawn_blocking(move || placer.manifest.files_of_source(&source))
+            .await
+            .map_err(|e| SinkError::Internal(format!("reading the manifest: {e}")))?
+            .map_err(|e| SinkError::Storage(format!("reading the manifest: {e}")))?;
+        if known.is_empty() {
+            return Err(SinkError::Peer(format!(
+                "source {:?} is unknown to this sink",
+                ticket.source
+            )));
+        }
         let permit = self
             .subscribers
             .permits
@@ -692,12 +781,6 @@ impl Sink {
         let snapshot = tokio::task::spawn_blocking(move || sink.durable_files())
             .await
             .map_err(|e| SinkError::Internal(format!("reading the manifest: {e}")))??;
-        if !snapshot.files.iter().any(|f| f.id.source == ticket.source) {
-            return Err(SinkError::Peer(format!(
-                "source {:?} is unknown to this sink",
-                ticket.source
-            )));
-        }
         let id = self.subscribers.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let stats = Arc::new(SubscriberStats {
             source: ticket.source.clone(),
@@ -713,6 +796,7 @@ impl Sink {
             layout: self.placer.layout,
             placer: self.placer.clone(),
             files: BTreeMap::new(),
+            control: Default::default(),
             retired: Default::default(),
             next_turn: None,
             stats: stats.clone(),
@@ -756,23 +840,27 @@ async fn serve(
         }
     }
     let mut seen = snapshot_sequence;
+    let follow = subscription.ticket.follow;
     loop {
         // Rounds that came meanwhile are taken in first, so a batch reads
-        // as far as is durable.
-        loop {
-            match feed.try_recv() {
-                Ok(round) => {
-                    if round.sequence > seen {
-                        seen = round.sequence;
-                        subscription.apply(&round);
+        // as far as is durable. Without `follow` the stream sends what was
+        // durable when it started, and ends.
+        if follow {
+            loop {
+                match feed.try_recv() {
+                    Ok(round) => {
+                        if round.sequence > seen {
+                            seen = round.sequence;
+                            subscription.apply(&round);
+                        }
                     }
-                }
-                Err(broadcast::error::TryRecvError::Empty) => break,
-                Err(broadcast::error::TryRecvError::Lagged(_)) => {
-                    resync(&mut subscription, sink, &mut seen).await?;
-                }
-                Err(broadcast::error::TryRecvError::Closed) => {
-                    return Err(tonic::Status::unavailable("the sink is stopping"));
+                    Err(broadcast::error::TryRecvError::Empty) => break,
+                    Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                        resync(&mut subscription, sink, &mut seen).await?;
+                    }
+                    Err(broadcast::error::TryRecvError::Closed) => {
+                        return Err(tonic::Status::unavailable("the sink is stopping"));
+                    }
                 }
             }
         }
@@ -786,20 +874,38 @@ async fn serve(
             subscription = subscription_back;
             if let Some((batch, update)) = batch {
                 let message = encode_batch(&batch, &update).map_err(|e| internal(e.to_string()))?;
-                // The consumer's pace: a full channel waits here, and HTTP/2
-                // flow control stops it filling beyond that.
-                let permit = tokio::select! {
-                    permit = tx.reserve() => permit,
-                    () = tx.closed() => return Ok(()),
-                };
-                let Ok(permit) = permit else {
-                    return Ok(());
-                };
-                permit.send(Ok(message));
+                // The consumer's pace: a full channel waits here (HTTP/2
+                // flow control stops it filling beyond that), while the
+                // feed's rounds are still taken in, so that its lag shows.
+                loop {
+                    tokio::select! {
+                        permit = tx.reserve() => {
+                            let Ok(permit) = permit else {
+                                return Ok(());
+                            };
+                            permit.send(Ok(message));
+                            break;
+                        }
+                        round = feed.recv(), if follow => match round {
+                            Ok(round) => {
+                                if round.sequence > seen {
+                                    seen = round.sequence;
+                                    subscription.apply(&round);
+                                }
+                            }
+                            Err(broadcast::error::RecvError::Lagged(_)) => {
+                                resync(&mut subscription, sink, &mut seen).await?;
+                            }
+                            Err(broadcast::error::RecvError::Closed) => {
+                                return Err(tonic::Status::unavailable("the sink is stopping"));
+                            }
+                        },
+                    }
+                }
                 continue;
             }
         }
-        if !subscription.ticket.follow {
+        if !follow {
             return Ok(());
         }
         tokio::select! {

@@ -123,6 +123,7 @@ pub(super) fn describe_commit(
         contiguous_end: record.placed.contiguous_end(),
         changes,
         received: made.received,
+        inode: before.inode,
     }
 }
 
