@@ -96,14 +96,6 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
         cursor = Cursor::from_positions(state.cursor);
         start = Start::Cursor;
     }
-    let ticket = Ticket {
-        source: args.source.clone(),
-        globs: args.globs.clone(),
-        start,
-        cursor: (start == Start::Cursor).then(|| cursor.positions()),
-        follow: args.follow,
-        max_batch_bytes: args.max_batch_bytes,
-    };
     let config = flight_server::ClientConfig {
         endpoint: args.from.clone(),
         tls: args.tls.config(),
@@ -129,22 +121,67 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let mut batches =
-            flight_server::client::subscribe(&config, &ticket, token.as_deref()).await?;
         let mut progress = Progress::new();
-        while let Some(consumed) = batches.next().await {
-            let consumed = consumed?;
-            let bytes = output.take(&consumed.batch)?;
-            cursor.apply(&consumed.cursor);
-            if let Some(path) = &state_path {
-                save(path, &args.source, &cursor)?;
+        // Once a stream has told where it starts, a new one resumes there.
+        let mut resumable = start == Start::Cursor;
+        loop {
+            let from_cursor = resumable || start == Start::Cursor;
+            let ticket = Ticket {
+                source: args.source.clone(),
+                globs: args.globs.clone(),
+                start: if from_cursor { Start::Cursor } else { start },
+                cursor: from_cursor.then(|| cursor.positions()),
+                follow: args.follow,
+                max_batch_bytes: args.max_batch_bytes,
+            };
+            let outcome: anyhow::Result<()> = async {
+                let mut batches =
+                    flight_server::client::subscribe(&config, &ticket, token.as_deref()).await?;
+                while let Some(consumed) = batches.next().await {
+                    let consumed = consumed?;
+                    let bytes = output.take(&consumed.batch)?;
+                    cursor.apply(&consumed.cursor);
+                    resumable = true;
+                    if let Some(path) = &state_path {
+                        save(path, &args.source, &cursor)?;
+                    }
+                    progress.add(bytes);
+                }
+                Ok(())
             }
-            progress.add(bytes);
+            .await;
+            match outcome {
+                Ok(()) => break,
+                // Following, a sink that went away is waited for: the
+                // stream resumes from the cursor once it is back.
+                Err(error) if args.follow && retryable(&error) => {
+                    eprintln!("subscription interrupted ({error:#}); resuming in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(error) => return Err(error),
+            }
         }
         progress.report(true);
         anyhow::Ok(())
     })?;
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Whether a subscription's failure is the sink or the network going away
+/// (worth waiting for), not a refusal.
+fn retryable(error: &anyhow::Error) -> bool {
+    use flight_server::client::ClientError;
+    match error.downcast_ref::<ClientError>() {
+        Some(ClientError::Endpoint { .. }) => true,
+        Some(ClientError::Action { status, .. }) => matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Internal
+                | tonic::Code::Cancelled
+        ),
+        None => false,
+    }
 }
 
 /// Writes the state file whole or not at all.
@@ -255,7 +292,11 @@ impl Output {
 
 fn print_row(row: &Row<'_>) {
     let what = match row.kind {
-        RowKind::Data => format!("{} bytes", row.data.len()),
+        RowKind::Data => format!(
+            "crc32c={:08x} {} bytes",
+            flight_server::checksum::crc32c(row.data),
+            row.data.len()
+        ),
         RowKind::Renamed => format!("from {}", row.from_path.unwrap_or("?")),
         RowKind::Sealed => format!(
             "size {} digest {}",

@@ -481,3 +481,177 @@ fn a_consumer_from_now_gets_exactly_the_bytes_after_its_start() {
     pipeline.watcher.stop();
     pipeline.sink.stop();
 }
+
+/// What a `tail --print` consumer received: per (key, generation), its data
+/// rows (offset, length, crc32c) in order and the last path it was told.
+#[derive(Default, Debug)]
+struct Received {
+    rows: Vec<(u64, u64, String)>,
+    path: String,
+}
+
+fn parse_printed(text: &str) -> std::collections::BTreeMap<(String, u64), Received> {
+    let mut files: std::collections::BTreeMap<(String, u64), Received> = Default::default();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let value = |name: &str| words.iter().find_map(|w| w.strip_prefix(name));
+        let (Some(key), Some(generation)) = (value("key="), value("gen=")) else {
+            continue;
+        };
+        let file = files
+            .entry((key.to_string(), generation.parse().unwrap()))
+            .or_default();
+        file.path = words[1].to_string();
+        if words[0] == "data" {
+            let offset = value("offset=").unwrap().parse().unwrap();
+            let len = words[words.len() - 2].parse().unwrap();
+            file.rows
+                .push((offset, len, value("crc32c=").unwrap().to_string()));
+        }
+    }
+    files
+}
+
+/// Across kill -9 of the sink, every byte a following consumer received is
+/// in the final file at the same offset (nothing it saw was taken back),
+/// each exactly once, and together they are the whole file.
+#[test]
+fn across_sink_kills_a_consumer_sees_only_bytes_that_stay() {
+    let mut pipeline = Pipeline::in_scratch("subscribe-kills", PipelineOptions::default());
+    let dir = pipeline.dir.clone();
+    let sim = simulate_in_background(
+        &dir,
+        &pipeline.source,
+        &common::workload("r0001", "4", "1MiB", "5s"),
+    );
+    common::wait_until("the first file at the sink", TIMEOUT, || {
+        pipeline
+            .status()
+            .is_some_and(|s| common::status_u64(&s, "files") > 0)
+    });
+    let mut args = strings(&["tail", "--source", "src", "--follow", "--print"]);
+    args.extend(["--from".into(), pipeline.endpoint.clone()]);
+    let mut consumer = Proc::spawn(&dir, "consumer", &args);
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(800));
+        pipeline.sink.kill9();
+        pipeline.sink.start();
+    }
+    wait_for_exit(sim);
+    let files = files_of_run(&pipeline.source, "r0001");
+    pipeline.wait_sealed(files, TIMEOUT);
+    pipeline.wait_identical(TIMEOUT);
+    let sealed_rows = |text: &str| text.lines().filter(|l| l.starts_with("sealed")).count() as u64;
+    common::wait_until("a sealed row for every file", TIMEOUT, || {
+        sealed_rows(&consumer.log_text()) >= files
+    });
+    consumer.stop();
+    let text = consumer.log_text();
+    assert!(
+        text.contains("resuming"),
+        "the consumer never lost its sink:\n{text}"
+    );
+    let received = parse_printed(&text);
+    let mut checked = 0u64;
+    for ((key, generation), file) in &received {
+        let source = std::fs::read(pipeline.source.join(&file.path))
+            .unwrap_or_else(|e| panic!("{} ({key} gen {generation}): {e}", file.path));
+        let mut next = 0;
+        for (offset, len, crc) in &file.rows {
+            assert_eq!(
+                *offset, next,
+                "{}: a gap or a byte twice at {offset}",
+                file.path
+            );
+            let bytes = &source[*offset as usize..(*offset + *len) as usize];
+            assert_eq!(
+                format!("{:08x}", flight_server::checksum::crc32c(bytes)),
+                *crc,
+                "{}: the bytes received at {offset} are not the final file's",
+                file.path
+            );
+            next = offset + len;
+            checked += len;
+        }
+        assert_eq!(
+            next,
+            source.len() as u64,
+            "{}: not all of it was received",
+            file.path
+        );
+    }
+    println!(
+        "{checked} bytes received and checked in {} files",
+        received.len()
+    );
+    pipeline.watcher.stop();
+    pipeline.sink.stop();
+}
+
+/// The sink's peak resident memory, from /proc (VmHWM, KiB).
+fn peak_rss_kib(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A consumer that stops reading entirely while the simulator writes:
+/// ingest completes and verifies, the subscription shows it falling
+/// behind, and once it reads again it catches up with identical files.
+#[test]
+fn a_paused_consumer_neither_stops_ingest_nor_loses_its_place() {
+    let mut pipeline = Pipeline::in_scratch("subscribe-paused", PipelineOptions::default());
+    let dir = pipeline.dir.clone();
+    let out = dir.join("consumer");
+    std::fs::write(pipeline.source.join("first.dat"), b"a first file").unwrap();
+    common::wait_until("the first file at the sink", TIMEOUT, || {
+        pipeline
+            .status()
+            .is_some_and(|s| common::status_u64(&s, "files") > 0)
+    });
+    let mut consumer = Proc::spawn(
+        &dir,
+        "consumer",
+        &tail_args(&pipeline, &out, &dir.join("cursor.json"), &[]),
+    );
+    common::wait_until("the consumer subscribed", TIMEOUT, || {
+        pipeline
+            .status()
+            .is_some_and(|s| s["subscriptions"].as_array().is_some_and(|a| !a.is_empty()))
+    });
+    let pid = consumer.pid().expect("the consumer runs");
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    common::simulate(
+        &pipeline.source,
+        &[
+            "--streams",
+            "4",
+            "--rate",
+            "0",
+            "--frame",
+            "1MiB",
+            "--chunk",
+            "64MiB",
+            "--total",
+            "512MiB",
+        ],
+    );
+    let files = files_of_run(&pipeline.source, "r0001") + 1;
+    pipeline.wait_sealed(files, TIMEOUT);
+    pipeline.wait_identical(TIMEOUT);
+    let status = pipeline.status().expect("status");
+    let behind = status["subscriptions"][0]["behind_bytes"]
+        .as_u64()
+        .unwrap_or(0);
+    let sink_peak_mib = pipeline.sink.pid().and_then(peak_rss_kib).unwrap_or(0) / 1024;
+    println!("paused consumer {behind} bytes behind; sink peak RSS {sink_peak_mib} MiB");
+    assert!(behind > 0, "a paused consumer shows no lag: {status}");
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    wait_consumer_identical(&pipeline, &out, &consumer);
+    consumer.stop();
+    pipeline.watcher.stop();
+    pipeline.sink.stop();
+}
