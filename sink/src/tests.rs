@@ -329,3 +329,92 @@ async fn watermarks_leave_out_files_whose_head_cannot_be_read() {
     drop(sink);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The rows a subscription stream carries: (kind, path, from_path), data
+/// rows left out, until `until` of them came.
+async fn subscription_rows(
+    stream: &mut futures::stream::BoxStream<
+        'static,
+        Result<arrow_flight::FlightData, tonic::Status>,
+    >,
+    until: usize,
+) -> Vec<(String, String, Option<String>)> {
+    use arrow_array::Array;
+    use arrow_array::cast::AsArray;
+    use futures::StreamExt;
+    let mut rows = Vec::new();
+    while rows.len() < until {
+        let message = tokio::time::timeout(std::time::Duration::from_secs(30), stream.next())
+            .await
+            .expect("a deadlock guard: the subscription sent nothing more")
+            .expect("the stream goes on")
+            .expect("no error");
+        // Every batch carries its cursor update; the schema message does not.
+        if message.app_metadata.is_empty() {
+            continue;
+        }
+        let batch = arrow_flight::utils::flight_data_to_arrow_batch(
+            &message,
+            flight_server::subscription::consumer_schema(),
+            &Default::default(),
+        )
+        .expect("a consumer batch");
+        let kind = batch.column_by_name("kind").unwrap().as_string::<i32>();
+        let path = batch.column_by_name("path").unwrap().as_string::<i32>();
+        let from = batch
+            .column_by_name("from_path")
+            .unwrap()
+            .as_string::<i32>();
+        for i in 0..batch.num_rows() {
+            if kind.value(i) == "data" {
+                continue;
+            }
+            rows.push((
+                kind.value(i).to_string(),
+                path.value(i).to_string(),
+                from.is_valid(i).then(|| from.value(i).to_string()),
+            ));
+        }
+    }
+    rows
+}
+
+/// `mv b c; mv a b` in one batch reaches a subscriber in that order, so a
+/// consumer applying the renames one by one never puts a's file over b's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renames_reach_a_subscriber_in_the_order_they_were_made() {
+    let dir = test_support::scratch("subscribe-rename-order");
+    let sink = open_sink(&dir);
+    sink.ingest_batch(Arc::from("s"), 1, data_batch("a", 0, b"file a"))
+        .await
+        .unwrap();
+    sink.ingest_batch(Arc::from("s"), 2, data_batch("b", 0, b"file b"))
+        .await
+        .unwrap();
+    let ticket =
+        flight_server::subscription::Ticket::decode(br#"{"source":"s","follow":true}"#).unwrap();
+    let mut stream = sink.subscribe(ticket, "test".into()).await.unwrap();
+    let opened = subscription_rows(&mut stream, 2).await;
+    assert_eq!(opened.len(), 2, "{opened:?}");
+    let mut builder = BatchBuilder::with_capacity(2, 64);
+    builder.push_rename("b", 1, "c");
+    builder.push_rename("a", 1, "b");
+    sink.ingest_batch(
+        Arc::from("s"),
+        3,
+        RangeBatch::validate(builder.finish()).unwrap(),
+    )
+    .await
+    .unwrap();
+    let renamed = subscription_rows(&mut stream, 2).await;
+    assert_eq!(
+        renamed,
+        vec![
+            ("renamed".into(), "c".into(), Some("b".into())),
+            ("renamed".into(), "b".into(), Some("a".into())),
+        ]
+    );
+    drop(stream);
+    drop(sink);
+    let _ = std::fs::remove_dir_all(&dir);
+}
