@@ -26,12 +26,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# matplotlib in a venv outside the clone (reused across clones and runs).
+# matplotlib (plots) and pyarrow (P8: its consumer and its ceiling) in a venv outside the clone
 venv="${TAILFLIGHT_BENCH_VENV:-$HOME/.cache/tailflight/bench-venv}"
-if ! "$venv/bin/python" -c 'import matplotlib' >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c 'import matplotlib, pyarrow.flight' >/dev/null 2>&1; then
     rm -rf "$venv"
     /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet matplotlib
+    "$venv/bin/pip" install --quiet matplotlib pyarrow
 fi
 
 tailflight_install_build_deps
