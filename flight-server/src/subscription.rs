@@ -20,7 +20,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use arrow_array::builder::{BinaryBuilder, StringBuilder, UInt64Builder};
+use arrow_array::builder::{StringBuilder, UInt64Builder};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
@@ -287,7 +287,10 @@ pub struct ConsumerBatchBuilder {
     file_key: StringBuilder,
     generation: UInt64Builder,
     offset: UInt64Builder,
-    data: BinaryBuilder,
+    /// The `data` column, built by hand so that file bytes can be read
+    /// straight into it ([`Self::push_read`]).
+    data_values: Vec<u8>,
+    data_offsets: Vec<i32>,
     size: UInt64Builder,
     digest: StringBuilder,
     from_path: StringBuilder,
@@ -303,7 +306,8 @@ impl ConsumerBatchBuilder {
             file_key: StringBuilder::new(),
             generation: UInt64Builder::new(),
             offset: UInt64Builder::new(),
-            data: BinaryBuilder::with_capacity(16, data_bytes),
+            data_values: Vec::with_capacity(data_bytes),
+            data_offsets: vec![0],
             size: UInt64Builder::new(),
             digest: StringBuilder::new(),
             from_path: StringBuilder::new(),
@@ -317,10 +321,46 @@ impl ConsumerBatchBuilder {
         self.file_key.append_value(row.file_key);
         self.generation.append_value(row.generation);
         self.offset.append_value(row.offset);
-        self.data.append_value(row.data);
+        self.data_values.extend_from_slice(row.data);
+        self.data_offsets.push(self.data_values.len() as i32);
         self.size.append_option(row.size);
         self.digest.append_option(row.digest);
         self.from_path.append_option(row.from_path);
+    }
+
+    /// Pushes a data row whose bytes `read` puts straight into the batch
+    /// (at most `len` of them; it returns how many): no copy between the
+    /// file and the column. A row of no bytes is not pushed.
+    pub fn push_read<E>(
+        &mut self,
+        row: &ConsumerRow<'_>,
+        len: usize,
+        read: impl FnOnce(&mut [u8]) -> Result<usize, E>,
+    ) -> Result<usize, E> {
+        let start = self.data_values.len();
+        self.data_values.resize(start + len, 0);
+        let got = match read(&mut self.data_values[start..]) {
+            Ok(got) => got.min(len),
+            Err(e) => {
+                self.data_values.truncate(start);
+                return Err(e);
+            }
+        };
+        self.data_values.truncate(start + got);
+        if got == 0 {
+            return Ok(0);
+        }
+        self.data_offsets.push(self.data_values.len() as i32);
+        self.rows += 1;
+        self.kind.append_value(row.kind.as_str());
+        self.path.append_value(row.path);
+        self.file_key.append_value(row.file_key);
+        self.generation.append_value(row.generation);
+        self.offset.append_value(row.offset);
+        self.size.append_option(row.size);
+        self.digest.append_option(row.digest);
+        self.from_path.append_option(row.from_path);
+        Ok(got)
     }
 
     pub fn rows(&self) -> usize {
@@ -340,7 +380,11 @@ impl ConsumerBatchBuilder {
             Arc::new(self.file_key.finish()),
             Arc::new(self.generation.finish()),
             Arc::new(self.offset.finish()),
-            Arc::new(self.data.finish()),
+            Arc::new(arrow_array::BinaryArray::new(
+                arrow_buffer::OffsetBuffer::new(self.data_offsets.into()),
+                arrow_buffer::Buffer::from_vec(self.data_values),
+                None,
+            )),
             Arc::new(self.size.finish()),
             Arc::new(self.digest.finish()),
             Arc::new(self.from_path.finish()),

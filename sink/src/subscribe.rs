@@ -549,17 +549,18 @@ impl Subscription {
             let (key, generation) = (id.0.as_str(), id.1);
             if file.sent < file.durable && !file.unreadable {
                 let len = (file.durable - file.sent).min(room);
-                match file.open(root).and_then(|f| read_at(&f, file.sent, len)) {
-                    Ok(bytes) if !bytes.is_empty() => {
-                        builder.push(&ConsumerRow {
-                            data: &bytes,
-                            ..base_row(RowKind::Data, file, key, generation)
-                        });
-                        file.sent += bytes.len() as u64;
-                        room = room.saturating_sub(bytes.len() as u64);
+                let offset = file.sent;
+                let read = file.open(root).and_then(|opened| {
+                    let row = base_row(RowKind::Data, file, key, generation);
+                    builder.push_read(&row, len as usize, |buf| read_at(&opened, offset, buf))
+                });
+                match read {
+                    Ok(got) if got > 0 => {
+                        file.sent += got as u64;
+                        room = room.saturating_sub(got as u64);
                         self.stats
                             .sent_bytes
-                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                            .fetch_add(got as u64, Ordering::Relaxed);
                         if file.sent >= file.durable {
                             file.behind_since = None;
                         }
@@ -728,19 +729,17 @@ impl Sink {
     }
 }
 
-/// Reads up to `len` bytes of a file at `offset`.
-fn read_at(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+/// Reads into `buf` from a file at `offset`, as much as there is.
+fn read_at(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt;
-    let mut bytes = vec![0u8; len as usize];
     let mut filled = 0;
-    while filled < bytes.len() {
-        match file.read_at(&mut bytes[filled..], offset + filled as u64)? {
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64)? {
             0 => break,
             n => filled += n,
         }
     }
-    bytes.truncate(filled);
-    Ok(bytes)
+    Ok(filled)
 }
 
 type Sent = Result<FlightData, tonic::Status>;
