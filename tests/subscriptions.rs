@@ -23,29 +23,39 @@ fn tail_args(pipeline: &Pipeline, out: &Path, state: &Path, extra: &[&str]) -> V
     args
 }
 
-fn wait_consumer_identical(pipeline: &Pipeline, out: &Path, consumer: &Proc) {
+fn wait_consumer_identical(pipeline: &Pipeline, out: &Path) {
     common::wait_until("the consumer's files to equal the source", TIMEOUT, || {
         common::verify(&pipeline.source, out).0
     });
-    let _ = consumer;
 }
 
-#[test]
-fn a_consumer_following_from_the_beginning_rebuilds_the_files_exactly() {
-    let mut pipeline = Pipeline::in_scratch("subscribe-follow", PipelineOptions::default());
-    let dir = pipeline.dir.clone();
-    let out = dir.join("consumer");
+/// A pipeline with the simulator writing `seconds` of 4 rotating streams
+/// into it, returned once the first file is at the sink (a subscription
+/// names a source the sink knows).
+fn pipeline_with_writer(name: &str, seconds: &str) -> (Pipeline, Proc) {
+    let pipeline = Pipeline::in_scratch(name, PipelineOptions::default());
     let sim = simulate_in_background(
-        &dir,
+        &pipeline.dir,
         &pipeline.source,
-        &common::workload("r0001", "4", "1MiB", "4s"),
+        &common::workload("r0001", "4", "1MiB", seconds),
     );
-    // Started as the first bytes arrive: the source must exist at the sink.
+    wait_first_file(&pipeline);
+    (pipeline, sim)
+}
+
+fn wait_first_file(pipeline: &Pipeline) {
     common::wait_until("the first file at the sink", TIMEOUT, || {
         pipeline
             .status()
             .is_some_and(|s| common::status_u64(&s, "files") > 0)
     });
+}
+
+#[test]
+fn a_consumer_following_from_the_beginning_rebuilds_the_files_exactly() {
+    let (mut pipeline, sim) = pipeline_with_writer("subscribe-follow", "4s");
+    let dir = pipeline.dir.clone();
+    let out = dir.join("consumer");
     let consumer = Proc::spawn(
         &dir,
         "consumer",
@@ -55,7 +65,7 @@ fn a_consumer_following_from_the_beginning_rebuilds_the_files_exactly() {
     let files = files_of_run(&pipeline.source, "r0001");
     pipeline.wait_sealed(files, TIMEOUT);
     pipeline.wait_identical(TIMEOUT);
-    wait_consumer_identical(&pipeline, &out, &consumer);
+    wait_consumer_identical(&pipeline, &out);
     let status = pipeline.status().expect("status");
     println!("subscriptions: {}", status["subscriptions"]);
     assert_eq!(status["subscriptions"].as_array().map(Vec::len), Some(1));
@@ -66,19 +76,9 @@ fn a_consumer_following_from_the_beginning_rebuilds_the_files_exactly() {
 
 #[test]
 fn a_consumer_killed_again_and_again_resumes_from_its_cursor() {
-    let mut pipeline = Pipeline::in_scratch("subscribe-resume", PipelineOptions::default());
+    let (mut pipeline, sim) = pipeline_with_writer("subscribe-resume", "5s");
     let dir = pipeline.dir.clone();
     let out = dir.join("consumer");
-    let sim = simulate_in_background(
-        &dir,
-        &pipeline.source,
-        &common::workload("r0001", "4", "1MiB", "5s"),
-    );
-    common::wait_until("the first file at the sink", TIMEOUT, || {
-        pipeline
-            .status()
-            .is_some_and(|s| common::status_u64(&s, "files") > 0)
-    });
     let mut consumer = Proc::spawn(
         &dir,
         "consumer",
@@ -104,7 +104,7 @@ fn a_consumer_killed_again_and_again_resumes_from_its_cursor() {
     let files = files_of_run(&pipeline.source, "r0001");
     pipeline.wait_sealed(files, TIMEOUT);
     pipeline.wait_identical(TIMEOUT);
-    wait_consumer_identical(&pipeline, &out, &consumer);
+    wait_consumer_identical(&pipeline, &out);
     drop(consumer);
     pipeline.watcher.stop();
     pipeline.sink.stop();
@@ -115,11 +115,7 @@ fn bad_tickets_get_clear_errors_and_the_sink_serves_on() {
     use arrow_flight::flight_service_client::FlightServiceClient;
     let mut pipeline = Pipeline::in_scratch("subscribe-bad", PipelineOptions::default());
     std::fs::write(pipeline.source.join("a.dat"), b"some bytes").unwrap();
-    common::wait_until("a.dat at the sink", TIMEOUT, || {
-        pipeline
-            .status()
-            .is_some_and(|s| common::status_u64(&s, "files") > 0)
-    });
+    wait_first_file(&pipeline);
     let endpoint = pipeline.endpoint.clone();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
@@ -238,11 +234,7 @@ fn subscriber_tokens_are_checked_on_every_call_and_rotate_with_their_file() {
         },
     );
     std::fs::write(pipeline.source.join("a.dat"), b"some bytes").unwrap();
-    common::wait_until("a.dat at the sink", TIMEOUT, || {
-        pipeline
-            .status()
-            .is_some_and(|s| common::status_u64(&s, "files") > 0)
-    });
+    wait_first_file(&pipeline);
     let endpoint = pipeline.endpoint.clone();
     let ticket = r#"{"source":"src"}"#;
     tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -299,11 +291,7 @@ fn a_watchers_certificate_does_not_grant_reading() {
         },
     );
     std::fs::write(pipeline.source.join("a.dat"), b"some bytes").unwrap();
-    common::wait_until("a.dat at the sink", TIMEOUT, || {
-        pipeline
-            .status()
-            .is_some_and(|s| common::status_u64(&s, "files") > 0)
-    });
+    wait_first_file(&pipeline);
     let mut args = strings(&["tail", "--source", "src", "--print"]);
     args.extend(["--from".into(), pipeline.endpoint.clone()]);
     args.extend(pipeline.client_tls.iter().cloned());
@@ -335,19 +323,9 @@ fn pyarrow_python() -> std::path::PathBuf {
 #[test]
 fn a_pyarrow_consumer_rebuilds_the_files_exactly() {
     let python = pyarrow_python();
-    let mut pipeline = Pipeline::in_scratch("subscribe-pyarrow", PipelineOptions::default());
+    let (mut pipeline, sim) = pipeline_with_writer("subscribe-pyarrow", "4s");
     let dir = pipeline.dir.clone();
     let out = dir.join("consumer");
-    let sim = simulate_in_background(
-        &dir,
-        &pipeline.source,
-        &common::workload("r0001", "4", "1MiB", "4s"),
-    );
-    common::wait_until("the first file at the sink", TIMEOUT, || {
-        pipeline
-            .status()
-            .is_some_and(|s| common::status_u64(&s, "files") > 0)
-    });
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/examples/live_tail.py");
     let endpoint = pipeline.endpoint.replace("http://", "grpc://");
     let log = std::fs::File::create(dir.join("pyarrow.log")).unwrap();
@@ -533,18 +511,8 @@ fn parse_printed(text: &str) -> std::collections::BTreeMap<(String, u64), Receiv
 /// each exactly once, and together they are the whole file.
 #[test]
 fn across_sink_kills_a_consumer_sees_only_bytes_that_stay() {
-    let mut pipeline = Pipeline::in_scratch("subscribe-kills", PipelineOptions::default());
+    let (mut pipeline, sim) = pipeline_with_writer("subscribe-kills", "5s");
     let dir = pipeline.dir.clone();
-    let sim = simulate_in_background(
-        &dir,
-        &pipeline.source,
-        &common::workload("r0001", "4", "1MiB", "5s"),
-    );
-    common::wait_until("the first file at the sink", TIMEOUT, || {
-        pipeline
-            .status()
-            .is_some_and(|s| common::status_u64(&s, "files") > 0)
-    });
     let mut args = strings(&["tail", "--source", "src", "--follow", "--print"]);
     args.extend(["--from".into(), pipeline.endpoint.clone()]);
     let mut consumer = Proc::spawn(&dir, "consumer", &args);
@@ -623,11 +591,7 @@ fn a_paused_consumer_neither_stops_ingest_nor_loses_its_place() {
     let dir = pipeline.dir.clone();
     let out = dir.join("consumer");
     std::fs::write(pipeline.source.join("first.dat"), b"a first file").unwrap();
-    common::wait_until("the first file at the sink", TIMEOUT, || {
-        pipeline
-            .status()
-            .is_some_and(|s| common::status_u64(&s, "files") > 0)
-    });
+    wait_first_file(&pipeline);
     let mut consumer = Proc::spawn(
         &dir,
         "consumer",
@@ -666,7 +630,7 @@ fn a_paused_consumer_neither_stops_ingest_nor_loses_its_place() {
     println!("paused consumer {behind} bytes behind; sink peak RSS {sink_peak_mib} MiB");
     assert!(behind > 0, "a paused consumer shows no lag: {status}");
     unsafe { libc::kill(pid, libc::SIGCONT) };
-    wait_consumer_identical(&pipeline, &out, &consumer);
+    wait_consumer_identical(&pipeline, &out);
     consumer.stop();
     pipeline.watcher.stop();
     pipeline.sink.stop();

@@ -207,6 +207,23 @@ pub async fn action(
     run_action(config, &make_endpoint(config)?, name, body).await
 }
 
+/// A Flight client on a connection of its own, with the message limits.
+async fn connect(
+    config: &ClientConfig,
+    endpoint: &Endpoint,
+) -> Result<FlightServiceClient<tonic::transport::Channel>, ClientError> {
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| ClientError::Endpoint {
+            endpoint: config.endpoint.clone(),
+            detail: format!("cannot connect: {}", error_chain(&e)),
+        })?;
+    Ok(FlightServiceClient::new(channel)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes))
+}
+
 async fn run_action(
     config: &ClientConfig,
     endpoint: &Endpoint,
@@ -214,16 +231,7 @@ async fn run_action(
     body: Vec<u8>,
 ) -> Result<Vec<u8>, ClientError> {
     let url = config.endpoint.clone();
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| ClientError::Endpoint {
-            endpoint: url.clone(),
-            detail: format!("cannot connect: {}", error_chain(&e)),
-        })?;
-    let mut client = FlightServiceClient::new(channel)
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+    let mut client = connect(config, endpoint).await?;
     let action_error = |status: tonic::Status| ClientError::Action {
         endpoint: url.clone(),
         action: name.into(),
@@ -261,17 +269,7 @@ pub async fn subscribe(
     use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
     use futures::{StreamExt, TryStreamExt};
     let url = config.endpoint.clone();
-    let endpoint = make_endpoint(config)?;
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| ClientError::Endpoint {
-            endpoint: url.clone(),
-            detail: format!("cannot connect: {}", error_chain(&e)),
-        })?;
-    let mut client = FlightServiceClient::new(channel)
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+    let mut client = connect(config, &make_endpoint(config)?).await?;
     let refused = |status: tonic::Status| ClientError::Action {
         endpoint: url.clone(),
         action: "DoGet".into(),

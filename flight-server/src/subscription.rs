@@ -315,14 +315,19 @@ impl ConsumerBatchBuilder {
     }
 
     pub fn push(&mut self, row: &ConsumerRow<'_>) {
+        self.data_values.extend_from_slice(row.data);
+        self.push_row_but_data(row);
+    }
+
+    /// Appends the row's columns but `data`, whose bytes are in place.
+    fn push_row_but_data(&mut self, row: &ConsumerRow<'_>) {
         self.rows += 1;
+        self.data_offsets.push(self.data_values.len() as i32);
         self.kind.append_value(row.kind.as_str());
         self.path.append_value(row.path);
         self.file_key.append_value(row.file_key);
         self.generation.append_value(row.generation);
         self.offset.append_value(row.offset);
-        self.data_values.extend_from_slice(row.data);
-        self.data_offsets.push(self.data_values.len() as i32);
         self.size.append_option(row.size);
         self.digest.append_option(row.digest);
         self.from_path.append_option(row.from_path);
@@ -350,16 +355,7 @@ impl ConsumerBatchBuilder {
         if got == 0 {
             return Ok(0);
         }
-        self.data_offsets.push(self.data_values.len() as i32);
-        self.rows += 1;
-        self.kind.append_value(row.kind.as_str());
-        self.path.append_value(row.path);
-        self.file_key.append_value(row.file_key);
-        self.generation.append_value(row.generation);
-        self.offset.append_value(row.offset);
-        self.size.append_option(row.size);
-        self.digest.append_option(row.digest);
-        self.from_path.append_option(row.from_path);
+        self.push_row_but_data(row);
         Ok(got)
     }
 

@@ -846,21 +846,17 @@ async fn serve(
         // durable when it started, and ends.
         if follow {
             loop {
-                match feed.try_recv() {
-                    Ok(round) => {
-                        if round.sequence > seen {
-                            seen = round.sequence;
-                            subscription.apply(&round);
-                        }
-                    }
+                let received = match feed.try_recv() {
                     Err(broadcast::error::TryRecvError::Empty) => break,
-                    Err(broadcast::error::TryRecvError::Lagged(_)) => {
-                        resync(&mut subscription, sink, &mut seen).await?;
+                    Ok(round) => Ok(round),
+                    Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                        Err(broadcast::error::RecvError::Lagged(n))
                     }
                     Err(broadcast::error::TryRecvError::Closed) => {
-                        return Err(tonic::Status::unavailable("the sink is stopping"));
+                        Err(broadcast::error::RecvError::Closed)
                     }
-                }
+                };
+                take_in(&mut subscription, sink, &mut seen, received).await?;
             }
         }
         if subscription.has_news() {
@@ -885,20 +881,9 @@ async fn serve(
                             permit.send(Ok(message));
                             break;
                         }
-                        round = feed.recv(), if follow => match round {
-                            Ok(round) => {
-                                if round.sequence > seen {
-                                    seen = round.sequence;
-                                    subscription.apply(&round);
-                                }
-                            }
-                            Err(broadcast::error::RecvError::Lagged(_)) => {
-                                resync(&mut subscription, sink, &mut seen).await?;
-                            }
-                            Err(broadcast::error::RecvError::Closed) => {
-                                return Err(tonic::Status::unavailable("the sink is stopping"));
-                            }
-                        },
+                        received = feed.recv(), if follow => {
+                            take_in(&mut subscription, sink, &mut seen, received).await?;
+                        }
                     }
                 }
                 continue;
@@ -908,21 +893,31 @@ async fn serve(
             return Ok(());
         }
         tokio::select! {
-            round = feed.recv() => match round {
-                Ok(round) => {
-                    if round.sequence > seen {
-                        seen = round.sequence;
-                        subscription.apply(&round);
-                    }
-                }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    resync(&mut subscription, sink, &mut seen).await?;
-                }
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(tonic::Status::unavailable("the sink is stopping"));
-                }
-            },
+            received = feed.recv() => take_in(&mut subscription, sink, &mut seen, received).await?,
             () = tx.closed() => return Ok(()),
+        }
+    }
+}
+
+/// Takes in what the feed said: a round not seen yet, or, when the feed
+/// dropped rounds for this subscriber, what the manifest holds now.
+async fn take_in(
+    subscription: &mut Subscription,
+    sink: &Sink,
+    seen: &mut u64,
+    received: Result<Arc<CommitRound>, broadcast::error::RecvError>,
+) -> Result<(), tonic::Status> {
+    match received {
+        Ok(round) => {
+            if round.sequence > *seen {
+                *seen = round.sequence;
+                subscription.apply(&round);
+            }
+            Ok(())
+        }
+        Err(broadcast::error::RecvError::Lagged(_)) => resync(subscription, sink, seen).await,
+        Err(broadcast::error::RecvError::Closed) => {
+            Err(tonic::Status::unavailable("the sink is stopping"))
         }
     }
 }

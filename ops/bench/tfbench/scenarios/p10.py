@@ -5,15 +5,13 @@ keep ≥0.85× of its rate, and each consumer must keep up (it has every byte so
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 from ..analysis import median, ratio
-from ..config import SOURCE, MiB
+from ..config import MiB
 from ..formatting import fmt, fmt_mb, met
 from ..harness import Bench, BenchError, Pipeline, dir_bytes, rmtree, say, wait_commits
-from .p8 import TOOLS
+from .p8 import first_file, start_follower
 
 TARGET = 0.85
 
@@ -25,19 +23,10 @@ def run(b: Bench, name: str, consumers: int, total_mib: int) -> dict:
     followers = []
     try:
         pl.start_watcher()
-        (src / "first.dat").write_bytes(b"the source exists before the consumers subscribe\n")
-        deadline = time.monotonic() + 60
-        while not (pl.status() or {}).get("files"):
-            if time.monotonic() > deadline:
-                raise BenchError("the first file never reached the sink")
-            time.sleep(0.1)
-        endpoint = pl.endpoint.replace("http://", "grpc://")
-        ticket = json.dumps({"source": SOURCE, "globs": [f"{SOURCE}/*.xtc2*"], "follow": True})
+        endpoint = first_file(pl, src)
         for i in range(consumers):
             out = d / f"consumer-{i}.json"
-            followers.append((out, subprocess.Popen(
-                [sys.executable, TOOLS / "flight_read.py", endpoint, ticket, "--until", str(total_mib * MiB)],
-                stdout=open(out, "w"), stderr=subprocess.STDOUT)))
+            followers.append((out, start_follower(endpoint, total_mib * MiB, out)))
         t0 = time.monotonic()
         sim = b.sim(d, "sim", src, "--streams", 16, "--rate", 0, "--frame", "1MiB", "--chunk", "64MiB",
                     "--total", f"{total_mib}MiB")

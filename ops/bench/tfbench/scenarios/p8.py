@@ -29,6 +29,25 @@ def read_flight(endpoint: str, ticket: str, until: int = 0, timeout: float = 600
     return json.loads(cp.stdout.strip().splitlines()[-1])
 
 
+def first_file(pl: Pipeline, src: Path) -> str:
+    """Writes a first file and waits until the sink has it (a subscription names a source the
+    sink knows); returns the sink's endpoint for pyarrow."""
+    (src / "first.dat").write_bytes(b"the source exists before a consumer subscribes\n")
+    deadline = time.monotonic() + 60
+    while not (pl.status() or {}).get("files"):
+        if time.monotonic() > deadline:
+            raise BenchError("the first file never reached the sink")
+        time.sleep(0.1)
+    return pl.endpoint.replace("http://", "grpc://")
+
+
+def start_follower(endpoint: str, until: int, out: Path) -> subprocess.Popen:
+    """A consumer following the simulator's files until it has `until` bytes; its JSON to `out`."""
+    ticket = json.dumps({"source": SOURCE, "globs": [f"{SOURCE}/*.xtc2*"], "follow": True})
+    return subprocess.Popen([sys.executable, TOOLS / "flight_read.py", endpoint, ticket, "--until", str(until)],
+                            stdout=open(out, "w"), stderr=subprocess.STDOUT)
+
+
 def ceiling_run(b: Bench, total: int) -> float:
     d = b.fresh("p8", "ceiling")
     port = free_port()
@@ -49,18 +68,9 @@ def tailflight_run(b: Bench, name: str, total_mib: int) -> dict:
     follower = None
     try:
         pl.start_watcher()
-        (src / "first.dat").write_bytes(b"the source exists before the consumer subscribes\n")
-        deadline = time.monotonic() + 60
-        while not (pl.status() or {}).get("files"):
-            if time.monotonic() > deadline:
-                raise BenchError("the first file never reached the sink")
-            time.sleep(0.1)
-        endpoint = pl.endpoint.replace("http://", "grpc://")
-        follow_ticket = json.dumps({"source": SOURCE, "globs": [f"{SOURCE}/*.xtc2*"], "follow": True})
+        endpoint = first_file(pl, src)
         follower_out = d / "follower.json"
-        follower = subprocess.Popen([sys.executable, TOOLS / "flight_read.py", endpoint, follow_ticket,
-                                     "--until", str(total_mib * MiB)],
-                                    stdout=open(follower_out, "w"), stderr=subprocess.STDOUT)
+        follower = start_follower(endpoint, total_mib * MiB, follower_out)
         t0 = time.monotonic()
         sim = b.sim(d, "sim", src, "--streams", 16, "--rate", 0, "--frame", "1MiB", "--chunk", "64MiB",
                     "--total", f"{total_mib}MiB")
