@@ -7,6 +7,7 @@ import argparse
 import json
 import time
 
+import pyarrow.compute as pc
 import pyarrow.flight as flight
 
 
@@ -15,10 +16,12 @@ def main():
     ap.add_argument("endpoint")
     ap.add_argument("ticket", help="the DoGet ticket (JSON for a tailflight sink)")
     ap.add_argument("--until", type=int, default=0, help="stop after this many data bytes")
+    ap.add_argument("--arrivals", help="log each data row here: file_key offset length arrival_unix_ns")
     args = ap.parse_args()
     t0 = time.monotonic()
     reader = flight.FlightClient(args.endpoint).do_get(flight.Ticket(args.ticket.encode()))
     got, first, last = 0, None, t0
+    arrivals = open(args.arrivals, "w") if args.arrivals else None
     while args.until == 0 or got < args.until:
         try:
             chunk = reader.read_chunk()
@@ -33,6 +36,15 @@ def main():
         last = time.monotonic()
         if first is None:
             first = last
+        if arrivals:
+            now_ns = time.time_ns()
+            kinds, keys, offsets = (batch.column(n).to_pylist() for n in ("kind", "file_key", "offset"))
+            lengths = pc.binary_length(data).to_pylist()
+            for kind, key, offset, length in zip(kinds, keys, offsets, lengths):
+                if kind == "data":
+                    arrivals.write(f"{key} {offset} {length} {now_ns}\n")
+    if arrivals:
+        arrivals.close()
     print(json.dumps({"bytes": got, "seconds": last - t0,
                       "first_s": (first - t0) if first else None}))
 

@@ -29,10 +29,13 @@ def read_flight(endpoint: str, ticket: str, until: int = 0, timeout: float = 600
     return json.loads(cp.stdout.strip().splitlines()[-1])
 
 
+FIRST = b"the source exists before a consumer subscribes\n"
+
+
 def first_file(pl: Pipeline, src: Path) -> str:
     """Writes a first file and waits until the sink has it (a subscription names a source the
     sink knows); returns the sink's endpoint for pyarrow."""
-    (src / "first.dat").write_bytes(b"the source exists before a consumer subscribes\n")
+    (src / "first.dat").write_bytes(FIRST)
     deadline = time.monotonic() + 60
     while not (pl.status() or {}).get("files"):
         if time.monotonic() > deadline:
