@@ -547,6 +547,32 @@ mod tests {
         }
     }
 
+    /// A server of `ingest` on a loopback port, the sender that stops it, its
+    /// task, and a pool of one connection to it.
+    async fn serve_one_connection<I: Ingest>(
+        ingest: Arc<I>,
+        config: ServerConfig,
+    ) -> (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<Result<(), Box<dyn std::error::Error + Send + Sync>>>,
+        (FlightPool, mpsc::UnboundedReceiver<Delivery>),
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(ingest, config, listener, async move {
+            let _ = stopped.await;
+        }));
+        let pool = FlightPool::start(ClientConfig {
+            endpoint: format!("http://{address}"),
+            source: "s".into(),
+            connections: 1,
+            ..ClientConfig::default()
+        })
+        .unwrap();
+        (stop, server, pool)
+    }
+
     /// A sink that holds every batch but the last one's ranges until the
     /// last arrives, as a sink writing in order holds ranges that came
     /// ahead of the bytes before them.
@@ -595,27 +621,14 @@ mod tests {
             last: batches - 1,
             filled: tokio::sync::watch::channel(false).0,
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(
+        let (stop, server, (pool, mut deliveries)) = serve_one_connection(
             ingest,
             ServerConfig {
                 pipeline_depth: depth,
                 ..ServerConfig::default()
             },
-            listener,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        let (pool, mut deliveries) = FlightPool::start(ClientConfig {
-            endpoint: format!("http://{address}"),
-            source: "s".into(),
-            connections: 1,
-            ..ClientConfig::default()
-        })
-        .unwrap();
+        )
+        .await;
         for token in 0..batches {
             let mut builder = BatchBuilder::with_capacity(1, 16);
             builder.push_data("f", 1, token * 16, b"sixteen bytes!!!");
@@ -651,24 +664,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panic_while_placing_is_retried_never_refused() {
         let ingest = Arc::new(PanickingIngest::default());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(
-            ingest.clone(),
-            ServerConfig::default(),
-            listener,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        let (pool, mut deliveries) = FlightPool::start(ClientConfig {
-            endpoint: format!("http://{address}"),
-            source: "s".into(),
-            connections: 1,
-            ..ClientConfig::default()
-        })
-        .unwrap();
+        let (stop, server, (pool, mut deliveries)) =
+            serve_one_connection(ingest.clone(), ServerConfig::default()).await;
         let mut builder = BatchBuilder::with_capacity(1, 16);
         builder.push_data("f", 1, 0, b"sixteen bytes!!!");
         pool.send(Outgoing {
