@@ -27,6 +27,9 @@ pub struct Found {
     pub size: u64,
     /// Modification time in nanoseconds: tells a rewritten file from an untouched one.
     pub mtime_ns: i64,
+    /// Birth time in nanoseconds where the filesystem keeps one: tells a new
+    /// file that reused a freed inode number from the file that had it.
+    pub born_ns: Option<i64>,
 }
 
 /// Walks `root` and returns its regular files (symlinks are not followed)
@@ -69,11 +72,29 @@ pub fn walk(root: &Path) -> io::Result<(Vec<Found>, Vec<String>)> {
                     ino: meta.ino(),
                     size: meta.len(),
                     mtime_ns: mtime_ns(&meta),
+                    born_ns: born_ns(&meta),
                 });
             }
         }
     }
     Ok((files, dirs))
+}
+
+/// Birth time (statx btime) in nanoseconds, if the filesystem records it.
+pub fn born_ns(meta: &std::fs::Metadata) -> Option<i64> {
+    let born = meta.created().ok()?;
+    let since = born.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_nanos()).ok()
+}
+
+/// Whether two observations of one (device, inode) can be the same file: a
+/// freed inode number is reused by the next file created, and only a
+/// differing birth time tells them apart (unknown on some filesystems).
+pub fn same_birth(a: Option<i64>, b: Option<i64>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
 }
 
 pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
@@ -278,6 +299,29 @@ mod tests {
             }
         }
         panic!("no such event among {seen:?}");
+    }
+
+    #[test]
+    fn a_new_file_on_a_reused_inode_is_told_apart_by_its_birth() {
+        let scratch = Scratch::new("reuse");
+        let path = scratch.path().join("f");
+        std::fs::write(&path, b"first").expect("write");
+        let first = std::fs::metadata(&path).expect("stat");
+        assert!(same_birth(born_ns(&first), born_ns(&first)));
+        // Filesystems hand a freed inode number to the next file; a few
+        // tries are enough where they do, and the check is moot elsewhere.
+        for _ in 0..50 {
+            std::fs::remove_file(&path).expect("delete");
+            std::thread::sleep(Duration::from_millis(1));
+            std::fs::write(&path, b"second").expect("write");
+            let second = std::fs::metadata(&path).expect("stat");
+            if second.ino() == first.ino() {
+                if born_ns(&first).is_some() {
+                    assert!(!same_birth(born_ns(&first), born_ns(&second)));
+                }
+                return;
+            }
+        }
     }
 
     #[test]

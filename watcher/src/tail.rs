@@ -91,6 +91,7 @@ struct Tracked {
     path: String,
     dev: u64,
     ino: u64,
+    born_ns: Option<i64>,
     file: Option<File>,
     size_seen: u64,
     read_offset: u64,
@@ -131,6 +132,14 @@ struct Tracked {
 }
 
 impl Tracked {
+    /// Whether `meta` describes this file (and not a new file that reused
+    /// its inode number after it was deleted).
+    fn is(&self, meta: &std::fs::Metadata) -> bool {
+        meta.dev() == self.dev
+            && meta.ino() == self.ino
+            && discover::same_birth(self.born_ns, discover::born_ns(meta))
+    }
+
     fn acked_offset(&self) -> u64 {
         self.acked.contiguous_end()
     }
@@ -161,6 +170,7 @@ struct Finished {
     path: String,
     size: u64,
     mtime_ns: i64,
+    born_ns: Option<i64>,
 }
 
 impl Finished {
@@ -171,6 +181,7 @@ impl Finished {
             path: t.path.clone(),
             size: t.read_offset,
             mtime_ns,
+            born_ns: t.born_ns,
         }
     }
 }

@@ -45,7 +45,7 @@ impl Tailer {
         };
         let full = self.root.join(&t.path);
         match std::fs::symlink_metadata(&full) {
-            Ok(meta) if meta.dev() == t.dev && meta.ino() == t.ino => return,
+            Ok(meta) if t.is(&meta) => return,
             _ => {}
         }
         self.by_path.remove(&t.path);
@@ -72,6 +72,7 @@ impl Tailer {
             ino: meta.ino(),
             size: meta.len(),
             mtime_ns: discover::mtime_ns(&meta),
+            born_ns: discover::born_ns(&meta),
         };
         self.on_found(found);
         if closed
@@ -86,6 +87,14 @@ impl Tailer {
 
     pub(super) fn on_found(&mut self, found: Found) {
         let inode = (found.dev, found.ino);
+        if self
+            .finished
+            .get(&inode)
+            .is_some_and(|done| !discover::same_birth(done.born_ns, found.born_ns))
+        {
+            // A sealed file was deleted and a new file reused its inode.
+            let _ = self.forget_finished(inode);
+        }
         if let Some(done) = self.finished.get(&inode) {
             let unchanged = done.size == found.size && done.mtime_ns == found.mtime_ns;
             if unchanged && done.path == found.path {
@@ -108,6 +117,17 @@ impl Tailer {
             }
         }
         let inode = (found.dev, found.ino);
+        if let Some(key) = self.by_inode.get(&inode).cloned()
+            && self
+                .files
+                .get(&key)
+                .is_some_and(|t| !discover::same_birth(t.born_ns, found.born_ns))
+        {
+            // The tracked file was deleted (it held no descriptor) and a new
+            // file reused its inode: that file is new, whatever its path.
+            self.by_inode.remove(&inode);
+            self.lost_path(&key);
+        }
         if let Some(key) = self.by_inode.get(&inode).cloned() {
             let at_path = self.by_path.get(&found.path).cloned();
             if at_path.as_ref() == Some(&key) {
@@ -166,6 +186,7 @@ impl Tailer {
             path: String::new(),
             size: 0,
             mtime_ns: 0,
+            born_ns: None,
         });
         if self.finished_at.get(&done.path) == Some(&inode) {
             self.finished_at.remove(&done.path);
@@ -327,6 +348,7 @@ impl Tailer {
             path: found.path.clone(),
             dev: found.dev,
             ino: found.ino,
+            born_ns: found.born_ns,
             file: None,
             size_seen: 0,
             read_offset: 0,
@@ -426,6 +448,7 @@ impl Tailer {
             ino: old.ino,
             size: 0,
             mtime_ns: 0,
+            born_ns: old.born_ns,
         };
         let generation = self
             .max_generation

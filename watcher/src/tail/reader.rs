@@ -83,7 +83,7 @@ impl Tailer {
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(self.root.join(&t.path))?;
             let meta = file.metadata()?;
-            if meta.dev() != t.dev || meta.ino() != t.ino {
+            if !t.is(&meta) {
                 // The path now holds another file; a walk will sort it out.
                 return Ok(None);
             }
