@@ -17,6 +17,7 @@
 //!   `direct` (the aligned middle of large ranges, past the page cache);
 
 mod audit;
+mod blocking;
 mod commit;
 mod config;
 pub mod confine;
@@ -367,7 +368,7 @@ impl Sink {
             placing: PlacementThreads::new(config.placement_threads),
             health,
             feed: feed_handle,
-            subscribers: Arc::new(subscribe::Subscribers::new()),
+            subscribers: Arc::new(subscribe::Subscribers::new(config.max_open_files)),
         })
     }
 

@@ -39,12 +39,19 @@ pub(crate) struct Subscribers {
     next_id: AtomicU64,
     live: std::sync::Mutex<BTreeMap<u64, Arc<SubscriberStats>>>,
     permits: Option<Arc<tokio::sync::Semaphore>>,
+    descriptors: Arc<SharedDescriptors>,
 }
 
 impl Subscribers {
-    pub fn new() -> Self {
+    /// `shared_descriptors`: what subscriptions may keep open together
+    /// beyond their own [`OWN_OPEN_FILES`] each.
+    pub fn new(shared_descriptors: usize) -> Self {
         Self {
             permits: Some(Arc::new(tokio::sync::Semaphore::new(MAX_SUBSCRIBERS))),
+            descriptors: Arc::new(SharedDescriptors {
+                limit: shared_descriptors,
+                lent: AtomicU64::new(0),
+            }),
             ..Self::default()
         }
     }
@@ -226,9 +233,40 @@ struct Control {
     from_path: Option<String>,
 }
 
-/// Descriptors a subscription keeps open at most; files caught up are
-/// closed first, and opened again (and checked) when they grow.
-const MAX_OPEN_FILES: usize = 64;
+/// Descriptors a subscription may always keep open between batches. It
+/// borrows more from [`SharedDescriptors`] while there are any: a
+/// subscription that closed and reopened files at every batch spent most
+/// of its time doing that (docs/measurements.md). Beyond what it holds,
+/// files caught up are closed first, and opened again (and checked) when
+/// they grow.
+const OWN_OPEN_FILES: usize = 64;
+
+/// Descriptors that subscriptions keep open beyond their own, lent from
+/// one pool for the whole sink (its `--max-open-files`), so that many
+/// subscriptions of many files cannot exhaust the process's descriptors.
+#[derive(Default)]
+pub(crate) struct SharedDescriptors {
+    limit: usize,
+    lent: AtomicU64,
+}
+
+impl SharedDescriptors {
+    /// Lends up to `wanted`; returns how many it lent.
+    fn borrow(&self, wanted: usize) -> usize {
+        let mut lent = 0;
+        let _ = self
+            .lent
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                lent = (self.limit as u64).saturating_sub(now).min(wanted as u64);
+                (lent > 0).then_some(now + lent)
+            });
+        lent as usize
+    }
+
+    fn give_back(&self, count: usize) {
+        self.lent.fetch_sub(count as u64, Ordering::AcqRel);
+    }
+}
 
 /// A subscription's state: the files it follows, by (key, generation).
 struct Subscription {
@@ -247,6 +285,9 @@ struct Subscription {
     /// Where the last batch stopped, so files take turns.
     next_turn: Option<(String, u64)>,
     stats: Arc<SubscriberStats>,
+    /// Where descriptors beyond its own come from, and how many it holds.
+    shared_descriptors: Arc<SharedDescriptors>,
+    borrowed_descriptors: usize,
 }
 
 impl Subscription {
@@ -591,11 +632,15 @@ impl Subscription {
         (builder.rows() > 0).then(|| (builder.finish(), update))
     }
 
-    /// Keeps at most [`MAX_OPEN_FILES`] descriptors, closing those of files
-    /// with nothing to send first.
+    /// Keeps at most its own [`OWN_OPEN_FILES`] descriptors and those it
+    /// could borrow, closing those of files with nothing to send first.
     fn close_spare_files(&mut self) {
         let open = self.files.values().filter(|f| f.file.is_some()).count();
-        let mut excess = open.saturating_sub(MAX_OPEN_FILES);
+        let allowed = OWN_OPEN_FILES + self.borrowed_descriptors;
+        if open > allowed {
+            self.borrowed_descriptors += self.shared_descriptors.borrow(open - allowed);
+        }
+        let mut excess = open.saturating_sub(OWN_OPEN_FILES + self.borrowed_descriptors);
         for caught_up in [true, false] {
             for file in self.files.values_mut() {
                 if excess == 0 {
@@ -607,6 +652,12 @@ impl Subscription {
                 }
             }
         }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.shared_descriptors.give_back(self.borrowed_descriptors);
     }
 }
 
@@ -799,6 +850,8 @@ impl Sink {
             retired: Default::default(),
             next_turn: None,
             stats: stats.clone(),
+            shared_descriptors: self.subscribers.descriptors.clone(),
+            borrowed_descriptors: 0,
         };
         let initial = subscription.start(snapshot.files)?;
         subscription.update_lag();
@@ -860,7 +913,7 @@ async fn serve(
             }
         }
         if subscription.has_news() {
-            let (batch, subscription_back) = tokio::task::spawn_blocking(move || {
+            let (batch, subscription_back) = crate::blocking::run_blocking(move || {
                 let batch = subscription.next_batch();
                 (batch, subscription)
             })

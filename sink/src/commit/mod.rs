@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use manifest_db::{FileId, JournalEntry, SinkCommit, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::blocking::run_blocking;
 use crate::durability::flush::{Flusher, SyncTarget};
 use crate::durability::journal::{JournalFile, JournalSpace, RoundWrite};
 use crate::error::panic_message;
@@ -428,26 +429,6 @@ async fn run(rounds: Rounds) {
         let _ = flushing.await;
     }
     fail_all(waiting, "the sink is shutting down");
-}
-
-/// Runs a commit round's blocking part: in place on a multi-threaded
-/// runtime (the worker hands its other tasks to another thread), on the
-/// blocking pool otherwise. In place spares the round two hand-offs between
-/// threads, a measurable share of a small round's latency on busy cores
-/// (docs/measurements.md). A panic comes back as an error either way.
-async fn run_blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
-        return tokio::task::block_in_place(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                .map_err(|panic| panic_message(panic.as_ref()))
-        });
-    }
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 async fn flush_ended(flushing: &mut Option<tokio::task::JoinHandle<()>>) {

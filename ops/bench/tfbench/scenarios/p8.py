@@ -44,6 +44,16 @@ def first_file(pl: Pipeline, src: Path) -> str:
     return pl.endpoint.replace("http://", "grpc://")
 
 
+def wait_subscribed(pl: Pipeline, count: int, procs) -> None:
+    """Waits until the sink serves `count` subscriptions (a consumer still importing pyarrow
+    would see the first writes late, and that is not the sink's latency)."""
+    deadline = time.monotonic() + 60
+    while len((pl.status() or {}).get("subscriptions") or []) < count:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise BenchError(f"fewer than {count} consumer(s) subscribed")
+        time.sleep(0.1)
+
+
 def start_follower(endpoint: str, until: int, out: Path) -> subprocess.Popen:
     """A consumer following the simulator's files until it has `until` bytes; its JSON to `out`."""
     ticket = json.dumps({"source": SOURCE, "globs": [f"{SOURCE}/*.xtc2*"], "follow": True})
