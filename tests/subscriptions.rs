@@ -182,6 +182,19 @@ fn bad_tickets_get_clear_errors_and_the_sink_serves_on() {
             Some(vec!["src".to_string(), "a.dat".to_string()])
         );
         assert_eq!(info.total_bytes, 10);
+        let listed: serde_json::Value =
+            serde_json::from_slice(&info.app_metadata).expect("a listing's metadata is JSON");
+        let committed = listed["last_commit_unix_ms"]
+            .as_u64()
+            .expect("a listing says when the file was last committed");
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(
+            committed <= now_ms && committed > now_ms - 3_600_000,
+            "{listed}"
+        );
     });
     assert!(pipeline.status().is_some(), "the sink stopped serving");
     pipeline.watcher.stop();

@@ -78,6 +78,11 @@ pub struct FileRecord {
     /// recorded by builds that did not keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renamed_inode: Option<u64>,
+    /// When the commit round that last recorded it began, in milliseconds
+    /// since the Unix epoch (what a listing shows as its last commit).
+    /// Absent in records of builds that did not keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_unix_ms: Option<u64>,
 }
 
 impl FileRecord {

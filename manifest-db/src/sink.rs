@@ -629,6 +629,7 @@ mod tests {
             kept: false,
             renamed_from: None,
             renamed_inode: None,
+            committed_unix_ms: None,
         }
     }
 

@@ -155,6 +155,8 @@ pub struct DurableFile {
     pub contiguous_end: u64,
     pub sealed: Option<manifest_db::Sealed>,
     pub superseded: bool,
+    /// When it was last recorded (ms since the Unix epoch), if known.
+    pub committed_unix_ms: Option<u64>,
 }
 
 impl DurableFile {
@@ -167,6 +169,7 @@ impl DurableFile {
             path: record.renamed_from.unwrap_or(record.dest_path),
             sealed: record.sealed,
             superseded: record.superseded,
+            committed_unix_ms: record.committed_unix_ms,
             id,
         }
     }

@@ -705,6 +705,9 @@ struct ListedFile<'a> {
     size: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     digest: Option<&'a str>,
+    /// When the sink last recorded a change to it (ms since the Unix epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_commit_unix_ms: Option<u64>,
 }
 
 impl Sink {
@@ -761,6 +764,7 @@ impl Sink {
                 sealed: file.sealed.is_some(),
                 size: file.sealed.as_ref().map(|s| s.size),
                 digest: file.sealed.as_ref().map(|s| s.digest.as_str()),
+                last_commit_unix_ms: file.committed_unix_ms,
             };
             let info = FlightInfo::new()
                 .try_with_schema(&flight_server::subscription::consumer_schema())

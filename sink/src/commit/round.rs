@@ -238,6 +238,9 @@ pub(super) fn record_round_under_gate(
         commit.counters.rewritten_bytes += request.counters.rewritten_bytes;
     }
     let mut written = Vec::with_capacity(touched.len());
+    let committed_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
     for slot in touched.values() {
         let state = lock(&slot.state);
         // Whatever the round's flush did not cover (a move made since, by a
@@ -252,8 +255,9 @@ pub(super) fn record_round_under_gate(
             unsynced.remove(0);
         }
         drop(unsynced);
-        let record = state.record.clone();
+        let mut record = state.record.clone();
         drop(state);
+        record.committed_unix_ms = Some(committed_unix_ms);
         written.push((*slot, record.sealed.is_some()));
         commit.records.push((slot.id.clone(), record));
     }

@@ -105,8 +105,8 @@ def scenario_p10(b: Bench):
         f"consumers done {fmt(lag, '.2f')} s after ingest at most")
     b.row(id="P10", scenario="ingest of P1's workload with 8 pyarrow consumers following — vs with none",
           figure=fmt_mb(v8), peer=fmt_mb(v0), ratio=r, target=f"≥{TARGET}×", met=met(r, TARGET))
-    b.row(id="P10", scenario=f"… the most this machine allows: the run alone over the unavoidable CPU of the "
-          f"fanned-out run (simulator, watcher and sink for ingest, consumers) on {ncpu} cores",
-          figure=fmt(ceiling, ".2f"), peer="—", ratio=ratio(r, ceiling), target="(ceiling)", met="—")
+    b.row(id="P10", scenario=f"… the most this machine allows with consumers that keep up: the run alone over "
+          f"the unavoidable CPU of the fanned-out run (simulator, watcher and sink for ingest, consumers) on "
+          f"{ncpu} cores", figure=f"{fmt(ceiling, '.2f')}×", peer="—", ratio=None, target="(ceiling)", met="—")
     b.row(id="P10", scenario="… the slowest consumer had every byte this long after ingest ended",
           figure=f"{fmt(lag, '.2f')} s", peer="—", ratio=None, target="(keeps up)", met="—")
