@@ -55,6 +55,10 @@ pub struct FileCommit {
     /// that opens `path` checks it holds this file, not one that took the
     /// name after a move the feed has not told of yet.
     pub inode: Option<(u64, u64)>,
+    /// Its seal, whether this round or an earlier one made it: a listener
+    /// that starts following a file now (renamed into what it follows)
+    /// learns it is complete.
+    pub sealed: Option<manifest_db::Sealed>,
 }
 
 /// A change to a file other than its bytes.

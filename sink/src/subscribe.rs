@@ -428,6 +428,13 @@ impl Subscription {
                 continue;
             };
             followed.unreadable = false;
+            if followed.sealed.is_none()
+                && let Some(sealed) = &commit.sealed
+            {
+                // Sealed before it came to be followed (under a name the
+                // globs did not match): its seal row is still due.
+                followed.sealed = Some((sealed.size, sealed.digest.clone()));
+            }
             if commit.inode.is_some() && commit.inode != followed.inode {
                 followed.inode = commit.inode;
                 followed.file = None;
@@ -507,6 +514,7 @@ impl Subscription {
                         changes,
                         received: None,
                         inode: None,
+                        sealed: file.sealed.clone(),
                     }
                 })
                 .collect(),

@@ -379,6 +379,69 @@ async fn subscription_rows(
     rows
 }
 
+/// A file sealed under a name the globs do not match, and renamed to one
+/// they match afterwards, reaches a subscriber whole: opened, its bytes,
+/// and its seal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_renamed_into_the_globs_after_its_seal_is_sealed_for_a_subscriber() {
+    let dir = test_support::scratch("subscribe-seal-then-rename");
+    let sink = open_sink(&dir);
+    let ticket = flight_server::subscription::Ticket::decode(
+        br#"{"source":"s","globs":["s/*.xtc2"],"follow":true}"#,
+    )
+    .unwrap();
+    // The source must be known before it can be subscribed to.
+    sink.ingest_batch(Arc::from("s"), 1, data_batch("other.dat", 0, b"x"))
+        .await
+        .unwrap();
+    let mut stream = sink.subscribe(ticket, "test".into()).await.unwrap();
+    let content = b"a whole run";
+    let digest = {
+        let mut hasher = flight_server::SealDigest::Crc64Nvme.hasher();
+        hasher.update(content);
+        hasher.finish()
+    };
+    sink.ingest_batch(
+        Arc::from("s"),
+        2,
+        data_batch("r.xtc2.inprogress", 0, content),
+    )
+    .await
+    .unwrap();
+    // A seal is sent once its bytes are acknowledged, as a watcher does.
+    let mut builder = BatchBuilder::with_capacity(1, 64);
+    builder.push_seal("r.xtc2.inprogress", 1, content.len() as u64, &digest);
+    let ack = sink
+        .ingest_batch(
+            Arc::from("s"),
+            3,
+            RangeBatch::validate(builder.finish()).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(ack.rejected.is_empty(), "{ack:?}");
+    let mut builder = BatchBuilder::with_capacity(1, 64);
+    builder.push_rename("r.xtc2.inprogress", 1, "r.xtc2");
+    sink.ingest_batch(
+        Arc::from("s"),
+        4,
+        RangeBatch::validate(builder.finish()).unwrap(),
+    )
+    .await
+    .unwrap();
+    let rows = subscription_rows(&mut stream, 2).await;
+    assert_eq!(
+        rows,
+        vec![
+            ("opened".into(), "r.xtc2".into(), None),
+            ("sealed".into(), "r.xtc2".into(), None),
+        ]
+    );
+    drop(stream);
+    drop(sink);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `mv b c; mv a b` in one batch reaches a subscriber in that order, so a
 /// consumer applying the renames one by one never puts a's file over b's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

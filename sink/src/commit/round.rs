@@ -124,6 +124,7 @@ pub(super) fn describe_commit(
         changes,
         received: made.received,
         inode: before.inode,
+        sealed: record.sealed.clone(),
     }
 }
 
