@@ -140,7 +140,9 @@ pub struct SinkArgs {
     /// Destination files kept open at once. Files whose journaled ranges
     /// wait for the background flush stay open until it; as many waiting
     /// start it early, and a cached file written directly holds a second
-    /// descriptor, so at most about four times this many are open.
+    /// descriptor, so at most about four times this many are open. Live-tail
+    /// subscriptions keep up to this many more open between them, beyond
+    /// 64 each.
     #[arg(long, default_value_t = 1024)]
     max_open_files: usize,
     /// Ranges up to this size may be made durable in the journal file (in

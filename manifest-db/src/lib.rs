@@ -78,8 +78,8 @@ pub struct FileRecord {
     /// recorded by builds that did not keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renamed_inode: Option<u64>,
-    /// When the commit round that last recorded it began, in milliseconds
-    /// since the Unix epoch (what a listing shows as its last commit).
+    /// When the commit round that last recorded it was recorded, in
+    /// milliseconds since the Unix epoch (a listing's last commit).
     /// Absent in records of builds that did not keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub committed_unix_ms: Option<u64>,
@@ -180,6 +180,11 @@ pub struct WatchedFile {
     pub sealed: bool,
     /// Deleted at the source.
     pub deleted: bool,
+    /// Birth time (ns since the epoch) where the filesystem records one:
+    /// tells this file from a later one that reused its inode number.
+    /// Absent in records of builds that did not keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub born_ns: Option<i64>,
 }
 
 #[cfg(test)]

@@ -106,6 +106,7 @@ mod tests {
             acked_offset: acked,
             sealed: false,
             deleted: false,
+            born_ns: None,
         }
     }
 

@@ -241,9 +241,10 @@ struct Control {
 /// they grow.
 const OWN_OPEN_FILES: usize = 64;
 
-/// Descriptors that subscriptions keep open beyond their own, lent from
-/// one pool for the whole sink (its `--max-open-files`), so that many
-/// subscriptions of many files cannot exhaust the process's descriptors.
+/// Descriptors that subscriptions keep open between batches beyond their
+/// own, lent from one pool for the whole sink (its `--max-open-files`), so
+/// that what many subscriptions of many files hold stays bounded. (While a
+/// batch is read, every file it reads from is open too.)
 #[derive(Default)]
 pub(crate) struct SharedDescriptors {
     limit: usize,
@@ -652,13 +653,22 @@ impl Subscription {
         for caught_up in [true, false] {
             for file in self.files.values_mut() {
                 if excess == 0 {
-                    return;
+                    break;
                 }
                 if file.file.is_some() && (file.sent >= file.durable) == caught_up {
                     file.file = None;
                     excess -= 1;
                 }
             }
+        }
+        // What it no longer holds open (files sealed, superseded or gone)
+        // goes back to the pool for other subscriptions.
+        let open = self.files.values().filter(|f| f.file.is_some()).count();
+        let needed = open.saturating_sub(OWN_OPEN_FILES);
+        if self.borrowed_descriptors > needed {
+            self.shared_descriptors
+                .give_back(self.borrowed_descriptors - needed);
+            self.borrowed_descriptors = needed;
         }
     }
 }

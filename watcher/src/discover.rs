@@ -312,7 +312,9 @@ mod tests {
         // tries are enough where they do, and the check is moot elsewhere.
         for _ in 0..50 {
             std::fs::remove_file(&path).expect("delete");
-            std::thread::sleep(Duration::from_millis(1));
+            // Longer than a timer tick: kernels before 6.13 stamp births
+            // with the coarse clock.
+            std::thread::sleep(Duration::from_millis(20));
             std::fs::write(&path, b"second").expect("write");
             let second = std::fs::metadata(&path).expect("stat");
             if second.ino() == first.ino() {

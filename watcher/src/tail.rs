@@ -2,8 +2,10 @@
 //! appended, batches it, sends control rows (open, rename, seal) and
 //! checkpoints what the sinks acknowledged.
 //!
-//! Files are identified by (device, inode) plus a fingerprint of their first
-//! bytes, never by path alone: a rename is the same file under a new path,
+//! Files are identified by (device, inode), their birth time where the
+//! filesystem keeps one (a freed inode number is reused by the next file)
+//! and a fingerprint of their first bytes, never by path alone: a rename
+//! is the same file under a new path,
 //! while a new inode at an old path, or a file that shrank, is a new
 //! generation. Bytes of two generations are never mixed: each generation has
 //! its own key on the wire.
@@ -133,11 +135,19 @@ struct Tracked {
 
 impl Tracked {
     /// Whether `meta` describes this file (and not a new file that reused
-    /// its inode number after it was deleted).
+    /// its inode number after it was deleted). While its descriptor is
+    /// open the inode cannot be reused, whatever the birth times say.
     fn is(&self, meta: &std::fs::Metadata) -> bool {
         meta.dev() == self.dev
             && meta.ino() == self.ino
-            && discover::same_birth(self.born_ns, discover::born_ns(meta))
+            && (self.file.is_some() || discover::same_birth(self.born_ns, discover::born_ns(meta)))
+    }
+
+    /// Whether a file found with this birth time is another file on this
+    /// one's inode number: only possible once this one's descriptor is
+    /// closed, and only told where both birth times are known.
+    fn reused_by(&self, born_ns: Option<i64>) -> bool {
+        self.file.is_none() && !discover::same_birth(self.born_ns, born_ns)
     }
 
     fn acked_offset(&self) -> u64 {
@@ -158,6 +168,7 @@ impl Tracked {
             acked_offset: self.acked_offset(),
             sealed: self.sealed,
             deleted: self.deleted,
+            born_ns: self.born_ns,
         }
     }
 }
@@ -224,7 +235,9 @@ pub(crate) struct Tailer {
     /// Which inode a sealed path holds.
     finished_at: Map<String, (u64, u64)>,
     /// What an earlier run recorded, by inode, until the first walk claims it.
-    resumable: Map<(u64, u64), WatchedFile>,
+    /// Several records can name one inode: a file deleted before it was
+    /// read, and a later file that reused its inode number.
+    resumable: Map<(u64, u64), Vec<WatchedFile>>,
     /// What the sinks hold, for a watcher that lost its state.
     watermarks: Vec<(usize, FileWatermark)>,
     batches: Vec<OpenBatch>,
@@ -265,7 +278,10 @@ impl Tailer {
         for record in state.load()? {
             let g = max_generation.entry(record.key.clone()).or_default();
             *g = (*g).max(record.generation);
-            resumable.insert((record.dev, record.ino), record);
+            resumable
+                .entry((record.dev, record.ino))
+                .or_insert_with(Vec::new)
+                .push(record);
         }
         for (_, mark) in &watermarks {
             let g = max_generation.entry(mark.key.clone()).or_default();

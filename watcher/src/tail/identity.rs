@@ -121,7 +121,7 @@ impl Tailer {
             && self
                 .files
                 .get(&key)
-                .is_some_and(|t| !discover::same_birth(t.born_ns, found.born_ns))
+                .is_some_and(|t| t.reused_by(found.born_ns))
         {
             // The tracked file was deleted (it held no descriptor) and a new
             // file reused its inode: that file is new, whatever its path.
@@ -144,10 +144,23 @@ impl Tailer {
             // A different inode at a tracked path: the old file was replaced.
             self.lost_path(&other);
         }
-        if let Some(record) = self.resumable.remove(&inode)
-            && self.resume(record, &found)
-        {
-            return;
+        if let Some(mut records) = self.resumable.remove(&inode) {
+            // The record of this very file: the one born with it where birth
+            // times are known, else the last one recorded; never one born
+            // at another time.
+            let born_with = records
+                .iter()
+                .position(|r| r.born_ns.is_some() && r.born_ns == found.born_ns);
+            let candidate = born_with.or_else(|| {
+                records
+                    .iter()
+                    .rposition(|r| discover::same_birth(r.born_ns, found.born_ns))
+            });
+            if let Some(at) = candidate
+                && self.resume(records.swap_remove(at), &found)
+            {
+                return;
+            }
         }
         match self.adopt(&found) {
             Adoption::Track(adopted) => self.insert(*adopted),
