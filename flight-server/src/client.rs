@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, FlightDescriptor, SchemaAsIpc};
@@ -82,6 +82,53 @@ pub enum ClientError {
     },
 }
 
+/// What the pool tells its owner as it happens, for distributions the
+/// owner keeps (the pool's own figures are in [`FlightPool::connection_stats`]).
+pub trait PoolEvents: Send + Sync + 'static {
+    /// A batch of `bytes` was acknowledged by the sink at `endpoint`
+    /// `latency` after it was sent on connection `connection`.
+    fn batch_acked(&self, endpoint: &str, connection: usize, bytes: u64, latency: Duration);
+}
+
+/// One connection's figures, kept up by its task.
+#[derive(Default)]
+struct ConnectionCounters {
+    up: AtomicBool,
+    sent_bytes: AtomicU64,
+    acked_bytes: AtomicU64,
+    in_flight_bytes: AtomicU64,
+    in_flight_batches: AtomicU64,
+    /// When the oldest batch in flight was sent, in µs since the pool
+    /// started (0: none in flight).
+    oldest_sent_us: AtomicU64,
+    /// Connections lost or refused after the first.
+    reconnects: AtomicU64,
+    /// Batches the sink refused as bad input (each try).
+    refusals: AtomicU64,
+    /// Batches sent again after their connection failed.
+    resent_batches: AtomicU64,
+}
+
+/// One connection as [`FlightPool::connection_stats`] reports it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ConnectionStats {
+    pub index: usize,
+    pub up: bool,
+    /// Batches' bytes (rows and framing) sent, sent again included, and
+    /// acknowledged.
+    pub sent_bytes: u64,
+    pub acked_bytes: u64,
+    /// Bytes in flight as charged against the window (a small batch
+    /// counts as 64 KiB).
+    pub in_flight_bytes: u64,
+    pub in_flight_batches: u64,
+    /// Age of the oldest batch sent and not yet acknowledged (0: none).
+    pub oldest_unacked_seconds: f64,
+    pub reconnects: u64,
+    pub refusals: u64,
+    pub resent_batches: u64,
+}
+
 /// Refusals of the same batch before it is reported instead of retried.
 const MAX_REFUSALS: u32 = 3;
 
@@ -97,6 +144,8 @@ struct Queued {
     refusals: u32,
     /// Whether this item still holds queue space (only until first taken).
     holds_queue_space: bool,
+    /// When it was last sent (while in flight).
+    sent_at: Option<Instant>,
 }
 
 struct Shared {
@@ -111,6 +160,9 @@ struct Shared {
     queue_space_kib: u32,
     deliveries: mpsc::UnboundedSender<Delivery>,
     connected: AtomicUsize,
+    counters: Vec<ConnectionCounters>,
+    started: Instant,
+    events: Option<Arc<dyn PoolEvents>>,
 }
 
 /// A pool of connections to one sink.
@@ -142,6 +194,14 @@ impl FlightPool {
     pub fn start(
         config: ClientConfig,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), ClientError> {
+        Self::start_with_events(config, None)
+    }
+
+    /// [`FlightPool::start`], telling `events` what happens.
+    pub fn start_with_events(
+        config: ClientConfig,
+        events: Option<Arc<dyn PoolEvents>>,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), ClientError> {
         let endpoint = make_endpoint(&config)?;
         let (deliveries, receiver) = mpsc::unbounded_channel();
         let queue_space_kib = ((config
@@ -158,6 +218,11 @@ impl FlightPool {
             queue_space_kib,
             deliveries,
             connected: AtomicUsize::new(0),
+            counters: (0..config.connections.max(1))
+                .map(|_| ConnectionCounters::default())
+                .collect(),
+            started: Instant::now(),
+            events,
             config,
         });
         let tasks = (0..shared.config.connections.max(1))
@@ -180,7 +245,13 @@ impl FlightPool {
             bytes,
             refusals: 0,
             holds_queue_space: true,
+            sent_at: None,
         });
+    }
+
+    /// Connections this pool keeps (established or being re-established).
+    pub fn connections(&self) -> usize {
+        self.shared.config.connections.max(1)
     }
 
     /// Connections currently established.
@@ -190,6 +261,36 @@ impl FlightPool {
 
     pub fn endpoint(&self) -> &str {
         &self.shared.config.endpoint
+    }
+
+    /// Each connection's figures now.
+    pub fn connection_stats(&self) -> Vec<ConnectionStats> {
+        let now_us = self.shared.started.elapsed().as_micros() as u64;
+        self.shared
+            .counters
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+                let oldest = load(&c.oldest_sent_us);
+                ConnectionStats {
+                    index,
+                    up: c.up.load(Ordering::Relaxed),
+                    sent_bytes: load(&c.sent_bytes),
+                    acked_bytes: load(&c.acked_bytes),
+                    in_flight_bytes: load(&c.in_flight_bytes),
+                    in_flight_batches: load(&c.in_flight_batches),
+                    oldest_unacked_seconds: if oldest == 0 {
+                        0.0
+                    } else {
+                        now_us.saturating_sub(oldest) as f64 / 1e6
+                    },
+                    reconnects: load(&c.reconnects),
+                    refusals: load(&c.refusals),
+                    resent_batches: load(&c.resent_batches),
+                }
+            })
+            .collect()
     }
 
     /// Runs a Flight action on a connection of its own and returns its body.
@@ -408,16 +509,29 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// batches back to the queue and reconnect with backoff.
 async fn run_connection(shared: Arc<Shared>, index: usize) {
     let mut backoff = Duration::from_millis(50);
+    let counters = &shared.counters[index];
+    let mut first = true;
     loop {
         let mut in_flight = BTreeMap::new();
-        let result = stream_once(&shared, &mut in_flight, &mut backoff).await;
+        if !std::mem::take(&mut first) {
+            counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        let result = stream_once(&shared, index, &mut in_flight, &mut backoff).await;
+        counters.up.store(false, Ordering::Relaxed);
+        counters.in_flight_bytes.store(0, Ordering::Relaxed);
+        counters.in_flight_batches.store(0, Ordering::Relaxed);
+        counters.oldest_sent_us.store(0, Ordering::Relaxed);
         let unacked: Vec<Queued> = in_flight.into_values().collect();
         let count = unacked.len();
+        counters
+            .resent_batches
+            .fetch_add(count as u64, Ordering::Relaxed);
         match result {
             Ok(()) => {
                 tracing::info!(endpoint = %shared.config.endpoint, connection = index, "stream closed by the sink")
             }
             Err(StreamFailure::Refused(status)) => {
+                counters.refusals.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(endpoint = %shared.config.endpoint, connection = index, error = %status.message(), resent = count, "sink refused a batch");
                 let mut retry = Vec::new();
                 for mut item in unacked {
@@ -488,6 +602,7 @@ fn batch_message(batch: &EncodedBatch, seq: u64) -> FlightData {
 
 async fn stream_once(
     shared: &Arc<Shared>,
+    index: usize,
     in_flight: &mut BTreeMap<u64, Queued>,
     backoff: &mut Duration,
 ) -> Result<(), StreamFailure> {
@@ -509,6 +624,21 @@ async fn stream_once(
     let _connected = scopeguard(|| {
         shared.connected.fetch_sub(1, Ordering::Relaxed);
     });
+    let counters = &shared.counters[index];
+    counters.up.store(true, Ordering::Relaxed);
+    // The oldest batch in flight is the first by sequence number.
+    let publish_oldest = |in_flight: &BTreeMap<u64, Queued>| {
+        let oldest = in_flight
+            .first_key_value()
+            .and_then(|(_, item)| item.sent_at)
+            .map_or(0, |at| {
+                (at.saturating_duration_since(shared.started).as_micros() as u64).max(1)
+            });
+        counters.oldest_sent_us.store(oldest, Ordering::Relaxed);
+        counters
+            .in_flight_batches
+            .store(in_flight.len() as u64, Ordering::Relaxed);
+    };
     let mut next_seq = 0u64;
     let mut in_flight_bytes = 0u64;
     loop {
@@ -523,6 +653,14 @@ async fn stream_once(
                     return Err(StreamFailure::Transport(format!("{endpoint} acknowledged batch {} that was not in flight", ack.seq)));
                 };
                 in_flight_bytes -= item.bytes;
+                counters.in_flight_bytes.store(in_flight_bytes, Ordering::Relaxed);
+                counters
+                    .acked_bytes
+                    .fetch_add(item.out.batch.memory_size(), Ordering::Relaxed);
+                publish_oldest(in_flight);
+                if let (Some(events), Some(sent_at)) = (&shared.events, item.sent_at) {
+                    events.batch_acked(endpoint, index, item.out.batch.memory_size(), sent_at.elapsed());
+                }
                 *backoff = Duration::from_millis(50);
                 let _ = shared.deliveries.send(Delivery::Acked { token: item.out.token, ack });
             }
@@ -532,7 +670,14 @@ async fn stream_once(
                 next_seq += 1;
                 let message = batch_message(&item.out.batch, seq);
                 in_flight_bytes += item.bytes;
+                let mut item = item;
+                item.sent_at = Some(Instant::now());
+                counters
+                    .sent_bytes
+                    .fetch_add(item.out.batch.memory_size(), Ordering::Relaxed);
+                counters.in_flight_bytes.store(in_flight_bytes, Ordering::Relaxed);
                 in_flight.insert(seq, item);
+                publish_oldest(in_flight);
                 // Too large a batch is refused like one the sink refused.
                 let message = frames(message, max_bytes).map_err(classify)?;
                 if tx.send(message).await.is_err() {

@@ -25,7 +25,9 @@ pub mod tls;
 pub mod wire;
 
 pub use checksum::{FileHasher, SealDigest};
-pub use client::{ClientConfig, Consumed, Delivery, FlightPool, Outgoing};
+pub use client::{
+    ClientConfig, ConnectionStats, Consumed, Delivery, FlightPool, Outgoing, PoolEvents,
+};
 pub use encode::EncodedBatch;
 pub use protocol::{Ack, FileWatermark, Hello, RejectedRow};
 pub use read_access::ReadAccess;

@@ -410,7 +410,8 @@ impl Sink {
         self.committer.stop().await;
     }
 
-    fn status(&self) -> Result<SinkStatus, SinkError> {
+    /// The counters and state the `status` action answers with.
+    pub fn status(&self) -> Result<SinkStatus, SinkError> {
         let counters = self
             .placer
             .manifest
@@ -581,18 +582,17 @@ pub async fn run(
     config: SinkConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let sink = Sink::open(&config)?;
+    let sink = Arc::new(Sink::open(&config)?);
     serve(sink, &config, shutdown).await
 }
 
 /// Serves an opened sink until `shutdown` resolves, then drains its commit
 /// rounds and joins its tasks (listeners of its feed attach in between).
 pub async fn serve(
-    sink: Sink,
+    sink: Arc<Sink>,
     config: &SinkConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let sink = Arc::new(sink);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

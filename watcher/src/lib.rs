@@ -5,6 +5,7 @@
 //! - `tail`: the tailer thread (identity, reading, batching, seals, checkpoints);
 //! - `seal_hash`: the worker that digests files for seals off the tailer thread;
 //! - [`progress`]: what the watcher reports about itself;
+//! - [`lag`]: how far behind each file is, and its state;
 //! - `reconcile`: what the sinks hold, for a watcher without state;
 //! - `stop`: the stop signal every part of the watcher honours.
 //!
@@ -13,6 +14,7 @@
 //! backpressure that keeps memory bounded.
 
 mod discover;
+pub mod lag;
 #[cfg(test)]
 mod model_tests;
 pub mod progress;
@@ -33,7 +35,8 @@ use flight_server::tls::ClientTls;
 use flight_server::{ClientConfig, FlightPool, SealDigest};
 use manifest_db::WatchState;
 
-pub use progress::{FileProgress, Progress};
+pub use lag::{FileState, LagPolicy};
+pub use progress::{FileProgress, Phase, Progress, SinkLink, SourceSummary};
 
 use crate::stop::{Stop, StopOnDrop};
 
@@ -71,6 +74,8 @@ pub struct WatchConfig {
     pub inprogress_suffix: String,
     /// Source files kept open at once; idle, fully read ones are closed first.
     pub max_open_files: usize,
+    /// When a file counts as stalled or idle (see [`lag`]).
+    pub lag: LagPolicy,
 }
 
 impl Default for WatchConfig {
@@ -96,6 +101,7 @@ impl Default for WatchConfig {
             seal_digest: SealDigest::default(),
             inprogress_suffix: ".inprogress".into(),
             max_open_files: 4096,
+            lag: LagPolicy::default(),
         }
     }
 }
@@ -168,15 +174,18 @@ pub async fn run(
     let mut pools = Vec::new();
     let (delivery_tx, delivery_rx) = std::sync::mpsc::channel();
     for endpoint in &config.sinks {
-        let (pool, mut deliveries) = FlightPool::start(ClientConfig {
-            endpoint: endpoint.clone(),
-            source: config.source.clone(),
-            connections: config.connections,
-            window_bytes: config.window_bytes,
-            max_message_bytes: config.max_message_bytes,
-            tls: config.tls.clone(),
-            connect_timeout: Duration::from_secs(5),
-        })?;
+        let (pool, mut deliveries) = FlightPool::start_with_events(
+            ClientConfig {
+                endpoint: endpoint.clone(),
+                source: config.source.clone(),
+                connections: config.connections,
+                window_bytes: config.window_bytes,
+                max_message_bytes: config.max_message_bytes,
+                tls: config.tls.clone(),
+                connect_timeout: Duration::from_secs(5),
+            },
+            progress.pool_events(),
+        )?;
         let index = pools.len();
         let forward = delivery_tx.clone();
         tasks.0.push(tokio::spawn(async move {
@@ -188,7 +197,27 @@ pub async fn run(
         }));
         pools.push(Arc::new(pool));
     }
+    let links = pools.clone();
+    let published = progress.clone();
+    tasks.0.push(tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            every.tick().await;
+            published.set_sinks(
+                links
+                    .iter()
+                    .map(|pool| SinkLink {
+                        endpoint: pool.endpoint().to_string(),
+                        connections: pool.connections(),
+                        connected: pool.connected(),
+                        connection_stats: pool.connection_stats(),
+                    })
+                    .collect(),
+            );
+        }
+    }));
     let watermarks = if state.is_empty()? {
+        progress.set_phase(Phase::Reconciling);
         tokio::select! {
             marks = reconcile::reconcile(&config.source, &pools) => marks,
             () = &mut shutdown => {
@@ -219,7 +248,7 @@ pub async fn run(
         watermarks,
         outboxes,
         delivery_rx,
-        progress,
+        progress.clone(),
         stop.clone(),
     )?;
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
@@ -230,12 +259,14 @@ pub async fn run(
         })
         .context("starting the tailer thread")?;
     tracing::info!(root = %config.root.display(), source = %config.source, sinks = ?config.sinks, poll = config.poll, "watching");
+    progress.set_phase(Phase::Tailing);
     tokio::pin!(done_rx);
     tokio::select! {
         result = &mut done_rx => return result.unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked"))),
         () = &mut shutdown => {}
     }
     stop.request();
+    progress.set_phase(Phase::Stopped);
     done_rx
         .await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked")))

@@ -42,6 +42,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
 use crate::discover::{self, Change, Discovery, Found};
+use crate::lag::LagHistory;
 use crate::progress::{FileProgress, Progress};
 use crate::seal_hash::{Hashed, Job, SealHasher};
 use crate::stop::Stop;
@@ -131,6 +132,8 @@ struct Tracked {
     /// the oldest unacknowledged byte is the age of the first entry above
     /// the acknowledged offset.
     growth: VecDeque<(u64, Instant)>,
+    /// Recent (size, acknowledged) samples: the file's lag state and rates.
+    lag: LagHistory,
 }
 
 impl Tracked {

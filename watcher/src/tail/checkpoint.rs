@@ -1,6 +1,7 @@
 //! The checkpoint: acknowledged offsets written to the watcher's state
 //! store, sealed files forgotten once recorded, and the progress snapshot
-//! published for `status` and the terminal view.
+//! published for `status`, metrics and the terminal view, with each
+//! file's lag state.
 
 use super::*;
 
@@ -35,18 +36,32 @@ impl Tailer {
             }
         }
         let now = Instant::now();
+        let policy = self.config.lag;
         let snapshot = self
             .files
-            .values()
-            .map(|t| FileProgress {
-                path: t.path.clone(),
-                size: t.size_seen,
-                acked: t.acked_offset(),
-                seconds_behind: t
+            .values_mut()
+            .map(|t| {
+                let acked = t.acked_offset();
+                let seconds_behind = t
                     .growth
                     .front()
-                    .map_or(0.0, |&(_, seen)| now.duration_since(seen).as_secs_f64()),
-                sealed: t.sealed,
+                    .map_or(0.0, |&(_, seen)| now.duration_since(seen).as_secs_f64());
+                t.lag.observe(now, t.size_seen, acked, policy.window);
+                let assessed =
+                    t.lag
+                        .assess(now, seconds_behind, t.sealed, t.failed.is_some(), &policy);
+                FileProgress {
+                    path: t.path.clone(),
+                    generation: t.generation,
+                    size: t.size_seen,
+                    acked,
+                    seconds_behind,
+                    sealed: t.sealed,
+                    state: assessed.state,
+                    append_rate: assessed.append_rate,
+                    drain_rate: assessed.drain_rate,
+                    eta_seconds: assessed.eta_seconds,
+                }
             })
             .collect();
         self.progress.publish(snapshot, self.finished.len() as u64);

@@ -387,6 +387,7 @@ impl Tailer {
             poll_interval: self.config.poll_min,
             next_poll: now,
             growth: VecDeque::new(),
+            lag: LagHistory::new(now),
         }
     }
 

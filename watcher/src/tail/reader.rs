@@ -98,6 +98,12 @@ impl Tailer {
             self.new_generation(key);
             return Ok(None);
         }
+        // A file resumed from the checkpoint owes nothing below its
+        // acknowledged offset: only what lies above is news.
+        let seen_before = t.size_seen.max(t.acked_offset());
+        if size > seen_before {
+            self.progress.add_observed(size - seen_before);
+        }
         t.size_seen = size;
         if size == t.read_offset {
             t.poll_interval = (t.poll_interval * 2).min(self.config.poll_max);
