@@ -13,7 +13,7 @@ cargo build --workspace --all-targets
 # A consumer test runs ops/examples/live_tail.py with pyarrow from PyPI, in
 # a venv outside the clone (reused across runs).
 pyvenv="${TAILFLIGHT_PY_VENV:-$HOME/.cache/tailflight/py-venv}"
-if ! "$pyvenv/bin/python" -c 'import pyarrow.flight' >/dev/null 2>&1; then
+if ! "$pyvenv/bin/python" -c 'import pyarrow.flight, grpc, opentelemetry.proto' >/dev/null 2>&1; then
     if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
         sudo=""
         [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -22,9 +22,32 @@ if ! "$pyvenv/bin/python" -c 'import pyarrow.flight' >/dev/null 2>&1; then
     fi
     rm -rf "$pyvenv"
     /usr/bin/python3 -m venv "$pyvenv"
-    "$pyvenv/bin/pip" install --quiet pyarrow
+    # pyarrow for the consumer's test; grpcio and the official OpenTelemetry
+    # protobufs for the OTLP receiver of the operators' test.
+    "$pyvenv/bin/pip" install --quiet pyarrow grpcio opentelemetry-proto
 fi
 export TAILFLIGHT_PYTHON="$pyvenv/bin/python"
+# The operators' test scrapes a watcher and a sink with a real Prometheus
+# server (Debian 12 packages 2.42, with promtool).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    # The package starts a system-wide server where systemd runs; the test
+    # starts its own.
+    $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+export TAILFLIGHT_PROMETHEUS="$(command -v prometheus)"
+# The terminal view's test runs it inside tmux; the status page's test
+# renders it in Debian's headless Chromium.
+if ! command -v tmux >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends tmux chromium >/dev/null
+fi
+export TAILFLIGHT_CHROMIUM="$(command -v chromium)"
 # The tests need ~2 GiB of scratch at peak (each removes its folder when it
 # passes); say what there is, so a full disk is recognised as such.
 df -h "${TMPDIR:-/tmp}" . | sed 's/^/disk: /'

@@ -121,4 +121,25 @@ mod tests {
         assert!(out.contains(&"--poll".to_string()));
         assert_eq!(out.last().unwrap(), "--batch-bytes=1MiB");
     }
+
+    #[test]
+    fn the_example_configs_parse_as_flags() {
+        use clap::Parser;
+        for (subcommand, file) in [
+            ("sink", "ops/config/sink.example.toml"),
+            ("watch", "ops/config/watch.example.toml"),
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+            let args = expand_config_args(vec![
+                "tailflight".into(),
+                subcommand.into(),
+                "--config".into(),
+                path.into_os_string(),
+            ])
+            .unwrap_or_else(|e| panic!("{file}: {e:#}"));
+            if let Err(e) = crate::Cli::try_parse_from(&args) {
+                panic!("{file} does not parse: {e}");
+            }
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! `tailflight demo`: the whole pipeline on loopback in one process, with
 //! state in a local folder: the simulator writes growing files, the watcher
-//! tails them, the sink places them. Live progress in the terminal, then a
-//! verification and a summary.
+//! tails them, the sink places them. The sink starts first; the rate is
+//! picked from the disk's measured write speed (source and destination
+//! share it); one live progress line (logs go to `<dir>/demo.log`); then a
+//! verification and a one-screen summary.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,9 +28,11 @@ pub struct DemoArgs {
     /// Frames per second per stream.
     #[arg(long, default_value_t = 120.0)]
     rate: f64,
-    /// Bytes per frame.
-    #[arg(long, default_value = "1MiB", value_parser = crate::parse_size)]
-    frame: u64,
+    /// Bytes per frame (default: up to 1 MiB, so that the demo writes at
+    /// most a quarter of what the disk under --dir measured it can take:
+    /// every byte is written twice there, and flushed).
+    #[arg(long, value_parser = crate::parse_size)]
+    frame: Option<u64>,
     /// Chunk size at which files rotate.
     #[arg(long, default_value = "64MiB", value_parser = crate::parse_size)]
     chunk: u64,
@@ -39,6 +43,44 @@ pub struct DemoArgs {
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
+}
+
+/// The disk's sustained write speed under `dir` (bytes/s): 128 MiB written
+/// and flushed, then removed.
+fn measure_disk(dir: &std::path::Path) -> anyhow::Result<f64> {
+    use std::io::Write;
+    let path = dir.join(".disk-speed");
+    let block = vec![0x5au8; 4 << 20];
+    let started = Instant::now();
+    let mut file = std::fs::File::create(&path)
+        .with_context(|| format!("cannot measure the disk at {}", dir.display()))?;
+    for _ in 0..32 {
+        file.write_all(&block)?;
+    }
+    file.sync_data()?;
+    let elapsed = started.elapsed().as_secs_f64();
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    Ok((32 * block.len()) as f64 / elapsed.max(1e-6))
+}
+
+/// The frame size that keeps the demo's writes at a quarter of the disk's
+/// speed, a power of two between 16 KiB and 1 MiB.
+fn frame_for(disk_bytes_per_sec: f64, streams: usize, rate: f64) -> u64 {
+    let budget = disk_bytes_per_sec / 4.0 / (streams.max(1) as f64 * rate.max(1.0));
+    let mut frame = 1u64 << 20;
+    while frame > 16 << 10 && frame as f64 > budget {
+        frame /= 2;
+    }
+    frame
+}
+
+/// The demo's log file, `<dir>/demo.log` (created afresh).
+pub fn log_file(args: &DemoArgs) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let path = args.dir.join("demo.log");
+    std::fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -52,6 +94,21 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         }
     }
     std::fs::create_dir_all(&source_dir)?;
+    let frame = match args.frame {
+        Some(frame) => frame,
+        None => {
+            let disk = measure_disk(&args.dir)?;
+            let frame = frame_for(disk, args.streams, args.rate);
+            println!(
+                "disk under {}: {:.0} MiB/s written and flushed; frames of {:.0} KiB keep the demo at {:.0} MiB/s (--frame to choose)",
+                args.dir.display(),
+                mib(disk as u64),
+                frame as f64 / 1024.0,
+                mib(frame) * args.streams as f64 * args.rate,
+            );
+            frame
+        }
+    };
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -67,6 +124,18 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let sink_task = runtime.spawn(sink::run(sink_config, async {
         let _ = sink_stopped.await;
     }));
+    // The watcher starts once the sink listens, so that it finds it there.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(listen).is_err() {
+        if sink_task.is_finished() || Instant::now() > deadline {
+            let failed = runtime.block_on(sink_task);
+            anyhow::bail!(
+                "the demo's sink did not start: {failed:?} (see {})",
+                args.dir.join("demo.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let progress = Arc::new(watcher::Progress::default());
     let (stop_watch, watch_stopped) = tokio::sync::oneshot::channel::<()>();
     let watch_config = watcher::WatchConfig {
@@ -86,18 +155,19 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         dir: source_dir.clone(),
         streams: args.streams,
         rate_hz: args.rate,
-        frame_bytes: args.frame as usize,
+        frame_bytes: frame as usize,
         chunk_bytes: args.chunk,
         duration: Some(args.duration),
         ..Default::default()
     };
     println!(
-        "tailflight demo: {} streams x {} Hz x {:.1} MiB frames for {:?}; sink on {listen}; files in {}",
+        "tailflight demo: {} streams x {} Hz x {:.0} KiB frames for {:?}; sink on {listen}; files in {}, logs in {}",
         args.streams,
         args.rate,
-        mib(args.frame),
+        frame as f64 / 1024.0,
         args.duration,
-        args.dir.display()
+        args.dir.display(),
+        args.dir.join("demo.log").display()
     );
     let sim_stop = Arc::new(AtomicBool::new(false));
     let sim_done = Arc::new(AtomicBool::new(false));
@@ -115,35 +185,33 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let mut worst_behind = 0.0f64;
     let deadline_after_sim = Duration::from_secs(60);
     let mut sim_finished_at = None;
+    let live = std::io::IsTerminal::is_terminal(&std::io::stdout());
     loop {
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(if live { 250 } else { 2000 }));
         let acked = progress.bytes_acked();
         let now = Instant::now();
         let rate = mib(acked - last.1) / now.duration_since(last.0).as_secs_f64();
         last = (now, acked);
         let files = progress.files();
-        let behind = files.iter().map(|f| f.seconds_behind).fold(0.0, f64::max);
-        worst_behind = worst_behind.max(behind);
-        let lag_bytes: u64 = files.iter().map(|f| f.bytes_behind()).sum();
-        println!(
-            "t={:>5.1}s  read {:>8.1} MiB  acked {:>8.1} MiB  {:>7.1} MiB/s  active {:>2}  sealed {:>3}  behind {:>6.2} MiB / {:.3}s",
+        let summary = progress.summary(&files);
+        worst_behind = worst_behind.max(summary.lag_seconds_max);
+        let line = format!(
+            "t={:>5.1}s  {:<14}  durable {:>8.1} MiB  {:>6.1} MiB/s  behind {:>6.2} MiB / {:>5.2} s  files {:>2} open, {:>3} sealed",
             started.elapsed().as_secs_f64(),
-            mib(progress.bytes_read()),
+            summary.verdict.as_str(),
             mib(acked),
             rate,
+            mib(summary.lag_bytes_sum),
+            summary.lag_seconds_max,
             files.len(),
             progress.sealed_files(),
-            mib(lag_bytes),
-            behind
         );
-        for f in files.iter().filter(|f| f.bytes_behind() > 0).take(8) {
-            println!(
-                "        {:<40} {:>8.1} MiB  behind {:>6.2} MiB / {:.3}s",
-                f.path,
-                mib(f.size),
-                mib(f.bytes_behind()),
-                f.seconds_behind
-            );
+        if live {
+            use std::io::Write;
+            print!("\r{line}\x1b[K");
+            let _ = std::io::stdout().flush();
+        } else {
+            println!("{line}");
         }
         if sim_done.load(Ordering::Relaxed) {
             let finished = *sim_finished_at.get_or_insert(now);
@@ -152,7 +220,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             }
             if now.duration_since(finished) > deadline_after_sim {
                 println!(
-                    "not everything was sealed {deadline_after_sim:?} after the simulator stopped:"
+                    "\nnot everything was sealed {deadline_after_sim:?} after the simulator stopped:"
                 );
                 for f in &files {
                     println!(
@@ -163,6 +231,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
                 break;
             }
         }
+    }
+    if live {
+        println!();
     }
     let report = sim_thread
         .join()
@@ -182,21 +253,31 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     });
     let verify =
         crate::verify::verify_trees(&source_dir, &dest_dir.join("demo"), &Default::default())?;
-    println!("{verify}");
+    let written = report.elapsed.as_secs_f64().max(1e-9);
+    let settled = started.elapsed().as_secs_f64() - transfer_secs;
+    println!();
     println!(
-        "summary: {:.1} MiB in {} files, written in {:.1}s ({:.1} MiB/s); everything sealed {:.1}s after the writer stopped; worst lag seen {:.3}s; destination {}",
+        "  written      {:.1} MiB in {} files over {:.1} s ({:.1} MiB/s)",
         mib(report.bytes),
         report.files.len(),
-        report.elapsed.as_secs_f64(),
-        mib(report.bytes) / report.elapsed.as_secs_f64().max(1e-9),
-        started.elapsed().as_secs_f64() - transfer_secs,
-        worst_behind,
+        written,
+        mib(report.bytes) / written
+    );
+    println!("  worst lag    {:.3} s behind the writer", worst_behind);
+    println!("  all sealed   {settled:.1} s after the writer stopped");
+    println!(
+        "  destination  {} ({})",
+        dest_dir.join("demo").display(),
         if verify.is_identical() {
-            "IDENTICAL"
+            "IDENTICAL to the source"
         } else {
-            "DIFFERS"
+            "DIFFERS from the source"
         }
     );
+    if !verify.is_identical() {
+        println!("{verify}");
+    }
+    println!("  logs         {}", args.dir.join("demo.log").display());
     Ok(if verify.is_identical() {
         ExitCode::SUCCESS
     } else {

@@ -7,7 +7,10 @@ mod commit_log;
 mod config;
 mod demo;
 mod feed_log;
+mod observe;
+mod service_manager;
 mod tail;
+mod top;
 mod verify;
 
 use std::net::SocketAddr;
@@ -60,6 +63,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Follow a sink's files as they become durable (a live-tail subscription).
     Tail(tail::TailArgs),
+    /// A terminal view of a watcher or a sink (its --metrics-listen address).
+    Top(top::TopArgs),
 }
 
 #[derive(Args, Clone)]
@@ -211,6 +216,17 @@ pub struct SinkArgs {
     /// commits land).
     #[arg(long)]
     feed_log: Option<PathBuf>,
+    /// Serve Prometheus metrics (/metrics), the status page (/), its JSON
+    /// (/api/status), /healthz and /readyz on this address.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Also push the same metrics over OTLP/gRPC to this collector
+    /// (e.g. http://otel-collector:4317).
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+    /// How often to push over OTLP.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    otlp_every: Duration,
 }
 
 #[derive(Args, Clone)]
@@ -271,6 +287,32 @@ pub struct WatchArgs {
     /// Source files kept open at once (idle, fully read files are closed first).
     #[arg(long, default_value_t = 4096)]
     max_open_files: usize,
+    /// Serve Prometheus metrics (/metrics), the status page (/), its JSON
+    /// (/api/status), /healthz and /readyz on this address.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Also push the same metrics over OTLP/gRPC to this collector
+    /// (e.g. http://otel-collector:4317).
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+    /// How often to push over OTLP.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    otlp_every: Duration,
+    /// Also export the lag of this many files furthest behind, labelled by
+    /// path (0: per-source aggregates only, whatever the number of files).
+    #[arg(long, default_value_t = 0)]
+    metrics_top_files: usize,
+    /// A file whose owed bytes were all seen this recently is caught up
+    /// (they are the pipeline's own latency, not a lag).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    caught_up_within: Duration,
+    /// A file owing bytes with no acknowledgement for this long is stalled.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    stall_after: Duration,
+    /// A file owing nothing that has not grown for this long is idle
+    /// (before that, caught up).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    idle_after: Duration,
 }
 
 #[derive(Args, Clone)]
@@ -391,13 +433,41 @@ fn main() -> std::process::ExitCode {
         }
     };
     let cli = Cli::parse_from(args);
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(cli.command) {
+    // Warnings and errors are also kept for the status page.
+    let problems = observe::RecentProblems::default();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        // The demo keeps its terminal for its progress line.
+        let log_file = match &cli.command {
+            Command::Demo(args) => match demo::log_file(args) {
+                Ok(file) => Some(file),
+                Err(e) => {
+                    eprintln!("tailflight: {e:#}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            },
+            _ => None,
+        };
+        let filter =
+            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into());
+        let registry = tracing_subscriber::registry()
+            .with(filter)
+            .with(problems.clone());
+        match log_file {
+            Some(file) => registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_ansi(false)
+                        .with_writer(std::sync::Mutex::new(file)),
+                )
+                .init(),
+            None => registry
+                .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+                .init(),
+        }
+    }
+    match run(cli.command, problems) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("tailflight: error: {e:#}");
@@ -493,6 +563,12 @@ fn watch_config(args: &WatchArgs) -> watcher::WatchConfig {
         seal_digest: args.seal_digest,
         inprogress_suffix: args.inprogress_suffix.clone(),
         max_open_files: args.max_open_files,
+        lag: watcher::LagPolicy {
+            caught_up_within: args.caught_up_within,
+            stall_after: args.stall_after,
+            idle_after: args.idle_after,
+            ..watcher::LagPolicy::default()
+        },
     }
 }
 
@@ -516,17 +592,39 @@ fn sim_config(args: &SimArgs) -> detector_sim::SimConfig {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
+fn run(
+    command: Command,
+    problems: observe::RecentProblems,
+) -> anyhow::Result<std::process::ExitCode> {
     use std::process::ExitCode;
     match command {
         Command::Sink(args) => {
             raise_fd_limit();
             let config = sink_config(&args);
             runtime()?.block_on(async {
-                let sink = sink::Sink::open(&config)?;
+                let sink = Arc::new(sink::Sink::open(&config)?);
                 // Listeners of the feed, each on a thread it ends once the
                 // sink is gone and its feed closed.
                 let mut listeners = Vec::new();
+                let mut exporters = Vec::new();
+                if args.metrics_listen.is_some() || args.otlp_endpoint.is_some() {
+                    let (observed, thread) = observe::SinkObserved::attach(
+                        sink.clone(),
+                        config.root.clone(),
+                        config.state_dir.clone(),
+                        problems,
+                    )?;
+                    listeners.push(thread);
+                    exporters = observe::export(
+                        Arc::new(observed),
+                        args.metrics_listen,
+                        args.otlp_endpoint.as_ref().map(|endpoint| {
+                            observe::otlp_config(endpoint, args.otlp_every, "tailflight-sink", None)
+                        }),
+                        terminated(),
+                    )
+                    .await?;
+                }
                 if let Some(path) = &args.feed_log {
                     listeners.push(feed_log::attach(&sink, path)?);
                 }
@@ -534,9 +632,26 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
                 if let Some(path) = &args.commit_log {
                     listeners.push(commit_log::attach(&sink, path)?);
                 }
-                let served = sink::serve(sink, &config, terminated()).await;
+                // The journal's replay is done: the sink serves once bound.
+                service_manager::ready("serving");
+                let health = sink.clone();
+                let watchdog = tokio::spawn(service_manager::watchdog(move || {
+                    match health.health().reason() {
+                        None => Ok(()),
+                        Some(reason) => Err(format!("poisoned: {reason}")),
+                    }
+                }));
+                let served = sink::serve(sink, &config, async {
+                    terminated().await;
+                    service_manager::stopping();
+                })
+                .await;
+                watchdog.abort();
                 for thread in listeners {
                     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+                }
+                for exporter in exporters {
+                    exporter.abort();
                 }
                 served
             })?;
@@ -544,7 +659,64 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
         Command::Watch(args) => {
             raise_fd_limit();
             let progress = Arc::new(watcher::Progress::default());
-            runtime()?.block_on(watcher::run(watch_config(&args), progress, terminated()))?;
+            runtime()?.block_on(async {
+                let mut exporters = Vec::new();
+                if args.metrics_listen.is_some() || args.otlp_endpoint.is_some() {
+                    let observed = observe::WatchObserved::new(
+                        args.source.clone(),
+                        progress.clone(),
+                        args.metrics_top_files,
+                        problems,
+                    )?;
+                    exporters = observe::export(
+                        Arc::new(observed),
+                        args.metrics_listen,
+                        args.otlp_endpoint.as_ref().map(|endpoint| {
+                            observe::otlp_config(
+                                endpoint,
+                                args.otlp_every,
+                                "tailflight-watch",
+                                Some(&args.source),
+                            )
+                        }),
+                        terminated(),
+                    )
+                    .await?;
+                }
+                let watched_progress = progress.clone();
+                let service = tokio::spawn(async move {
+                    // Ready once reconciled and tailing.
+                    while watched_progress.phase() != watcher::Phase::Tailing {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    service_manager::ready("tailing");
+                    let mut last = watched_progress.publications();
+                    service_manager::watchdog(move || {
+                        let now = watched_progress.publications();
+                        let moved = now != last;
+                        last = now;
+                        if moved {
+                            Ok(())
+                        } else {
+                            Err(
+                                "the tailer has not published its progress since the last ping"
+                                    .into(),
+                            )
+                        }
+                    })
+                    .await;
+                });
+                let watched = watcher::run(watch_config(&args), progress.clone(), async {
+                    terminated().await;
+                    service_manager::stopping();
+                })
+                .await;
+                service.abort();
+                for exporter in exporters {
+                    exporter.abort();
+                }
+                watched
+            })?;
         }
         Command::Sim(args) => {
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -614,6 +786,7 @@ fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
         }
         Command::Demo(args) => return demo::run(args),
         Command::Tail(args) => return tail::run(args),
+        Command::Top(args) => return top::run(args),
     }
     Ok(ExitCode::SUCCESS)
 }

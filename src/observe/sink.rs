@@ -1,0 +1,322 @@
+//! What a sink shows operators: bytes placed and made durable (per source,
+//! from its commit feed), commit rounds and their latency, its placements,
+//! held and journaled bytes, disk space, subscriptions and health.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use anyhow::Context;
+use prometheus::{Histogram, HistogramOpts};
+use serde_json::json;
+
+use super::history::{History, Point};
+use super::metrics::{Families, PREFIX};
+use super::{Observed, RecentProblems, Snapshot};
+
+pub struct SinkObserved {
+    sink: Arc<sink::Sink>,
+    root: PathBuf,
+    state_dir: PathBuf,
+    problems: RecentProblems,
+    started: Instant,
+    feed: Arc<FeedCounts>,
+    history: History,
+}
+
+/// What the feed listener counts.
+struct FeedCounts {
+    /// Bytes made durable per source since the start.
+    committed: Mutex<BTreeMap<String, u64>>,
+    rounds: AtomicU64,
+    /// Rounds the listener fell too far behind to see.
+    missed_rounds: AtomicU64,
+    /// From a batch's arrival to its round being durable.
+    commit_latency: Histogram,
+}
+
+/// From 100 µs to 10 s: commit rounds take milliseconds, and seconds
+/// are what operators must see.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0,
+];
+
+impl SinkObserved {
+    /// Starts listening to the sink's feed on a thread of its own, which
+    /// ends when the feed closes (join it then).
+    pub fn attach(
+        sink: Arc<sink::Sink>,
+        root: PathBuf,
+        state_dir: PathBuf,
+        problems: RecentProblems,
+    ) -> anyhow::Result<(Self, std::thread::JoinHandle<()>)> {
+        let commit_latency = Histogram::with_opts(
+            HistogramOpts::new(
+                format!("{PREFIX}_sink_commit_latency_seconds"),
+                "From the arrival of the last batch that brought a file's ranges to their commit round being durable (per file and round).",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .context("making the commit latency histogram")?;
+        let feed = Arc::new(FeedCounts {
+            committed: Mutex::new(BTreeMap::new()),
+            rounds: AtomicU64::new(0),
+            missed_rounds: AtomicU64::new(0),
+            commit_latency,
+        });
+        let mut rounds = sink
+            .feed()
+            .subscribe()
+            .context("the sink's committer has stopped")?;
+        let counts = feed.clone();
+        let thread = std::thread::Builder::new()
+            .name("metrics-feed".into())
+            .spawn(move || {
+                use tokio::sync::broadcast::error::RecvError;
+                loop {
+                    match rounds.blocking_recv() {
+                        Ok(round) => counts.count(&round),
+                        Err(RecvError::Lagged(missed)) => {
+                            counts.missed_rounds.fetch_add(missed, Ordering::Relaxed);
+                            tracing::warn!(missed, "the metrics fell behind the commit feed; bytes committed in the rounds missed are not counted");
+                        }
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            })
+            .context("starting the metrics feed listener")?;
+        Ok((
+            Self {
+                sink,
+                root,
+                state_dir,
+                problems,
+                started: Instant::now(),
+                feed,
+                history: History::default(),
+            },
+            thread,
+        ))
+    }
+
+    fn committed_total(&self) -> u64 {
+        crate::observe::lock(&self.feed.committed).values().sum()
+    }
+}
+
+impl FeedCounts {
+    fn count(&self, round: &sink::CommitRound) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        let mut committed = super::lock(&self.committed);
+        for file in &round.files {
+            let bytes: u64 = file.ranges.iter().map(|(start, end)| end - start).sum();
+            if bytes == 0 {
+                continue;
+            }
+            *committed.entry(file.id.source.clone()).or_default() += bytes;
+            if let Some(received) = file.received {
+                let latency = round
+                    .committed_at
+                    .duration_since(received)
+                    .unwrap_or_default();
+                self.commit_latency.observe(latency.as_secs_f64());
+            }
+        }
+    }
+}
+
+/// Free and total bytes of the filesystem holding `dir`.
+fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
+    let stat = rustix::fs::statvfs(dir).ok()?;
+    Some((
+        stat.f_bavail.saturating_mul(stat.f_frsize),
+        stat.f_blocks.saturating_mul(stat.f_frsize),
+    ))
+}
+
+impl Observed for SinkObserved {
+    fn snapshot(&self) -> Snapshot {
+        let status = self.sink.status();
+        let m = Families::new();
+        m.build_info("sink");
+        m.process();
+        let poisoned = self.sink.health().reason().map(|r| r.to_string());
+        m.gauge(
+            "sink_ready",
+            "1 while the sink accepts batches; 0 once it is poisoned (a failure it cannot recover from without a restart).",
+            f64::from(u8::from(poisoned.is_none())),
+        );
+        let committed = super::lock(&self.feed.committed).clone();
+        let per_source = m.counters(
+            "sink_committed_bytes_total",
+            "Bytes made durable (and then acknowledged) per source since the sink started, from its commit feed.",
+            &["source"],
+        );
+        for (source, bytes) in &committed {
+            per_source
+                .with_label_values(&[source.as_str()])
+                .inc_by(*bytes as f64);
+        }
+        m.counter(
+            "sink_commit_rounds_total",
+            "Commit rounds: each makes a group of placed ranges durable, records them, then lets their acks go.",
+            self.feed.rounds.load(Ordering::Relaxed) as f64,
+        );
+        m.counter(
+            "sink_feed_missed_rounds_total",
+            "Commit rounds the metrics missed by falling behind the feed (their bytes are not counted).",
+            self.feed.missed_rounds.load(Ordering::Relaxed) as f64,
+        );
+        m.register(self.feed.commit_latency.clone());
+        let disk_free = m.gauges(
+            "sink_disk_free_bytes",
+            "Bytes available to the sink on the filesystem of its root or of its state directory.",
+            &["dir"],
+        );
+        let disk_size = m.gauges(
+            "sink_disk_size_bytes",
+            "Size of the filesystem of the sink's root or of its state directory.",
+            &["dir"],
+        );
+        for (name, dir) in [("root", &self.root), ("state", &self.state_dir)] {
+            if let Some((free, size)) = disk_space(dir) {
+                disk_free.with_label_values(&[name]).set(free as f64);
+                disk_size.with_label_values(&[name]).set(size as f64);
+            }
+        }
+        let status_json = match &status {
+            Ok(s) => {
+                m.counter(
+                    "sink_placed_bytes_total",
+                    "Bytes placed and recorded in the manifest (kept across restarts).",
+                    s.placed_bytes as f64,
+                );
+                m.counter(
+                    "sink_duplicate_bytes_total",
+                    "Bytes received again that the manifest already held: recognised and not written (kept across restarts).",
+                    s.duplicate_bytes as f64,
+                );
+                m.counter(
+                    "sink_rewritten_bytes_total",
+                    "Bytes written again over ranges whose record a crash had lost (kept across restarts).",
+                    s.rewritten_bytes as f64,
+                );
+                m.gauge(
+                    "sink_files",
+                    "File generations in the manifest.",
+                    s.files as f64,
+                );
+                m.gauge(
+                    "sink_sealed_files",
+                    "Sealed file generations in the manifest.",
+                    s.sealed_files as f64,
+                );
+                m.gauge(
+                    "sink_journal_backlog_bytes",
+                    "Bytes durable in the journal whose destination files are not flushed yet.",
+                    s.journal_backlog_bytes as f64,
+                );
+                m.gauge(
+                    "sink_held_bytes",
+                    "Bytes that arrived ahead of the bytes before them in their file, waiting in memory.",
+                    s.held_bytes as f64,
+                );
+                let placements = m.gauges(
+                    "sink_placements",
+                    "Batches being placed (running) and waiting for a placement thread (waiting).",
+                    &["state"],
+                );
+                placements
+                    .with_label_values(&["running"])
+                    .set(s.placements_running as f64);
+                placements
+                    .with_label_values(&["waiting"])
+                    .set(s.placements_waiting as f64);
+                m.gauge(
+                    "sink_placement_threads",
+                    "Batches placed at once at most.",
+                    s.placement_threads as f64,
+                );
+                m.gauge(
+                    "sink_subscriptions",
+                    "Live-tail subscriptions being served.",
+                    s.subscriptions.len() as f64,
+                );
+                m.gauge(
+                    "sink_subscription_max_lag_bytes",
+                    "Durable bytes the slowest subscription has not been sent yet.",
+                    s.subscriptions
+                        .iter()
+                        .map(|s| s.behind_bytes)
+                        .max()
+                        .unwrap_or(0) as f64,
+                );
+                m.gauge(
+                    "sink_subscription_max_lag_seconds",
+                    "How long the oldest durable byte not yet sent to the slowest subscription has been durable.",
+                    s.subscriptions
+                        .iter()
+                        .map(|s| s.behind_seconds)
+                        .fold(0.0, f64::max),
+                );
+                serde_json::to_value(s).unwrap_or_default()
+            }
+            Err(error) => json!({ "error": error.to_string() }),
+        };
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let disks: Vec<serde_json::Value> = [("root", &self.root), ("state", &self.state_dir)]
+            .iter()
+            .filter_map(|(name, dir)| {
+                disk_space(dir).map(
+                    |(free, size)| json!({"dir": name, "free_bytes": free, "size_bytes": size}),
+                )
+            })
+            .collect();
+        let status = json!({
+            "role": "sink",
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "unix_ms": now_ms,
+            "ready": poisoned.is_none(),
+            "poisoned": poisoned,
+            "sources": committed.iter().map(|(source, bytes)| json!({"source": source, "committed_bytes": bytes})).collect::<Vec<_>>(),
+            "commit_rounds": self.feed.rounds.load(Ordering::Relaxed),
+            "disk": disks,
+            "sink": status_json,
+            "history": self.history.points(),
+            "problems": self.problems.list(),
+        });
+        Snapshot {
+            status,
+            metrics: m.gather(),
+            not_ready: poisoned.map(|reason| format!("poisoned: {reason}")),
+        }
+    }
+
+    fn sample(&self) {
+        let (lag_bytes, lag_seconds) = match self.sink.status() {
+            Ok(s) => (
+                s.subscriptions
+                    .iter()
+                    .map(|s| s.behind_bytes)
+                    .max()
+                    .unwrap_or(0) as f64,
+                s.subscriptions
+                    .iter()
+                    .map(|s| s.behind_seconds)
+                    .fold(0.0, f64::max),
+            ),
+            Err(_) => (0.0, 0.0),
+        };
+        self.history.push(Point {
+            lag_bytes,
+            lag_seconds,
+            bytes_total: self.committed_total() as f64,
+            ..Point::default()
+        });
+    }
+}

@@ -1,0 +1,376 @@
+//! What a watcher shows operators: its source's verdict and lag, its files
+//! by state and lag class, the files furthest behind, and its links to the
+//! sinks, all from one snapshot of its `Progress`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus::{HistogramOpts, HistogramVec};
+
+use serde_json::json;
+use watcher::{FileProgress, FileState, Phase, Progress};
+
+use super::history::{History, Point};
+use super::metrics::{Families, PREFIX};
+use super::{Observed, RecentProblems, Snapshot};
+
+/// Files the status page lists, furthest behind first.
+const PAGE_FILES: usize = 25;
+
+pub struct WatchObserved {
+    source: String,
+    progress: Arc<Progress>,
+    /// Files furthest behind exported with their paths (0: none).
+    top_files: usize,
+    problems: RecentProblems,
+    started: Instant,
+    history: History,
+    ack_latency: Arc<AckLatency>,
+}
+
+/// The batch → acknowledgement latency, told by the connections.
+struct AckLatency(HistogramVec);
+
+impl flight_server::PoolEvents for AckLatency {
+    fn batch_acked(&self, endpoint: &str, _connection: usize, _bytes: u64, latency: Duration) {
+        self.0
+            .with_label_values(&[endpoint])
+            .observe(latency.as_secs_f64());
+    }
+}
+
+/// From 250 µs to 30 s: loopback answers in a millisecond, a WAN in a
+/// round trip and a commit, a stalled sink never.
+const ACK_BUCKETS: [f64; 15] = [
+    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
+];
+
+impl WatchObserved {
+    /// Also makes `progress` tell it each acknowledgement's latency: call
+    /// it before the watcher runs.
+    pub fn new(
+        source: String,
+        progress: Arc<Progress>,
+        top_files: usize,
+        problems: RecentProblems,
+    ) -> anyhow::Result<Self> {
+        let histogram = HistogramVec::new(
+            HistogramOpts::new(
+                format!("{PREFIX}_batch_ack_latency_seconds"),
+                "From a batch being sent to its acknowledgement (its bytes durable at the sink), per sink.",
+            )
+            .buckets(ACK_BUCKETS.to_vec()),
+            &["sink"],
+        )?;
+        let ack_latency = Arc::new(AckLatency(histogram));
+        progress.set_pool_events(ack_latency.clone());
+        Ok(Self {
+            source,
+            progress,
+            top_files,
+            problems,
+            started: Instant::now(),
+            history: History::default(),
+            ack_latency,
+        })
+    }
+}
+
+/// Furthest behind first: bytes owed, then seconds.
+fn by_lag(files: &mut [FileProgress]) {
+    files.sort_by(|a, b| {
+        b.bytes_behind()
+            .cmp(&a.bytes_behind())
+            .then(b.seconds_behind.total_cmp(&a.seconds_behind))
+            .then_with(|| a.path.cmp(&b.path))
+    });
+}
+
+fn file_json(f: &FileProgress) -> serde_json::Value {
+    json!({
+        "path": f.path,
+        "generation": f.generation,
+        "size": f.size,
+        "acked": f.acked,
+        "lag_bytes": f.bytes_behind(),
+        "lag_seconds": f.seconds_behind,
+        "state": f.state,
+        "append_rate": f.append_rate,
+        "drain_rate": f.drain_rate,
+        "eta_seconds": f.eta_seconds,
+    })
+}
+
+impl Observed for WatchObserved {
+    fn snapshot(&self) -> Snapshot {
+        let mut files = self.progress.files();
+        let summary = self.progress.summary(&files);
+        by_lag(&mut files);
+        let phase = self.progress.phase();
+        let sinks = self.progress.sinks();
+        let source = self.source.as_str();
+        let (observed, read, acked) = (
+            self.progress.bytes_observed(),
+            self.progress.bytes_read(),
+            self.progress.bytes_acked(),
+        );
+
+        let m = Families::new();
+        m.build_info("watcher");
+        m.process();
+        m.gauge(
+            "ready",
+            "1 once the watcher tails (after reconciling with its sinks), else 0.",
+            f64::from(u8::from(phase == Phase::Tailing)),
+        );
+        let per_source = |name: &str, help: &str, value: f64| {
+            m.gauges(name, help, &["source"])
+                .with_label_values(&[source])
+                .set(value)
+        };
+        let source_total = |name: &str, help: &str, value: u64| {
+            m.counters(name, help, &["source"])
+                .with_label_values(&[source])
+                .inc_by(value as f64)
+        };
+        source_total(
+            "source_observed_bytes_total",
+            "Bytes the source's files grew by, as the watcher saw them (since it started; a file resumed from the checkpoint counts from its acknowledged offset).",
+            observed,
+        );
+        source_total(
+            "source_read_bytes_total",
+            "Bytes read from the source's files and sent (again, after a reconnect).",
+            read,
+        );
+        source_total(
+            "source_committed_bytes_total",
+            "Bytes the sinks acknowledged: durable at the destination.",
+            acked,
+        );
+        source_total(
+            "source_sealed_files_total",
+            "Files sealed (complete, digest checked at the sink) since the start.",
+            self.progress.sealed_files(),
+        );
+        per_source(
+            "source_lag_bytes",
+            "Bytes seen at the source and not yet durable at a sink, over all its files.",
+            summary.lag_bytes_sum as f64,
+        );
+        per_source(
+            "source_max_file_lag_bytes",
+            "The most bytes one file of the source owes.",
+            summary.lag_bytes_max as f64,
+        );
+        per_source(
+            "source_lag_seconds",
+            "How long ago the source's oldest byte not yet durable was seen: its lag in time (0 when caught up).",
+            summary.lag_seconds_max,
+        );
+        per_source(
+            "source_tracked_files",
+            "Files being followed now (sealed files are no longer followed).",
+            files.len() as f64,
+        );
+        let by_state = m.gauges(
+            "source_files",
+            "Files by state (done: sealed since the start).",
+            &["source", "state"],
+        );
+        for (state, n) in &summary.files_by_state {
+            by_state
+                .with_label_values(&[source, state.as_str()])
+                .set(*n as f64);
+        }
+        let verdict = m.gauges(
+            "source_verdict",
+            "1 for the source's verdict (the worst state of its files), 0 for the other states.",
+            &["source", "state"],
+        );
+        for state in FileState::ALL {
+            verdict
+                .with_label_values(&[source, state.as_str()])
+                .set(f64::from(u8::from(state == summary.verdict)));
+        }
+        per_source(
+            "source_verdict_severity",
+            "The verdict as a number: 0 done, 1 idle, 2 caught-up, 3 progressing, 4 falling-behind, 5 stalled, 6 failed.",
+            f64::from(summary.verdict.severity()),
+        );
+        let by_class = m.gauges(
+            "source_files_by_lag",
+            "Files by how long their oldest byte not yet durable has waited, at most the class's bound (0s: caught up; inf: over a minute).",
+            &["source", "lag_class"],
+        );
+        for (class, n) in &summary.files_by_lag_class {
+            by_class.with_label_values(&[source, class]).set(*n as f64);
+        }
+        let connections = m.gauges(
+            "sink_connections",
+            "Connections to each sink the watcher keeps.",
+            &["sink"],
+        );
+        let connected = m.gauges(
+            "sink_connections_up",
+            "Connections to each sink established now.",
+            &["sink"],
+        );
+        for link in &sinks {
+            connections
+                .with_label_values(&[link.endpoint.as_str()])
+                .set(link.connections as f64);
+            connected
+                .with_label_values(&[link.endpoint.as_str()])
+                .set(link.connected as f64);
+        }
+        m.register(self.ack_latency.0.clone());
+        let connection_gauge =
+            |name: &str, help: &str| m.gauges(name, help, &["sink", "connection"]);
+        let connection_counter =
+            |name: &str, help: &str| m.counters(name, help, &["sink", "connection"]);
+        let up_by_connection =
+            connection_gauge("connection_up", "1 while the connection is established.");
+        let in_flight_by_connection = connection_gauge(
+            "connection_in_flight_bytes",
+            "Bytes sent on the connection and not yet acknowledged, as charged against its window.",
+        );
+        let in_flight_batches_by_connection = connection_gauge(
+            "connection_in_flight_batches",
+            "Batches sent on the connection and not yet acknowledged.",
+        );
+        let oldest_by_connection = connection_gauge(
+            "connection_oldest_unacked_seconds",
+            "Age of the oldest batch sent on the connection and not yet acknowledged (0: none).",
+        );
+        let sent_by_connection = connection_counter(
+            "connection_sent_bytes_total",
+            "Batch bytes sent on the connection (resent batches included).",
+        );
+        let acked_by_connection = connection_counter(
+            "connection_acked_bytes_total",
+            "Batch bytes the sink acknowledged on the connection.",
+        );
+        let reconnects_by_connection = connection_counter(
+            "connection_reconnects_total",
+            "Times the connection was lost (or refused) and made again.",
+        );
+        let refusals_by_connection = connection_counter(
+            "connection_refusals_total",
+            "Times the sink refused a batch on the connection as bad input (each try).",
+        );
+        let resent_by_connection = connection_counter(
+            "connection_resent_batches_total",
+            "Batches in flight when the connection failed, sent again.",
+        );
+        for link in &sinks {
+            for c in &link.connection_stats {
+                let index = c.index.to_string();
+                let labels = [link.endpoint.as_str(), index.as_str()];
+                up_by_connection
+                    .with_label_values(&labels)
+                    .set(f64::from(u8::from(c.up)));
+                in_flight_by_connection
+                    .with_label_values(&labels)
+                    .set(c.in_flight_bytes as f64);
+                in_flight_batches_by_connection
+                    .with_label_values(&labels)
+                    .set(c.in_flight_batches as f64);
+                oldest_by_connection
+                    .with_label_values(&labels)
+                    .set(c.oldest_unacked_seconds);
+                sent_by_connection
+                    .with_label_values(&labels)
+                    .inc_by(c.sent_bytes as f64);
+                acked_by_connection
+                    .with_label_values(&labels)
+                    .inc_by(c.acked_bytes as f64);
+                reconnects_by_connection
+                    .with_label_values(&labels)
+                    .inc_by(c.reconnects as f64);
+                refusals_by_connection
+                    .with_label_values(&labels)
+                    .inc_by(c.refusals as f64);
+                resent_by_connection
+                    .with_label_values(&labels)
+                    .inc_by(c.resent_batches as f64);
+            }
+        }
+        if self.top_files > 0 {
+            let lag_bytes = m.gauges(
+                "file_lag_bytes",
+                "Bytes owed by each of the files furthest behind (--metrics-top-files).",
+                &["source", "path"],
+            );
+            let lag_seconds = m.gauges(
+                "file_lag_seconds",
+                "Seconds behind of each of the files furthest behind (--metrics-top-files).",
+                &["source", "path"],
+            );
+            for f in files.iter().take(self.top_files) {
+                lag_bytes
+                    .with_label_values(&[source, f.path.as_str()])
+                    .set(f.bytes_behind() as f64);
+                lag_seconds
+                    .with_label_values(&[source, f.path.as_str()])
+                    .set(f.seconds_behind);
+            }
+            per_source(
+                "file_lag_truncated_files",
+                "Files left out of the per-file lag series by --metrics-top-files.",
+                files.len().saturating_sub(self.top_files) as f64,
+            );
+        }
+
+        let not_ready = match phase {
+            Phase::Tailing => None,
+            Phase::Starting => Some("starting".to_string()),
+            Phase::Reconciling => Some("reconciling with the sinks".to_string()),
+            Phase::Stopped => Some("stopping".to_string()),
+        };
+        let status = json!({
+            "role": "watcher",
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "phase": phase,
+            "ready": not_ready.is_none(),
+            "sources": [{
+                "source": source,
+                "verdict": summary.verdict,
+                "files_by_state": summary.files_by_state.iter().map(|(s, n)| (s.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+                "files_by_lag_class": summary.files_by_lag_class.iter().map(|(class, n)| json!({"class": class, "files": n})).collect::<Vec<_>>(),
+                "tracked_files": files.len(),
+                "lag_bytes": summary.lag_bytes_sum,
+                "max_file_lag_bytes": summary.lag_bytes_max,
+                "lag_seconds": summary.lag_seconds_max,
+                "append_rate": summary.append_rate,
+                "drain_rate": summary.drain_rate,
+                "observed_bytes": observed,
+                "read_bytes": read,
+                "committed_bytes": acked,
+                "sealed_files": self.progress.sealed_files(),
+            }],
+            "sinks": sinks,
+            "files": files.iter().take(PAGE_FILES).map(file_json).collect::<Vec<_>>(),
+            "files_not_listed": files.len().saturating_sub(PAGE_FILES),
+            "history": self.history.points(),
+            "problems": self.problems.list(),
+        });
+        Snapshot {
+            status,
+            metrics: m.gather(),
+            not_ready,
+        }
+    }
+
+    fn sample(&self) {
+        let files = self.progress.files();
+        let summary = self.progress.summary(&files);
+        self.history.push(Point {
+            lag_bytes: summary.lag_bytes_sum as f64,
+            lag_seconds: summary.lag_seconds_max,
+            bytes_total: self.progress.bytes_acked() as f64,
+            ..Point::default()
+        });
+    }
+}

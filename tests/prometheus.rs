@@ -1,0 +1,292 @@
+//! A real Prometheus server (Debian's 2.42, installed by ops/test.sh and
+//! named by TAILFLIGHT_PROMETHEUS) scrapes a watcher and a sink during a
+//! simulator run, with the project's alert rules loaded (issue 31, tests 1
+//! and 2): the series agree with the run, the "stalled" alert's expression
+//! turns true while the sink is paused and false again after, a scrape
+//! passes `promtool check metrics`, the rules pass `promtool check rules`,
+//! and every PromQL expression of the Grafana dashboard returns data.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Pipeline, PipelineOptions, free_port, strings, wait_until, workload};
+
+/// Prometheus and promtool, from TAILFLIGHT_PROMETHEUS (the server's path).
+fn prometheus_tools() -> (PathBuf, PathBuf) {
+    let server = std::env::var_os("TAILFLIGHT_PROMETHEUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "TAILFLIGHT_PROMETHEUS names no Prometheus server: run the suite with ops/test.sh, \
+             which installs Debian's prometheus package"
+            )
+        });
+    let promtool = server.with_file_name("promtool");
+    assert!(
+        server.is_file() && promtool.is_file(),
+        "no prometheus/promtool at {server:?}"
+    );
+    (server, promtool)
+}
+
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The Prometheus server, killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    Some((
+        head.split_whitespace().nth(1)?.parse().ok()?,
+        body.to_string(),
+    ))
+}
+
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An instant query: Ok(result vector) or Err(what Prometheus said).
+fn query(port: u16, expr: &str) -> Result<Vec<serde_json::Value>, String> {
+    let path = format!("/api/v1/query?query={}", percent_encode(expr));
+    let (_, body) = http_get(port, &path).ok_or("Prometheus did not answer")?;
+    let answer: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+    if answer["status"] != "success" {
+        return Err(body);
+    }
+    Ok(answer["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
+}
+
+/// The value of a query that returns one series.
+fn value(port: u16, expr: &str) -> Option<f64> {
+    let result = query(port, expr).ok()?;
+    result.first()?["value"][1].as_str()?.parse().ok()
+}
+
+fn signal(pid: Option<i32>, signal: i32) {
+    let pid = pid.expect("the process is running");
+    // SAFETY: kill(2) with a child's pid has no memory effects here.
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "kill({pid}, {signal})");
+}
+
+fn source_bytes(dir: &Path) -> u64 {
+    common::list_files(dir)
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
+        .sum()
+}
+
+/// Every `expr` in the dashboard's panels, with its variables set to match all.
+fn dashboard_queries() -> Vec<String> {
+    let text = std::fs::read_to_string(repo_file("ops/grafana/tailflight.json"))
+        .expect("the Grafana dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = target["expr"].as_str() {
+                out.push(expr.replace("$source", ".*").replace("$sink", ".*"));
+            }
+        }
+    }
+    out
+}
+
+/// Every alert rule Prometheus loaded from ops/prometheus/alerts.yml: (name, expression).
+fn alert_expressions(port: u16) -> Vec<(String, String)> {
+    let (_, body) = http_get(port, "/api/v1/rules?type=alert").expect("Prometheus's rules");
+    let answer: serde_json::Value = serde_json::from_str(&body).expect("rules JSON");
+    let mut rules = Vec::new();
+    for group in answer["data"]["groups"].as_array().into_iter().flatten() {
+        for rule in group["rules"].as_array().into_iter().flatten() {
+            if let (Some(name), Some(expr)) = (rule["name"].as_str(), rule["query"].as_str()) {
+                rules.push((name.to_string(), expr.to_string()));
+            }
+        }
+    }
+    rules
+}
+
+#[test]
+fn prometheus_scrapes_the_run_and_its_alerts_and_dashboard_evaluate() {
+    let (server, promtool) = prometheus_tools();
+    let (watch_port, sink_port, prom_port) = (free_port(), free_port(), free_port());
+    let mut pipeline = Pipeline::in_scratch(
+        "prometheus",
+        PipelineOptions {
+            extra_watch_args: strings(&[
+                "--metrics-listen",
+                &format!("127.0.0.1:{watch_port}"),
+                "--stall-after",
+                "1s",
+            ]),
+            extra_sink_args: strings(&["--metrics-listen", &format!("127.0.0.1:{sink_port}")]),
+            ..PipelineOptions::default()
+        },
+    );
+
+    // The rules and a scrape of each process pass promtool's checks.
+    let rules = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(repo_file("ops/prometheus/alerts.yml"))
+        .output()
+        .expect("run promtool");
+    assert!(rules.status.success(), "promtool check rules: {rules:?}");
+    for port in [watch_port, sink_port] {
+        wait_until(
+            "the metrics listener answers",
+            Duration::from_secs(60),
+            || matches!(http_get(port, "/readyz"), Some((200, _))),
+        );
+        let (_, scrape) = http_get(port, "/metrics").expect("a scrape");
+        let mut check = Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run promtool");
+        check
+            .stdin
+            .take()
+            .expect("promtool's stdin")
+            .write_all(scrape.as_bytes())
+            .expect("feed promtool");
+        let checked = check.wait_with_output().expect("promtool");
+        assert!(
+            checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
+            "promtool check metrics on port {port}: {}{}\n{scrape}",
+            String::from_utf8_lossy(&checked.stdout),
+            String::from_utf8_lossy(&checked.stderr)
+        );
+    }
+
+    let config = pipeline.dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n\
+             scrape_configs:\n  - job_name: tailflight-watch\n    static_configs:\n      - targets: [\"127.0.0.1:{watch_port}\"]\n\
+             \x20 - job_name: tailflight-sink\n    static_configs:\n      - targets: [\"127.0.0.1:{sink_port}\"]\n",
+            repo_file("ops/prometheus/alerts.yml").display()
+        ),
+    )
+    .expect("write prometheus.yml");
+    let log = std::fs::File::create(pipeline.dir.join("prometheus.log")).expect("prometheus log");
+    let _prometheus = Server(
+        Command::new(&server)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                pipeline.dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus"),
+    );
+    wait_until(
+        "Prometheus scrapes both targets",
+        Duration::from_secs(60),
+        || query(prom_port, "up == 1").is_ok_and(|up| up.len() == 2),
+    );
+
+    let mut sim = common::simulate_in_background(
+        &pipeline.dir,
+        &pipeline.source,
+        &workload("r1", "3", "1MiB", "30s"),
+    );
+    let committed = "tailflight_source_committed_bytes_total{source=\"src\"}";
+    wait_until(
+        "Prometheus sees bytes committed",
+        Duration::from_secs(60),
+        || value(prom_port, committed).is_some_and(|v| v > 0.0),
+    );
+
+    // A paused sink: the stalled alert's expression becomes true.
+    let alerts = alert_expressions(prom_port);
+    assert!(alerts.len() >= 8, "the alert rules are loaded: {alerts:?}");
+    let stalled = alerts
+        .iter()
+        .find(|(name, _)| name == "TailflightSourceStalled")
+        .expect("the stalled alert")
+        .1
+        .clone();
+    signal(pipeline.sink.pid(), libc::SIGSTOP);
+    wait_until(
+        "the stalled alert's expression is true in Prometheus",
+        Duration::from_secs(60),
+        || query(prom_port, &stalled).is_ok_and(|r| !r.is_empty()),
+    );
+    signal(pipeline.sink.pid(), libc::SIGCONT);
+    wait_until(
+        "the stalled alert's expression is false again",
+        Duration::from_secs(60),
+        || query(prom_port, &stalled).is_ok_and(|r| r.is_empty()),
+    );
+    sim.stop();
+    pipeline.wait_identical(Duration::from_secs(120));
+    let total = source_bytes(&pipeline.source) as f64;
+
+    // The series agree with the run once everything is in.
+    wait_until(
+        "Prometheus shows every byte committed and nothing owed",
+        Duration::from_secs(60),
+        || {
+            value(prom_port, committed) == Some(total)
+                && value(prom_port, "tailflight_source_lag_bytes{source=\"src\"}") == Some(0.0)
+                && value(prom_port, "tailflight_source_lag_seconds{source=\"src\"}") == Some(0.0)
+                && value(
+                    prom_port,
+                    "tailflight_sink_committed_bytes_total{source=\"src\"}",
+                ) == Some(total)
+        },
+    );
+
+    // Every expression of the dashboard returns data; every alert evaluates.
+    for expr in dashboard_queries() {
+        let result = query(prom_port, &expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
+        assert!(
+            !result.is_empty(),
+            "the dashboard's query returns no data: {expr}"
+        );
+    }
+    for (name, expr) in &alerts {
+        query(prom_port, expr).unwrap_or_else(|e| panic!("alert {name}: {expr}: {e}"));
+    }
+    pipeline.sink.stop();
+    pipeline.watcher.stop();
+}
