@@ -115,6 +115,14 @@ fn metrics_and_status_follow_a_run() {
         Some(total as f64)
     );
     assert_eq!(sample(&metrics, "tailflight_ready"), Some(1.0));
+    assert!(
+        sample(
+            &metrics,
+            "tailflight_source_append_to_durable_seconds_count{source=\"src\"}"
+        )
+        .is_some_and(|n| n > 0.0)
+    );
+    assert!(metrics.contains("tailflight_batch_ack_latency_seconds_bucket{sink="));
     let endpoint = &pipeline.endpoint;
     assert_eq!(
         sample(
@@ -165,6 +173,13 @@ fn metrics_and_status_follow_a_run() {
     assert!(
         sample(&metrics, "tailflight_sink_disk_free_bytes{dir=\"root\"}").is_some_and(|n| n > 0.0)
     );
+    for stage in ["receive", "write", "queue", "flush", "manifest"] {
+        let series = format!("tailflight_sink_stage_seconds_count{{stage=\"{stage}\"}}");
+        assert!(
+            sample(&metrics, &series).is_some_and(|n| n > 0.0),
+            "{series}"
+        );
+    }
     assert!(
         sample(&metrics, "tailflight_sink_placed_bytes_total").is_some_and(|n| n >= total as f64)
     );

@@ -32,6 +32,29 @@ pub struct CommitRound {
     /// When the round was durable.
     pub committed_at: SystemTime,
     pub files: Vec<FileCommit>,
+    /// How long its stages took.
+    pub stages: RoundStages,
+}
+
+/// How long a commit round's stages took, in microseconds; where each of
+/// its batches had its own, the slowest batch's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RoundStages {
+    /// From a batch's arrival until its placement began (waiting for a
+    /// placement thread).
+    pub receive_us: u64,
+    /// Placing a batch: writing its ranges into their files.
+    pub write_us: u64,
+    /// From a placed batch's hand-over until its round began (behind the
+    /// round before).
+    pub queue_us: u64,
+    /// Making the round's files durable (fdatasync or syncfs).
+    pub flush_us: u64,
+    /// Recording the round in the manifest (a synced RocksDB write, or one
+    /// whose batch the journal makes durable).
+    pub manifest_us: u64,
+    /// The journal's write and fdatasync, for a round that journals.
+    pub journal_us: u64,
 }
 
 /// One file generation in a commit round.
@@ -106,7 +129,7 @@ impl CommitFeed {
     /// Counts a recorded round, and tells its listeners what it made
     /// durable (`None` if it was not described: nobody listened). Called
     /// under the commit gate.
-    pub(crate) fn recorded(&self, files: Option<Vec<FileCommit>>) {
+    pub(crate) fn recorded(&self, files: Option<Vec<FileCommit>>, stages: RoundStages) {
         let sequence = self.sequence.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some(files) = files {
             // No listener (any more) is not an error: the feed is for them.
@@ -114,6 +137,7 @@ impl CommitFeed {
                 sequence,
                 committed_at: SystemTime::now(),
                 files,
+                stages,
             }));
         }
     }

@@ -155,7 +155,7 @@ pub use crate::durability::flush::SyncStrategy;
 use crate::durability::{direct, flush, journal};
 pub use crate::error::SinkError;
 pub use crate::feed::{
-    CommitRound, DurableFile, DurableSnapshot, FeedHandle, FileChange, FileCommit,
+    CommitRound, DurableFile, DurableSnapshot, FeedHandle, FileChange, FileCommit, RoundStages,
 };
 pub use crate::health::Health;
 

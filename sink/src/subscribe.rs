@@ -485,6 +485,7 @@ impl Subscription {
         let round = CommitRound {
             sequence: 0,
             committed_at: SystemTime::now(),
+            stages: Default::default(),
             files: files
                 .into_iter()
                 .filter(|f| f.id.source == self.ticket.source)

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use anyhow::Context;
-use prometheus::{Histogram, HistogramOpts};
+use prometheus::{Histogram, HistogramOpts, HistogramVec};
 use serde_json::json;
 
 use super::history::{History, Point};
@@ -35,6 +35,8 @@ struct FeedCounts {
     missed_rounds: AtomicU64,
     /// From a batch's arrival to its round being durable.
     commit_latency: Histogram,
+    /// Each stage of the commit rounds.
+    stages: HistogramVec,
 }
 
 /// From 100 µs to 10 s: commit rounds take milliseconds, and seconds
@@ -60,11 +62,21 @@ impl SinkObserved {
             .buckets(LATENCY_BUCKETS.to_vec()),
         )
         .context("making the commit latency histogram")?;
+        let stages = HistogramVec::new(
+            HistogramOpts::new(
+                format!("{PREFIX}_sink_stage_seconds"),
+                "Each stage of the commit rounds, per round (the slowest batch's where batches have their own): receive (arrival to placement), write (placement), queue (waiting for the round), flush, manifest, journal (journaling rounds only).",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["stage"],
+        )
+        .context("making the stage histograms")?;
         let feed = Arc::new(FeedCounts {
             committed: Mutex::new(BTreeMap::new()),
             rounds: AtomicU64::new(0),
             missed_rounds: AtomicU64::new(0),
             commit_latency,
+            stages,
         });
         let mut rounds = sink
             .feed()
@@ -109,6 +121,23 @@ impl SinkObserved {
 impl FeedCounts {
     fn count(&self, round: &sink::CommitRound) {
         self.rounds.fetch_add(1, Ordering::Relaxed);
+        let s = round.stages;
+        for (stage, us) in [
+            ("receive", s.receive_us),
+            ("write", s.write_us),
+            ("queue", s.queue_us),
+            ("flush", s.flush_us),
+            ("manifest", s.manifest_us),
+        ] {
+            self.stages
+                .with_label_values(&[stage])
+                .observe(us as f64 / 1e6);
+        }
+        if s.journal_us > 0 {
+            self.stages
+                .with_label_values(&["journal"])
+                .observe(s.journal_us as f64 / 1e6);
+        }
         let mut committed = super::lock(&self.committed);
         for file in &round.files {
             let bytes: u64 = file.ranges.iter().map(|(start, end)| end - start).sum();
@@ -170,6 +199,7 @@ impl Observed for SinkObserved {
             self.feed.missed_rounds.load(Ordering::Relaxed) as f64,
         );
         m.register(self.feed.commit_latency.clone());
+        m.register(self.feed.stages.clone());
         let disk_free = m.gauges(
             "sink_disk_free_bytes",
             "Bytes available to the sink on the filesystem of its root or of its state directory.",

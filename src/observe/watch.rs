@@ -28,14 +28,24 @@ pub struct WatchObserved {
     ack_latency: Arc<AckLatency>,
 }
 
-/// The batch → acknowledgement latency, told by the connections.
-struct AckLatency(HistogramVec);
+/// Latency distributions the watcher's parts tell as things happen: batch
+/// → acknowledgement (the connections), growth seen → durable (the tailer).
+struct AckLatency {
+    batch_acked: HistogramVec,
+    seen_to_durable: prometheus::Histogram,
+}
 
 impl flight_server::PoolEvents for AckLatency {
     fn batch_acked(&self, endpoint: &str, _connection: usize, _bytes: u64, latency: Duration) {
-        self.0
+        self.batch_acked
             .with_label_values(&[endpoint])
             .observe(latency.as_secs_f64());
+    }
+}
+
+impl watcher::LagEvents for AckLatency {
+    fn seen_to_durable(&self, latency: Duration) {
+        self.seen_to_durable.observe(latency.as_secs_f64());
     }
 }
 
@@ -62,8 +72,20 @@ impl WatchObserved {
             .buckets(ACK_BUCKETS.to_vec()),
             &["sink"],
         )?;
-        let ack_latency = Arc::new(AckLatency(histogram));
+        let seen_to_durable = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                format!("{PREFIX}_source_append_to_durable_seconds"),
+                "From the watcher seeing a file grow to those bytes being durable at the sink (one observation per growth seen).",
+            )
+            .const_label("source", &source)
+            .buckets(ACK_BUCKETS.to_vec()),
+        )?;
+        let ack_latency = Arc::new(AckLatency {
+            batch_acked: histogram,
+            seen_to_durable,
+        });
         progress.set_pool_events(ack_latency.clone());
+        progress.set_lag_events(ack_latency.clone());
         Ok(Self {
             source,
             progress,
@@ -224,7 +246,8 @@ impl Observed for WatchObserved {
                 .with_label_values(&[link.endpoint.as_str()])
                 .set(link.connected as f64);
         }
-        m.register(self.ack_latency.0.clone());
+        m.register(self.ack_latency.batch_acked.clone());
+        m.register(self.ack_latency.seen_to_durable.clone());
         let connection_gauge =
             |name: &str, help: &str| m.gauges(name, help, &["sink", "connection"]);
         let connection_counter =

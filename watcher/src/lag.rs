@@ -221,6 +221,14 @@ impl LagHistory {
     }
 }
 
+/// What the tailer tells its owner as acknowledgements arrive, for the
+/// distributions the owner keeps.
+pub trait LagEvents: Send + Sync + 'static {
+    /// A growth of a file that the watcher saw `latency` ago is now
+    /// durable at its sink (append → durable, as the watcher sees it).
+    fn seen_to_durable(&self, latency: Duration);
+}
+
 /// Files per lag class, by seconds behind: bounded labels for how many
 /// files are how far behind, whatever their number.
 pub const LAG_CLASSES: [(&str, f64); 5] = [

@@ -35,7 +35,7 @@ use flight_server::tls::ClientTls;
 use flight_server::{ClientConfig, FlightPool, SealDigest};
 use manifest_db::WatchState;
 
-pub use lag::{FileState, LagPolicy};
+pub use lag::{FileState, LagEvents, LagPolicy};
 pub use progress::{FileProgress, Phase, Progress, SinkLink, SourceSummary};
 
 use crate::stop::{Stop, StopOnDrop};

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use flight_server::{ConnectionStats, PoolEvents};
 
-use crate::lag::{FileState, LAG_CLASSES, lag_class};
+use crate::lag::{FileState, LAG_CLASSES, LagEvents, lag_class};
 
 /// One tracked file as last published by the tailer.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -85,6 +85,7 @@ pub struct Progress {
     phase: AtomicU8,
     sinks: Mutex<Vec<SinkLink>>,
     pool_events: OnceLock<Arc<dyn PoolEvents>>,
+    lag_events: OnceLock<Arc<dyn LagEvents>>,
     /// Counts the tailer's publications: it publishes every checkpoint
     /// (200 ms), so a count that stops moving is a tailer that stopped.
     publications: AtomicU64,
@@ -168,6 +169,18 @@ impl Progress {
 
     pub(crate) fn pool_events(&self) -> Option<Arc<dyn PoolEvents>> {
         self.pool_events.get().cloned()
+    }
+
+    /// Where the tailer tells how long growth took to become durable; set
+    /// it before the watcher runs.
+    pub fn set_lag_events(&self, events: Arc<dyn LagEvents>) {
+        if self.lag_events.set(events).is_err() {
+            tracing::warn!("lag events were set twice; the first stay");
+        }
+    }
+
+    pub(crate) fn lag_events(&self) -> Option<Arc<dyn LagEvents>> {
+        self.lag_events.get().cloned()
     }
 
     /// The source's files summed up from one snapshot of them.

@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
 use crate::discover::{self, Change, Discovery, Found};
-use crate::lag::LagHistory;
+use crate::lag::{LagEvents, LagHistory};
 use crate::progress::{FileProgress, Progress};
 use crate::seal_hash::{Hashed, Job, SealHasher};
 use crate::stop::Stop;
@@ -252,6 +252,8 @@ pub(crate) struct Tailer {
     ready_set: Set<FileKey>,
     dirty: Set<FileKey>,
     progress: Arc<Progress>,
+    /// Told how long each growth took to become durable.
+    lag_events: Option<Arc<dyn LagEvents>>,
     /// Largest single data row read at once.
     max_row_bytes: usize,
     discovery: Box<dyn Discovery>,
@@ -316,6 +318,7 @@ impl Tailer {
             ready: VecDeque::new(),
             ready_set: Set::default(),
             dirty: Set::default(),
+            lag_events: progress.lag_events(),
             progress,
             discovery,
             walking: false,

@@ -48,7 +48,7 @@ use crate::blocking::run_blocking;
 use crate::durability::flush::{Flusher, SyncTarget};
 use crate::durability::journal::{JournalFile, JournalSpace, RoundWrite};
 use crate::error::panic_message;
-use crate::feed::{CommitFeed, FileChange, FileCommit};
+use crate::feed::{CommitFeed, FileChange, FileCommit, RoundStages};
 use crate::health::Health;
 use crate::stage_cpu::{Stage, StageTimer};
 use crate::state::{CommitGate, CommitRequest, FileCounts, Slot, lock};
@@ -328,6 +328,17 @@ async fn run(rounds: Rounds) {
             forget_flushed(&round, &pending_flushed);
         }
         let synced_after = started.elapsed();
+        let stages = RoundStages {
+            receive_us: round
+                .iter()
+                .map(|q| q.request.placing_us.saturating_sub(q.request.place_us))
+                .max()
+                .unwrap_or(0),
+            write_us: place_us,
+            queue_us: queued_us,
+            flush_us: synced_after.as_micros() as u64,
+            ..RoundStages::default()
+        };
         // The journal region is reserved now: the manifest's entries then
         // know where the bytes go and their CRC.
         let journal = synced.and_then(|()| match (backlog.file.as_mut(), &backlog.writer) {
@@ -356,7 +367,7 @@ async fn run(rounds: Rounds) {
                     health: &round_health,
                     feed: &round_feed,
                 };
-                record_round(&sink, &mut round, journal, complete).map(|mut recorded| {
+                record_round(&sink, &mut round, journal, complete, stages).map(|mut recorded| {
                     recorded.blocking_us = blocking_us;
                     recorded
                 })

@@ -142,6 +142,7 @@ pub(super) fn record_round(
     round: &mut [Queued],
     journal: JournalRound,
     journal_complete: u64,
+    stages: RoundStages,
 ) -> Result<Recorded, String> {
     // Snapshots and their write happen under the gate, which is also what
     // the journal replay writes records under before the committer runs.
@@ -169,7 +170,12 @@ pub(super) fn record_round(
         Ok(mut recorded) => {
             // Still under the gate: a snapshot read under it either holds
             // this round or names the round before it.
-            sink.feed.recorded(recorded.feed.take());
+            let stages = RoundStages {
+                manifest_us: recorded.manifest_us,
+                journal_us: recorded.journal_us,
+                ..stages
+            };
+            sink.feed.recorded(recorded.feed.take(), stages);
             recorded.gate_us = gate_us;
             Ok(recorded)
         }

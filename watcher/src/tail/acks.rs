@@ -48,8 +48,15 @@ impl Tailer {
             RowKind::Data => {
                 t.acked.insert(row.offset, row.offset + row.len);
                 let acked = t.acked_offset();
-                while t.growth.front().is_some_and(|&(size, _)| size <= acked) {
+                let now = Instant::now();
+                while let Some(&(size, seen)) = t.growth.front() {
+                    if size > acked {
+                        break;
+                    }
                     t.growth.pop_front();
+                    if let Some(events) = &self.lag_events {
+                        events.seen_to_durable(now.duration_since(seen));
+                    }
                 }
             }
             kind => {
