@@ -241,12 +241,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let transfer_secs = sim_finished_at
         .map_or(started.elapsed(), |t| t.duration_since(started))
         .as_secs_f64();
+    // The watcher first, so that it never sees its sink go away.
     let _ = stop_watch.send(());
-    let _ = stop_sink.send(());
     runtime.block_on(async {
         if let Ok(Err(e)) = watch_task.await {
             eprintln!("watcher: {e:#}");
         }
+        let _ = stop_sink.send(());
         if let Ok(Err(e)) = sink_task.await {
             eprintln!("sink: {e:#}");
         }

@@ -505,6 +505,25 @@ async fn ctrl_c() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// One SIGINT/SIGTERM listener for the whole process, started now, and a
+/// maker of futures that resolve once it has heard the signal: a signal
+/// that arrives before some part of the process starts waiting is not lost
+/// to it. Call it inside the runtime.
+fn stop_signal() -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    let (heard, hearing) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        terminated().await;
+        let _ = heard.send(true);
+    });
+    move || {
+        let mut hearing = hearing.clone();
+        Box::pin(async move {
+            // An error means the listener is gone: the process is ending.
+            let _ = hearing.wait_for(|heard| *heard).await;
+        })
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM.
 async fn terminated() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -602,6 +621,7 @@ fn run(
             raise_fd_limit();
             let config = sink_config(&args);
             runtime()?.block_on(async {
+                let stop = stop_signal();
                 let sink = Arc::new(sink::Sink::open(&config)?);
                 // Listeners of the feed, each on a thread it ends once the
                 // sink is gone and its feed closed.
@@ -621,7 +641,7 @@ fn run(
                         args.otlp_endpoint.as_ref().map(|endpoint| {
                             observe::otlp_config(endpoint, args.otlp_every, "tailflight-sink", None)
                         }),
-                        terminated(),
+                        stop(),
                     )
                     .await?;
                 }
@@ -632,8 +652,6 @@ fn run(
                 if let Some(path) = &args.commit_log {
                     listeners.push(commit_log::attach(&sink, path)?);
                 }
-                // The journal's replay is done: the sink serves once bound.
-                service_manager::ready("serving");
                 let health = sink.clone();
                 let watchdog = tokio::spawn(service_manager::watchdog(move || {
                     match health.health().reason() {
@@ -641,10 +659,17 @@ fn run(
                         Some(reason) => Err(format!("poisoned: {reason}")),
                     }
                 }));
-                let served = sink::serve(sink, &config, async {
-                    terminated().await;
-                    service_manager::stopping();
-                })
+                let stopping = stop();
+                let served = sink::serve_and_tell(
+                    sink,
+                    &config,
+                    async move {
+                        stopping.await;
+                        service_manager::stopping();
+                    },
+                    // The journal's replay is done and the sink listens.
+                    || service_manager::ready("serving"),
+                )
                 .await;
                 watchdog.abort();
                 for thread in listeners {
@@ -660,6 +685,7 @@ fn run(
             raise_fd_limit();
             let progress = Arc::new(watcher::Progress::default());
             runtime()?.block_on(async {
+                let stop = stop_signal();
                 let mut exporters = Vec::new();
                 if args.metrics_listen.is_some() || args.otlp_endpoint.is_some() {
                     let observed = observe::WatchObserved::new(
@@ -679,14 +705,17 @@ fn run(
                                 Some(&args.source),
                             )
                         }),
-                        terminated(),
+                        stop(),
                     )
                     .await?;
                 }
                 let watched_progress = progress.clone();
                 let service = tokio::spawn(async move {
-                    // Ready once reconciled and tailing.
-                    while watched_progress.phase() != watcher::Phase::Tailing {
+                    // Ready once reconciled and tailing (its first progress
+                    // is published after its first walk).
+                    while watched_progress.phase() != watcher::Phase::Tailing
+                        || watched_progress.publications() == 0
+                    {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     service_manager::ready("tailing");
@@ -706,8 +735,9 @@ fn run(
                     })
                     .await;
                 });
-                let watched = watcher::run(watch_config(&args), progress.clone(), async {
-                    terminated().await;
+                let stopping = stop();
+                let watched = watcher::run(watch_config(&args), progress.clone(), async move {
+                    stopping.await;
                     service_manager::stopping();
                 })
                 .await;

@@ -31,6 +31,8 @@ pub async fn watchdog(mut alive: impl FnMut() -> Result<(), String>) {
         return;
     }
     let mut every = tokio::time::interval(Duration::from_micros(usec) / 2);
+    // The first tick is now: give `alive` one interval to show progress.
+    every.tick().await;
     let mut told = false;
     loop {
         every.tick().await;

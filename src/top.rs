@@ -62,10 +62,16 @@ struct View {
 }
 
 pub fn run(args: TopArgs) -> anyhow::Result<std::process::ExitCode> {
+    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        anyhow::bail!(
+            "tailflight top needs a terminal; for scripts, read {}/api/status",
+            args.from.trim_end_matches('/')
+        );
+    }
     let endpoint = args.from.trim_end_matches('/').to_string();
     let url = format!("{endpoint}/api/status");
     let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(5)))
+        .timeout_global(Some(Duration::from_secs(2)))
         .build()
         .into();
     let mut view = View {

@@ -127,11 +127,11 @@ fn metrics_and_status_follow_a_run() {
     assert_eq!(
         sample(
             &metrics,
-            &format!("tailflight_sink_connections_up{{sink=\"{endpoint}\"}}")
+            &format!("tailflight_link_connections_up{{sink=\"{endpoint}\"}}")
         ),
         sample(
             &metrics,
-            &format!("tailflight_sink_connections{{sink=\"{endpoint}\"}}")
+            &format!("tailflight_link_connections{{sink=\"{endpoint}\"}}")
         ),
     );
     for state in [
@@ -180,9 +180,7 @@ fn metrics_and_status_follow_a_run() {
             "{series}"
         );
     }
-    assert!(
-        sample(&metrics, "tailflight_sink_placed_bytes_total").is_some_and(|n| n >= total as f64)
-    );
+    assert!(sample(&metrics, "tailflight_sink_placed_bytes").is_some_and(|n| n >= total as f64));
 
     // The JSON says what the metrics say.
     let watcher = status(watch_port);
@@ -305,12 +303,19 @@ fn the_demo_runs_the_pipeline_and_ends_with_a_summary() {
     );
 }
 
-/// A tmux session running `tailflight top`, killed when dropped.
+/// A tmux session running `tailflight top` on a tmux server of the test's
+/// own (its socket named after the session), killed when dropped.
 struct Tmux(String);
+
+fn tmux(session: &str) -> std::process::Command {
+    let mut command = std::process::Command::new("tmux");
+    command.args(["-L", session]);
+    command
+}
 
 impl Tmux {
     fn start(name: &str, width: u16, command: &str) -> Self {
-        let status = std::process::Command::new("tmux")
+        let status = tmux(name)
             .args([
                 "new-session",
                 "-d",
@@ -329,7 +334,7 @@ impl Tmux {
     }
 
     fn capture(&self) -> String {
-        let out = std::process::Command::new("tmux")
+        let out = tmux(&self.0)
             .args(["capture-pane", "-p", "-t", &self.0])
             .output()
             .expect("tmux capture-pane");
@@ -337,7 +342,7 @@ impl Tmux {
     }
 
     fn alive(&self) -> bool {
-        std::process::Command::new("tmux")
+        tmux(&self.0)
             .args(["has-session", "-t", &self.0])
             .stderr(std::process::Stdio::null())
             .status()
@@ -347,8 +352,8 @@ impl Tmux {
 
 impl Drop for Tmux {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("tmux")
-            .args(["kill-session", "-t", &self.0])
+        let _ = tmux(&self.0)
+            .args(["kill-server"])
             .stderr(std::process::Stdio::null())
             .status();
     }
@@ -413,7 +418,7 @@ fn the_terminal_view_shows_sources_states_and_files() {
         let s = sink_view.capture();
         s.contains("sink at") && s.contains("subscriptions") && s.contains("rounds")
     });
-    std::process::Command::new("tmux")
+    tmux(&wide.0)
         .args(["send-keys", "-t", &wide.0, "q"])
         .status()
         .expect("tmux send-keys");
@@ -457,7 +462,7 @@ fn otlp_exports_agree_with_the_prometheus_endpoint() {
     let dir = common::scratch("operators-otlp");
     let otlp_port = free_port();
     let exports = dir.join("otlp.jsonl");
-    let mut receiver = std::process::Command::new(python())
+    let receiver = std::process::Command::new(python())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/tools/otlp_receiver.py"
@@ -467,6 +472,7 @@ fn otlp_exports_agree_with_the_prometheus_endpoint() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("start the OTLP receiver");
+    let _receiver = KillOnDrop(receiver);
     let (watch_port, sink_port) = (free_port(), free_port());
     let otlp_args = |port: u16| {
         strings(&[
@@ -555,9 +561,17 @@ fn otlp_exports_agree_with_the_prometheus_endpoint() {
         metrics.contains("tailflight_batch_ack_latency_seconds")
             && metrics.contains("explicitBounds")
     );
-    let _ = receiver.kill();
-    let _ = receiver.wait();
     drop(pipeline);
+}
+
+/// A helper process (the OTLP receiver, a browser), killed when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Debian's Chromium, named by TAILFLIGHT_CHROMIUM (ops/test.sh installs it).
@@ -572,22 +586,35 @@ fn chromium() -> std::path::PathBuf {
 /// The page's DOM after its scripts ran (headless Chromium), or a screenshot.
 fn headless(url: &str, extra: &[String]) -> String {
     let profile = std::env::temp_dir().join(format!("tf-chromium-{}", std::process::id()));
-    let output = std::process::Command::new(chromium())
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg("--virtual-time-budget=5000")
-        .args(extra)
-        .arg(url)
-        .output()
-        .expect("run chromium");
+    let out_path = profile.with_extension("out");
+    let out = std::fs::File::create(&out_path).expect("chromium's output file");
+    let mut browser = KillOnDrop(
+        std::process::Command::new(chromium())
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("--virtual-time-budget=5000")
+            .args(extra)
+            .arg(url)
+            .stdout(out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run chromium"),
+    );
+    let mut status = None;
+    wait_until("chromium exits", Duration::from_secs(120), || {
+        status = browser.0.try_wait().ok().flatten();
+        status.is_some()
+    });
     let _ = std::fs::remove_dir_all(&profile);
-    assert!(output.status.success(), "chromium: {output:?}");
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    let text = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    assert!(status.is_some_and(|s| s.success()), "chromium: {status:?}");
+    text
 }
 
 #[test]
@@ -676,4 +703,24 @@ fn the_status_page_renders_the_run_in_a_browser() {
         sink_dom.contains(&format!("data-committed=\"{total}\"")),
         "{sink_dom}"
     );
+}
+
+#[test]
+fn a_sink_whose_port_is_taken_exits_with_its_metrics_on() {
+    let dir = common::scratch("operators-port-taken");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to take");
+    let port = taken.local_addr().expect("its address").port();
+    let (ok, output) = common::run(&strings(&[
+        "sink",
+        "--root",
+        &dir.join("dest").display().to_string(),
+        "--state",
+        &dir.join("state").display().to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--metrics-listen",
+        &format!("127.0.0.1:{}", free_port()),
+    ]));
+    assert!(!ok, "the sink cannot serve on a taken port: {output}");
+    assert!(output.contains("cannot listen on"), "{output}");
 }

@@ -101,7 +101,9 @@ struct ConnectionCounters {
     /// When the oldest batch in flight was sent, in µs since the pool
     /// started (0: none in flight).
     oldest_sent_us: AtomicU64,
-    /// Connections lost or refused after the first.
+    /// Established at least once.
+    up_before: AtomicBool,
+    /// Established again after being lost.
     reconnects: AtomicU64,
     /// Batches the sink refused as bad input (each try).
     refusals: AtomicU64,
@@ -114,8 +116,8 @@ struct ConnectionCounters {
 pub struct ConnectionStats {
     pub index: usize,
     pub up: bool,
-    /// Batches' bytes (rows and framing) sent, sent again included, and
-    /// acknowledged.
+    /// Batches' bytes on the wire (IPC header and body) sent, sent again
+    /// included, and acknowledged.
     pub sent_bytes: u64,
     pub acked_bytes: u64,
     /// Bytes in flight as charged against the window (a small batch
@@ -510,12 +512,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 async fn run_connection(shared: Arc<Shared>, index: usize) {
     let mut backoff = Duration::from_millis(50);
     let counters = &shared.counters[index];
-    let mut first = true;
     loop {
         let mut in_flight = BTreeMap::new();
-        if !std::mem::take(&mut first) {
-            counters.reconnects.fetch_add(1, Ordering::Relaxed);
-        }
         let result = stream_once(&shared, index, &mut in_flight, &mut backoff).await;
         counters.up.store(false, Ordering::Relaxed);
         counters.in_flight_bytes.store(0, Ordering::Relaxed);
@@ -625,6 +623,9 @@ async fn stream_once(
         shared.connected.fetch_sub(1, Ordering::Relaxed);
     });
     let counters = &shared.counters[index];
+    if counters.up_before.swap(true, Ordering::Relaxed) {
+        counters.reconnects.fetch_add(1, Ordering::Relaxed);
+    }
     counters.up.store(true, Ordering::Relaxed);
     // The oldest batch in flight is the first by sequence number.
     let publish_oldest = |in_flight: &BTreeMap<u64, Queued>| {
@@ -656,10 +657,10 @@ async fn stream_once(
                 counters.in_flight_bytes.store(in_flight_bytes, Ordering::Relaxed);
                 counters
                     .acked_bytes
-                    .fetch_add(item.out.batch.memory_size(), Ordering::Relaxed);
+                    .fetch_add(item.out.batch.wire_len(), Ordering::Relaxed);
                 publish_oldest(in_flight);
                 if let (Some(events), Some(sent_at)) = (&shared.events, item.sent_at) {
-                    events.batch_acked(endpoint, index, item.out.batch.memory_size(), sent_at.elapsed());
+                    events.batch_acked(endpoint, index, item.out.batch.wire_len(), sent_at.elapsed());
                 }
                 *backoff = Duration::from_millis(50);
                 let _ = shared.deliveries.send(Delivery::Acked { token: item.out.token, ack });
@@ -674,7 +675,7 @@ async fn stream_once(
                 item.sent_at = Some(Instant::now());
                 counters
                     .sent_bytes
-                    .fetch_add(item.out.batch.memory_size(), Ordering::Relaxed);
+                    .fetch_add(item.out.batch.wire_len(), Ordering::Relaxed);
                 counters.in_flight_bytes.store(in_flight_bytes, Ordering::Relaxed);
                 in_flight.insert(seq, item);
                 publish_oldest(in_flight);

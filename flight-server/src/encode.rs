@@ -52,6 +52,11 @@ impl EncodedBatch {
         self.memory
     }
 
+    /// Bytes it takes on the wire: its IPC header and body.
+    pub fn wire_len(&self) -> u64 {
+        (self.header.len() + self.body.len()) as u64
+    }
+
     /// The batch as the sink decodes it (for tests and tools).
     pub fn decode(&self) -> Result<arrow_array::RecordBatch, String> {
         let data = arrow_flight::FlightData {

@@ -593,22 +593,38 @@ pub async fn serve(
     config: &SinkConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    tracing::info!(listen = %listener.local_addr()?, root = %config.root.display(), tls = config.tls.is_some(), "sink serving");
-    let server = ServerConfig {
-        listen: config.listen,
-        tls: config.tls.clone(),
-        max_message_bytes: config.max_message_bytes,
-        stream_window_bytes: config.window_bytes,
-        connection_window_bytes: config.window_bytes,
-        read_access: config.read_access.clone(),
-        ..ServerConfig::default()
-    };
-    let served = flight_server::serve(sink.clone(), server, listener, shutdown)
-        .await
-        .map_err(|e| anyhow::anyhow!("sink server on {} failed: {e}", config.listen));
+    serve_and_tell(sink, config, shutdown, || {}).await
+}
+
+/// [`serve`], calling `listening` once the sink listens. Whatever ends
+/// the serving (a failed bind included), the committer is drained and
+/// joined, so that the feed closes and its listeners end.
+pub async fn serve_and_tell(
+    sink: Arc<Sink>,
+    config: &SinkConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    listening: impl FnOnce(),
+) -> anyhow::Result<()> {
+    let served = async {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        tracing::info!(listen = %listener.local_addr()?, root = %config.root.display(), tls = config.tls.is_some(), "sink serving");
+        listening();
+        let server = ServerConfig {
+            listen: config.listen,
+            tls: config.tls.clone(),
+            max_message_bytes: config.max_message_bytes,
+            stream_window_bytes: config.window_bytes,
+            connection_window_bytes: config.window_bytes,
+            read_access: config.read_access.clone(),
+            ..ServerConfig::default()
+        };
+        flight_server::serve(sink.clone(), server, listener, shutdown)
+            .await
+            .map_err(|e| anyhow::anyhow!("sink server on {} failed: {e}", config.listen))
+    }
+    .await;
     sink.shutdown().await;
     if let Some(reason) = sink.health.reason() {
         tracing::warn!(%reason, "the sink stopped poisoned; its next start recovers from the manifest");

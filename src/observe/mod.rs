@@ -144,7 +144,8 @@ pub fn otlp_config(
     }
     otlp::OtlpConfig {
         endpoint: endpoint.to_string(),
-        every,
+        // An interval cannot be zero; nobody needs pushes this often.
+        every: every.max(std::time::Duration::from_millis(100)),
         resource,
     }
 }

@@ -218,9 +218,9 @@ impl Observed for SinkObserved {
         }
         let status_json = match &status {
             Ok(s) => {
-                m.counter(
-                    "sink_placed_bytes_total",
-                    "Bytes placed and recorded in the manifest (kept across restarts).",
+                m.gauge(
+                    "sink_placed_bytes",
+                    "Bytes placed and recorded in the manifest, kept across restarts (ranges a crash left unproven are withdrawn from it at the restart).",
                     s.placed_bytes as f64,
                 );
                 m.counter(

@@ -172,8 +172,8 @@ impl Observed for WatchObserved {
         );
         source_total(
             "source_sealed_files_total",
-            "Files sealed (complete, digest checked at the sink) since the start.",
-            self.progress.sealed_files(),
+            "Files whose seal (complete, digest checked at the sink) was acknowledged since the watcher started.",
+            self.progress.seals(),
         );
         per_source(
             "source_lag_bytes",
@@ -229,12 +229,12 @@ impl Observed for WatchObserved {
             by_class.with_label_values(&[source, class]).set(*n as f64);
         }
         let connections = m.gauges(
-            "sink_connections",
+            "link_connections",
             "Connections to each sink the watcher keeps.",
             &["sink"],
         );
         let connected = m.gauges(
-            "sink_connections_up",
+            "link_connections_up",
             "Connections to each sink established now.",
             &["sink"],
         );
@@ -276,7 +276,7 @@ impl Observed for WatchObserved {
         );
         let reconnects_by_connection = connection_counter(
             "connection_reconnects_total",
-            "Times the connection was lost (or refused) and made again.",
+            "Times the connection was established again after it was lost.",
         );
         let refusals_by_connection = connection_counter(
             "connection_refusals_total",
@@ -371,7 +371,7 @@ impl Observed for WatchObserved {
                 "observed_bytes": observed,
                 "read_bytes": read,
                 "committed_bytes": acked,
-                "sealed_files": self.progress.sealed_files(),
+                "sealed_files": self.progress.seals(),
             }],
             "sinks": sinks,
             "files": files.iter().take(PAGE_FILES).map(file_json).collect::<Vec<_>>(),

@@ -34,11 +34,20 @@ pub struct Found {
 
 /// Walks `root` and returns its regular files (symlinks are not followed)
 /// and its directories, both relative to `root`.
+#[cfg(test)]
 pub fn walk(root: &Path) -> io::Result<(Vec<Found>, Vec<String>)> {
+    walk_with(root, || {})
+}
+
+/// [`walk`], calling `each_dir` before reading each directory: a walk of a
+/// large tree on a slow filesystem takes minutes, and whoever watches the
+/// walker for signs of life sees them.
+pub fn walk_with(root: &Path, mut each_dir: impl FnMut()) -> io::Result<(Vec<Found>, Vec<String>)> {
     let mut files = Vec::new();
     let mut dirs = vec![String::new()];
     let mut index = 0;
     while index < dirs.len() {
+        each_dir();
         let rel = dirs[index].clone();
         index += 1;
         let entries = match std::fs::read_dir(root.join(&rel)) {

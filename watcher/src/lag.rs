@@ -149,6 +149,16 @@ impl LagHistory {
         while self.samples.len() >= 2 && now.duration_since(self.samples[1].0) >= window {
             self.samples.pop_front();
         }
+        // A file that neither grows nor drains keeps two samples (the first
+        // and the last of the flat run), not one per publication.
+        let len = self.samples.len();
+        if len >= 2
+            && (self.samples[len - 1].1, self.samples[len - 1].2) == (size, acked)
+            && (self.samples[len - 2].1, self.samples[len - 2].2) == (size, acked)
+        {
+            self.samples[len - 1].0 = now;
+            return;
+        }
         if self.samples.len() == MAX_SAMPLES {
             self.samples.remove(MAX_SAMPLES / 2);
         }
@@ -156,12 +166,17 @@ impl LagHistory {
     }
 
     /// The file's state and rates as of the last sample.
+    /// `sink_quiet` is how long the file's sink has acknowledged nothing at
+    /// all: a file whose own acknowledgements stopped while its sink keeps
+    /// acknowledging others waits its turn (falling behind), it is not
+    /// stalled.
     pub(crate) fn assess(
         &self,
         now: Instant,
         seconds_behind: f64,
         sealed: bool,
         failed: bool,
+        sink_quiet: Duration,
         policy: &LagPolicy,
     ) -> Assessment {
         let (rates, owed, owed_before, appended) = match (self.samples.front(), self.samples.back())
@@ -202,7 +217,11 @@ impl LagHistory {
         } else if seconds_behind >= policy.stall_after.as_secs_f64()
             && now.duration_since(self.last_ack_move) >= policy.stall_after
         {
-            FileState::Stalled
+            if sink_quiet >= policy.stall_after {
+                FileState::Stalled
+            } else {
+                FileState::FallingBehind
+            }
         } else if owed > owed_before
             && (owed - owed_before) as f64 > FALLING_BEHIND_SHARE * appended as f64
         {
@@ -253,6 +272,8 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+    /// A sink that has acknowledged nothing for a long time.
+    const QUIET: Duration = Duration::from_secs(3600);
 
     fn policy() -> LagPolicy {
         LagPolicy::default()
@@ -280,12 +301,16 @@ mod tests {
         let (history, clock) = run(&[(MIB, MIB), (2 * MIB, 2 * MIB), (3 * MIB, 3 * MIB)]);
         let now = clock.at(2);
         assert_eq!(
-            history.assess(now, 0.0, false, false, &policy()).state,
+            history
+                .assess(now, 0.0, false, false, QUIET, &policy())
+                .state,
             FileState::CaughtUp
         );
         let later = clock.at(2 + 30);
         assert_eq!(
-            history.assess(later, 0.0, false, false, &policy()).state,
+            history
+                .assess(later, 0.0, false, false, QUIET, &policy())
+                .state,
             FileState::Idle
         );
     }
@@ -294,7 +319,7 @@ mod tests {
     fn owed_bytes_growing_over_the_window_are_falling_behind_with_no_eta() {
         let samples: Vec<_> = (0..10).map(|i| (10 * MIB * i, 5 * MIB * i)).collect();
         let (history, clock) = run(&samples);
-        let a = history.assess(clock.at(9), 1.0, false, false, &policy());
+        let a = history.assess(clock.at(9), 1.0, false, false, QUIET, &policy());
         assert_eq!(a.state, FileState::FallingBehind);
         assert!((a.append_rate - 10.0 * MIB as f64).abs() < 1.0);
         assert!((a.drain_rate - 5.0 * MIB as f64).abs() < 1.0);
@@ -308,7 +333,7 @@ mod tests {
             .map(|i| (100 * MIB + 2 * MIB * i, 12 * MIB * i))
             .collect();
         let (history, clock) = run(&samples);
-        let a = history.assess(clock.at(5), 3.0, false, false, &policy());
+        let a = history.assess(clock.at(5), 3.0, false, false, QUIET, &policy());
         assert_eq!(a.state, FileState::Progressing);
         // 50 MiB owed, closing at 10 MiB/s.
         let eta = a.eta_seconds.expect("catching up");
@@ -323,11 +348,11 @@ mod tests {
             .collect();
         samples[9].1 -= 64 << 10;
         let (history, clock) = run(&samples);
-        let a = history.assess(clock.at(9), 0.4, false, false, &policy());
+        let a = history.assess(clock.at(9), 0.4, false, false, QUIET, &policy());
         assert_eq!(a.state, FileState::CaughtUp);
         // The same owed bytes, older than the pipeline's latency: the trend
         // (flat) makes it progressing, not falling behind.
-        let a = history.assess(clock.at(9), 2.0, false, false, &policy());
+        let a = history.assess(clock.at(9), 2.0, false, false, QUIET, &policy());
         assert_eq!(a.state, FileState::Progressing);
     }
 
@@ -336,11 +361,15 @@ mod tests {
         let samples: Vec<_> = (0..12).map(|i| (MIB * (i + 1), MIB)).collect();
         let (history, clock) = run(&samples);
         // The oldest owed byte is 11 s old and nothing was acknowledged since second 0.
-        let a = history.assess(clock.at(11), 11.0, false, false, &policy());
+        let a = history.assess(clock.at(11), 11.0, false, false, QUIET, &policy());
         assert_eq!(a.state, FileState::Stalled);
         // Owed bytes that are fresh after a long quiet spell are not a stall.
-        let a = history.assess(clock.at(11), 0.5, false, false, &policy());
+        let a = history.assess(clock.at(11), 0.5, false, false, QUIET, &policy());
         assert_ne!(a.state, FileState::Stalled);
+        // Nor is a file waiting its turn while its sink acknowledges others.
+        let busy_sink = Duration::from_millis(100);
+        let a = history.assess(clock.at(11), 11.0, false, false, busy_sink, &policy());
+        assert_eq!(a.state, FileState::FallingBehind);
     }
 
     #[test]
@@ -348,11 +377,15 @@ mod tests {
         let (history, clock) = run(&[(MIB, 0), (2 * MIB, 0)]);
         let now = clock.at(1);
         assert_eq!(
-            history.assess(now, 99.0, true, false, &policy()).state,
+            history
+                .assess(now, 99.0, true, false, QUIET, &policy())
+                .state,
             FileState::Done
         );
         assert_eq!(
-            history.assess(now, 99.0, false, true, &policy()).state,
+            history
+                .assess(now, 99.0, false, true, QUIET, &policy())
+                .state,
             FileState::Failed
         );
     }
@@ -361,7 +394,7 @@ mod tests {
     fn a_new_generation_starts_a_history_of_its_own() {
         let (mut history, clock) = run(&[(50 * MIB, 50 * MIB), (60 * MIB, 60 * MIB)]);
         history.observe(clock.at(2), MIB, 0, policy().window);
-        let a = history.assess(clock.at(2), 2.0, false, false, &policy());
+        let a = history.assess(clock.at(2), 2.0, false, false, QUIET, &policy());
         assert_eq!((a.append_rate, a.drain_rate), (0.0, 0.0));
         // One sample shows no trend.
         assert_eq!(a.state, FileState::Progressing);
@@ -380,6 +413,13 @@ mod tests {
         // first (the window is wider than the run), the newest the last.
         assert_eq!(history.samples.front().map(|s| s.1), Some(0));
         assert_eq!(history.samples.back().map(|s| s.1), Some(999_900));
+    }
+
+    #[test]
+    fn a_file_at_rest_keeps_two_samples() {
+        let samples: Vec<_> = (0..30).map(|_| (MIB, MIB)).collect();
+        let (history, _) = run(&samples);
+        assert_eq!(history.samples.len(), 2);
     }
 
     #[test]

@@ -86,9 +86,12 @@ pub struct Progress {
     sinks: Mutex<Vec<SinkLink>>,
     pool_events: OnceLock<Arc<dyn PoolEvents>>,
     lag_events: OnceLock<Arc<dyn LagEvents>>,
-    /// Counts the tailer's publications: it publishes every checkpoint
-    /// (200 ms), so a count that stops moving is a tailer that stopped.
+    /// The tailer's heartbeat: it publishes every checkpoint (200 ms) and
+    /// beats while it walks a tree, so a count that stops moving is a
+    /// tailer that stopped.
     publications: AtomicU64,
+    /// Seals acknowledged since the start.
+    seals: AtomicU64,
 }
 
 impl Progress {
@@ -128,9 +131,23 @@ impl Progress {
         *self.files.lock().unwrap_or_else(|p| p.into_inner()) = files;
     }
 
-    /// How many times the tailer has published (a heartbeat).
+    /// The tailer's heartbeat: publications and walks.
     pub fn publications(&self) -> u64 {
         self.publications.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn beat(&self) {
+        self.publications.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_sealed(&self) {
+        self.seals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Files whose seal the sink acknowledged since the start (never goes
+    /// down, unlike [`Progress::sealed_files`]).
+    pub fn seals(&self) -> u64 {
+        self.seals.load(Ordering::Relaxed)
     }
 
     /// The files still being tracked (not yet sealed).

@@ -254,6 +254,8 @@ pub(crate) struct Tailer {
     progress: Arc<Progress>,
     /// Told how long each growth took to become durable.
     lag_events: Option<Arc<dyn LagEvents>>,
+    /// When each sink last acknowledged anything.
+    sink_last_ack: Vec<Instant>,
     /// Largest single data row read at once.
     max_row_bytes: usize,
     discovery: Box<dyn Discovery>,
@@ -297,6 +299,7 @@ impl Tailer {
         let batches = (0..outboxes.len())
             .map(|_| batcher::new_batch(&config))
             .collect();
+        let sink_last_ack = vec![Instant::now(); config.sinks.len().max(1)];
         Ok(Self {
             root: config.root.clone(),
             max_row_bytes: config.max_row_bytes.max(4096),
@@ -319,6 +322,7 @@ impl Tailer {
             ready_set: Set::default(),
             dirty: Set::default(),
             lag_events: progress.lag_events(),
+            sink_last_ack,
             progress,
             discovery,
             walking: false,

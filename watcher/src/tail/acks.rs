@@ -5,7 +5,12 @@ use super::*;
 
 impl Tailer {
     pub(super) fn drain_deliveries(&mut self) {
-        while let Ok((_sink, delivery)) = self.deliveries.try_recv() {
+        while let Ok((sink, delivery)) = self.deliveries.try_recv() {
+            if matches!(delivery, Delivery::Acked { .. })
+                && let Some(last) = self.sink_last_ack.get_mut(sink)
+            {
+                *last = Instant::now();
+            }
             self.on_delivery(delivery);
         }
     }
@@ -89,11 +94,13 @@ impl Tailer {
                         // acknowledgement then finishes it).
                         t.rename_only = true;
                         t.file = None;
+                        self.progress.add_sealed();
                         tracing::info!(path = %t.path, size = row.offset, "sealed; a rename follows");
                     }
                     RowKind::Seal => {
                         t.sealed = true;
                         t.file = None;
+                        self.progress.add_sealed();
                         tracing::info!(path = %t.path, size = row.offset, "sealed");
                         let t = &self.files[&row.file];
                         let done = Finished::of(t, t.mtime_ns);

@@ -37,6 +37,7 @@ impl Tailer {
         }
         let now = Instant::now();
         let policy = self.config.lag;
+        let sink_last_ack = &self.sink_last_ack;
         let snapshot = self
             .files
             .values_mut()
@@ -47,9 +48,17 @@ impl Tailer {
                     .front()
                     .map_or(0.0, |&(_, seen)| now.duration_since(seen).as_secs_f64());
                 t.lag.observe(now, t.size_seen, acked, policy.window);
-                let assessed =
-                    t.lag
-                        .assess(now, seconds_behind, t.sealed, t.failed.is_some(), &policy);
+                let sink_quiet = sink_last_ack
+                    .get(t.sink)
+                    .map_or(Duration::MAX, |at| now.duration_since(*at));
+                let assessed = t.lag.assess(
+                    now,
+                    seconds_behind,
+                    t.sealed,
+                    t.failed.is_some(),
+                    sink_quiet,
+                    &policy,
+                );
                 FileProgress {
                     path: t.path.clone(),
                     generation: t.generation,

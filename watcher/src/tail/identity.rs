@@ -405,7 +405,8 @@ impl Tailer {
     /// Walks the whole tree: finds new files, renames and deletions that
     /// events missed, and re-checks every tracked file.
     pub(super) fn rescan(&mut self) -> anyhow::Result<()> {
-        let (found, dirs) = discover::walk(&self.root)?;
+        let progress = self.progress.clone();
+        let (found, dirs) = discover::walk_with(&self.root, || progress.beat())?;
         for dir in &dirs {
             self.discovery.watch_dir(dir);
         }
