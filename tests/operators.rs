@@ -26,6 +26,15 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body.to_string()))
 }
 
+/// Waits until a metrics listener answers (its process may still start).
+fn wait_listening(port: u16) {
+    wait_until(
+        "the metrics listener answers",
+        Duration::from_secs(60),
+        || get(port, "/healthz").is_some(),
+    );
+}
+
 fn get_ok(port: u16, path: &str) -> String {
     match get(port, path) {
         Some((200, body)) => body,
@@ -723,4 +732,102 @@ fn a_sink_whose_port_is_taken_exits_with_its_metrics_on() {
     ]));
     assert!(!ok, "the sink cannot serve on a taken port: {output}");
     assert!(output.contains("cannot listen on"), "{output}");
+}
+
+/// User and system CPU seconds a process has used (Linux /proc).
+fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may hold spaces) start after ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
+        .sum();
+    // SAFETY: sysconf has no memory effects.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+#[test]
+fn ten_thousand_files_do_not_become_ten_thousand_series() {
+    let (watch_port, sink_port) = (free_port(), free_port());
+    let pipeline = Pipeline::in_scratch(
+        "operators-many",
+        PipelineOptions {
+            extra_watch_args: strings(&[
+                "--metrics-listen",
+                &format!("127.0.0.1:{watch_port}"),
+                // Files stay followed (not sealed) while the scrapes run.
+                "--seal-idle",
+                "1h",
+            ]),
+            extra_sink_args: strings(&["--metrics-listen", &format!("127.0.0.1:{sink_port}")]),
+            ..PipelineOptions::default()
+        },
+    );
+    let files = 10_000u64;
+    for d in 0..100 {
+        let dir = pipeline.source.join(format!("d{d:03}"));
+        std::fs::create_dir_all(&dir).expect("a source directory");
+        for f in 0..files / 100 {
+            std::fs::write(dir.join(format!("f{f:03}.dat")), [d as u8; 100])
+                .expect("a source file");
+        }
+    }
+    let total = (files * 100) as f64;
+    wait_listening(watch_port);
+    wait_until("every file is committed", Duration::from_secs(300), || {
+        sample(
+            &get_ok(watch_port, "/metrics"),
+            "tailflight_source_committed_bytes_total{source=\"src\"}",
+        ) == Some(total)
+    });
+    let metrics = get_ok(watch_port, "/metrics");
+    assert_eq!(
+        sample(&metrics, "tailflight_source_tracked_files{source=\"src\"}"),
+        Some(files as f64)
+    );
+    let series = metrics.lines().filter(|l| !l.starts_with('#')).count();
+    assert!(
+        !metrics.contains(".dat"),
+        "no file path is a label by default"
+    );
+    // The scrape of a watcher with one file, for comparison: the same series.
+    let (small_port, small_sink) = (free_port(), free_port());
+    let small = pipeline_with_metrics("operators-one-file", small_port, small_sink);
+    std::fs::write(small.source.join("one.dat"), [1u8; 100]).expect("a source file");
+    wait_listening(small_port);
+    wait_until("the one file is committed", Duration::from_secs(60), || {
+        sample(
+            &get_ok(small_port, "/metrics"),
+            "tailflight_source_committed_bytes_total{source=\"src\"}",
+        ) == Some(100.0)
+    });
+    let small_metrics = get_ok(small_port, "/metrics");
+    let small_series = small_metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .count();
+    // The top-files series (--metrics-top-files 2) are the only difference.
+    assert!(
+        series <= small_series,
+        "{files} files give {series} series, one file {small_series}"
+    );
+    // What a scrape costs the watcher with 10,000 files followed (reported,
+    // not asserted).
+    let pid = pipeline.watcher.pid().expect("the watcher runs");
+    let before = cpu_seconds(pid);
+    let scrapes = 50;
+    let mut bytes = 0;
+    for _ in 0..scrapes {
+        bytes = get_ok(watch_port, "/metrics").len();
+        get_ok(watch_port, "/api/status");
+    }
+    let per_scrape_ms = (cpu_seconds(pid) - before) / scrapes as f64 * 1000.0;
+    println!(
+        "{files} files followed: {series} series, a scrape of {bytes} bytes; watcher CPU per /metrics + /api/status: {per_scrape_ms:.2} ms"
+    );
 }

@@ -181,6 +181,11 @@ impl Observed for WatchObserved {
             summary.lag_bytes_sum as f64,
         );
         per_source(
+            "source_summed_file_lag_seconds",
+            "The seconds behind of all the source's files added up (how much waiting is owed, where source_lag_seconds is the oldest).",
+            summary.lag_seconds_sum,
+        );
+        per_source(
             "source_max_file_lag_bytes",
             "The most bytes one file of the source owes.",
             summary.lag_bytes_max as f64,
@@ -238,6 +243,22 @@ impl Observed for WatchObserved {
             "Connections to each sink established now.",
             &["sink"],
         );
+        let link_lag = m.gauges(
+            "link_lag_bytes",
+            "Bytes seen at the source and not yet durable, over the files that go to each sink.",
+            &["sink"],
+        );
+        let mut owed = vec![0u64; sinks.len()];
+        for f in &files {
+            if let Some(sum) = owed.get_mut(f.sink) {
+                *sum += f.bytes_behind();
+            }
+        }
+        for (link, owed) in sinks.iter().zip(&owed) {
+            link_lag
+                .with_label_values(&[link.endpoint.as_str()])
+                .set(*owed as f64);
+        }
         for link in &sinks {
             connections
                 .with_label_values(&[link.endpoint.as_str()])
@@ -366,6 +387,7 @@ impl Observed for WatchObserved {
                 "lag_bytes": summary.lag_bytes_sum,
                 "max_file_lag_bytes": summary.lag_bytes_max,
                 "lag_seconds": summary.lag_seconds_max,
+                "summed_file_lag_seconds": summary.lag_seconds_sum,
                 "append_rate": summary.append_rate,
                 "drain_rate": summary.drain_rate,
                 "observed_bytes": observed,
@@ -373,7 +395,11 @@ impl Observed for WatchObserved {
                 "committed_bytes": acked,
                 "sealed_files": self.progress.seals(),
             }],
-            "sinks": sinks,
+            "sinks": sinks.iter().zip(&owed).map(|(link, owed)| {
+                let mut value = serde_json::to_value(link).unwrap_or_default();
+                value["lag_bytes"] = json!(owed);
+                value
+            }).collect::<Vec<_>>(),
             "files": files.iter().take(PAGE_FILES).map(file_json).collect::<Vec<_>>(),
             "files_not_listed": files.len().saturating_sub(PAGE_FILES),
             "history": self.history.points(),

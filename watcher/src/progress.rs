@@ -16,6 +16,9 @@ use crate::lag::{FileState, LAG_CLASSES, LagEvents, lag_class};
 pub struct FileProgress {
     pub path: String,
     pub generation: u64,
+    /// Which of the watcher's sinks the file goes to (an index into
+    /// [`Progress::sinks`]).
+    pub sink: usize,
     pub size: u64,
     pub acked: u64,
     /// Seconds since the oldest byte not yet acknowledged was seen.

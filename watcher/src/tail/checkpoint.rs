@@ -62,6 +62,7 @@ impl Tailer {
                 FileProgress {
                     path: t.path.clone(),
                     generation: t.generation,
+                    sink: t.sink,
                     size: t.size_seen,
                     acked,
                     seconds_behind,

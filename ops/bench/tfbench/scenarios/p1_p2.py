@@ -15,11 +15,11 @@ from ..harness import (Bench, BenchError, Pipeline, dir_bytes, now_ns, rmtree, s
                        wait_commits)
 
 
-def throughput_run(b: Bench, name: str, tls: bool) -> dict:
+def throughput_run(b: Bench, name: str, tls: bool, watch_extra=(), sink_extra=()) -> dict:
     d = b.fresh("p1", name)
     src = b.fresh_src("p1", name)
     os.sync()
-    pl = Pipeline(b, d, src, tls=tls)
+    pl = Pipeline(b, d, src, tls=tls, watch_extra=watch_extra, sink_extra=sink_extra)
     try:
         pl.start_watcher()
         time.sleep(0.5)
