@@ -109,6 +109,14 @@ struct ConnectionCounters {
     refusals: AtomicU64,
     /// Batches sent again after their connection failed.
     resent_batches: AtomicU64,
+    /// Streams that failed, by reason (a gRPC code or a short name).
+    failures: Mutex<BTreeMap<String, u64>>,
+}
+
+impl ConnectionCounters {
+    fn failed(&self, reason: &str) {
+        *lock(&self.failures).entry(reason.to_string()).or_default() += 1;
+    }
 }
 
 /// One connection as [`FlightPool::connection_stats`] reports it.
@@ -129,6 +137,10 @@ pub struct ConnectionStats {
     pub reconnects: u64,
     pub refusals: u64,
     pub resent_batches: u64,
+    /// Streams that failed (connecting included), by reason: a gRPC code
+    /// (`Unavailable`, `InvalidArgument`, ...), `connect`, `stream-closed`
+    /// or `bad-ack`.
+    pub failures: BTreeMap<String, u64>,
 }
 
 /// Refusals of the same batch before it is reported instead of retried.
@@ -290,6 +302,7 @@ impl FlightPool {
                     reconnects: load(&c.reconnects),
                     refusals: load(&c.refusals),
                     resent_batches: load(&c.resent_batches),
+                    failures: lock(&c.failures).clone(),
                 }
             })
             .collect()
@@ -530,6 +543,7 @@ async fn run_connection(shared: Arc<Shared>, index: usize) {
             }
             Err(StreamFailure::Refused(status)) => {
                 counters.refusals.fetch_add(1, Ordering::Relaxed);
+                counters.failed(&code_name(status.code()));
                 tracing::error!(endpoint = %shared.config.endpoint, connection = index, error = %status.message(), resent = count, "sink refused a batch");
                 let mut retry = Vec::new();
                 for mut item in unacked {
@@ -547,7 +561,8 @@ async fn run_connection(shared: Arc<Shared>, index: usize) {
                 tokio::time::sleep(backoff).await;
                 continue;
             }
-            Err(StreamFailure::Transport(detail)) => {
+            Err(StreamFailure::Transport { reason, detail }) => {
+                counters.failed(&reason);
                 tracing::warn!(endpoint = %shared.config.endpoint, connection = index, error = %detail, resent = count, "connection lost; reconnecting");
             }
         }
@@ -562,8 +577,23 @@ async fn run_connection(shared: Arc<Shared>, index: usize) {
 enum StreamFailure {
     /// The sink answered a batch with an error of its own (bad input).
     Refused(tonic::Status),
-    /// Connecting failed or the connection broke.
-    Transport(String),
+    /// Connecting failed or the connection broke; `reason` is a short,
+    /// bounded name for metrics (a gRPC code, `connect`, ...).
+    Transport { reason: String, detail: String },
+}
+
+impl StreamFailure {
+    fn transport(reason: &str, detail: String) -> Self {
+        StreamFailure::Transport {
+            reason: reason.to_string(),
+            detail,
+        }
+    }
+}
+
+/// A gRPC code as a metric label ("Unavailable", "InvalidArgument", ...).
+fn code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
 }
 
 fn classify(status: tonic::Status) -> StreamFailure {
@@ -573,7 +603,10 @@ fn classify(status: tonic::Status) -> StreamFailure {
         | Code::PermissionDenied
         | Code::FailedPrecondition
         | Code::OutOfRange => StreamFailure::Refused(status),
-        _ => StreamFailure::Transport(format!("{}: {}", status.code(), status.message())),
+        code => StreamFailure::transport(
+            &code_name(code),
+            format!("{}: {}", status.code(), status.message()),
+        ),
     }
 }
 
@@ -606,7 +639,10 @@ async fn stream_once(
 ) -> Result<(), StreamFailure> {
     let endpoint = &shared.config.endpoint;
     let channel = shared.endpoint.connect().await.map_err(|e| {
-        StreamFailure::Transport(format!("cannot connect to {endpoint}: {}", error_chain(&e)))
+        StreamFailure::transport(
+            "connect",
+            format!("cannot connect to {endpoint}: {}", error_chain(&e)),
+        )
     })?;
     let max_bytes = shared.config.max_message_bytes;
     let (tx, rx) = mpsc::channel::<MessageFrames>(2);
@@ -614,7 +650,7 @@ async fn stream_once(
     let hello = frames(schema_message(&hello), max_bytes).map_err(classify)?;
     tx.send(hello)
         .await
-        .map_err(|_| StreamFailure::Transport("request stream closed".into()))?;
+        .map_err(|_| StreamFailure::transport("stream-closed", "request stream closed".into()))?;
     let mut responses = put_stream::do_put(channel, rx, max_bytes)
         .await
         .map_err(classify)?;
@@ -649,9 +685,9 @@ async fn stream_once(
                     return Ok(());
                 };
                 let ack = Ack::decode(&put.app_metadata)
-                    .map_err(|e| StreamFailure::Transport(format!("unreadable ack from {endpoint}: {e}")))?;
+                    .map_err(|e| StreamFailure::transport("bad-ack", format!("unreadable ack from {endpoint}: {e}")))?;
                 let Some(item) = in_flight.remove(&ack.seq) else {
-                    return Err(StreamFailure::Transport(format!("{endpoint} acknowledged batch {} that was not in flight", ack.seq)));
+                    return Err(StreamFailure::transport("bad-ack", format!("{endpoint} acknowledged batch {} that was not in flight", ack.seq)));
                 };
                 in_flight_bytes -= item.bytes;
                 counters.in_flight_bytes.store(in_flight_bytes, Ordering::Relaxed);
@@ -684,7 +720,7 @@ async fn stream_once(
                 if tx.send(message).await.is_err() {
                     // The request stream ended; the response side says why.
                     let status = responses.message().await.err();
-                    return Err(status.map(classify).unwrap_or_else(|| StreamFailure::Transport("request stream closed".into())));
+                    return Err(status.map(classify).unwrap_or_else(|| StreamFailure::transport("stream-closed", "request stream closed".into())));
                 }
             }
         }

@@ -307,10 +307,24 @@ impl Observed for WatchObserved {
             "connection_resent_batches_total",
             "Batches in flight when the connection failed, sent again.",
         );
+        let failures_by_connection = m.counters(
+            "connection_failures_total",
+            "Streams that failed on the connection (connecting included), by reason: a gRPC code (Unavailable, InvalidArgument, ...), connect, stream-closed or bad-ack.",
+            &["sink", "connection", "reason"],
+        );
         for link in &sinks {
             for c in &link.connection_stats {
                 let index = c.index.to_string();
                 let labels = [link.endpoint.as_str(), index.as_str()];
+                for (reason, n) in &c.failures {
+                    failures_by_connection
+                        .with_label_values(&[
+                            link.endpoint.as_str(),
+                            index.as_str(),
+                            reason.as_str(),
+                        ])
+                        .inc_by(*n as f64);
+                }
                 up_by_connection
                     .with_label_values(&labels)
                     .set(f64::from(u8::from(c.up)));
