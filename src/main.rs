@@ -117,6 +117,38 @@ impl ClientTlsArgs {
     }
 }
 
+/// What a watcher or a sink shows operators (see `observe`).
+#[derive(Args, Clone)]
+pub struct ExportArgs {
+    /// Serve Prometheus metrics (/metrics), the status page (/), its JSON
+    /// (/api/status), /healthz and /readyz on this address.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Also push the same metrics over OTLP/gRPC to this collector
+    /// (e.g. http://otel-collector:4317).
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+    /// How often to push over OTLP.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    otlp_every: Duration,
+}
+
+impl ExportArgs {
+    fn wanted(&self) -> bool {
+        self.metrics_listen.is_some() || self.otlp_endpoint.is_some()
+    }
+
+    fn otlp(&self, service: &str, source: Option<&str>) -> Option<observe::otlp::OtlpConfig> {
+        let endpoint = self.otlp_endpoint.as_ref()?;
+        Some(observe::otlp_config(
+            endpoint,
+            self.otlp_every,
+            service,
+            source,
+        ))
+    }
+}
+
 #[derive(Args, Clone)]
 pub struct SinkArgs {
     /// Destination root: files land under it and nowhere else.
@@ -216,17 +248,8 @@ pub struct SinkArgs {
     /// commits land).
     #[arg(long)]
     feed_log: Option<PathBuf>,
-    /// Serve Prometheus metrics (/metrics), the status page (/), its JSON
-    /// (/api/status), /healthz and /readyz on this address.
-    #[arg(long)]
-    metrics_listen: Option<SocketAddr>,
-    /// Also push the same metrics over OTLP/gRPC to this collector
-    /// (e.g. http://otel-collector:4317).
-    #[arg(long)]
-    otlp_endpoint: Option<String>,
-    /// How often to push over OTLP.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    otlp_every: Duration,
+    #[command(flatten)]
+    export: ExportArgs,
 }
 
 #[derive(Args, Clone)]
@@ -287,17 +310,8 @@ pub struct WatchArgs {
     /// Source files kept open at once (idle, fully read files are closed first).
     #[arg(long, default_value_t = 4096)]
     max_open_files: usize,
-    /// Serve Prometheus metrics (/metrics), the status page (/), its JSON
-    /// (/api/status), /healthz and /readyz on this address.
-    #[arg(long)]
-    metrics_listen: Option<SocketAddr>,
-    /// Also push the same metrics over OTLP/gRPC to this collector
-    /// (e.g. http://otel-collector:4317).
-    #[arg(long)]
-    otlp_endpoint: Option<String>,
-    /// How often to push over OTLP.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    otlp_every: Duration,
+    #[command(flatten)]
+    export: ExportArgs,
     /// Also export the lag of this many files furthest behind, labelled by
     /// path (0: per-source aggregates only, whatever the number of files).
     #[arg(long, default_value_t = 0)]
@@ -627,7 +641,7 @@ fn run(
                 // sink is gone and its feed closed.
                 let mut listeners = Vec::new();
                 let mut exporters = Vec::new();
-                if args.metrics_listen.is_some() || args.otlp_endpoint.is_some() {
+                if args.export.wanted() {
                     let (observed, thread) = observe::SinkObserved::attach(
                         sink.clone(),
                         config.root.clone(),
@@ -637,10 +651,8 @@ fn run(
                     listeners.push(thread);
                     exporters = observe::export(
                         Arc::new(observed),
-                        args.metrics_listen,
-                        args.otlp_endpoint.as_ref().map(|endpoint| {
-                            observe::otlp_config(endpoint, args.otlp_every, "tailflight-sink", None)
-                        }),
+                        args.export.metrics_listen,
+                        args.export.otlp("tailflight-sink", None),
                         stop(),
                     )
                     .await?;
@@ -687,7 +699,7 @@ fn run(
             runtime()?.block_on(async {
                 let stop = stop_signal();
                 let mut exporters = Vec::new();
-                if args.metrics_listen.is_some() || args.otlp_endpoint.is_some() {
+                if args.export.wanted() {
                     let observed = observe::WatchObserved::new(
                         args.source.clone(),
                         progress.clone(),
@@ -696,15 +708,8 @@ fn run(
                     )?;
                     exporters = observe::export(
                         Arc::new(observed),
-                        args.metrics_listen,
-                        args.otlp_endpoint.as_ref().map(|endpoint| {
-                            observe::otlp_config(
-                                endpoint,
-                                args.otlp_every,
-                                "tailflight-watch",
-                                Some(&args.source),
-                            )
-                        }),
+                        args.export.metrics_listen,
+                        args.export.otlp("tailflight-watch", Some(&args.source)),
                         stop(),
                     )
                     .await?;

@@ -7,24 +7,9 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::{Pipeline, PipelineOptions, free_port, strings, wait_until, workload};
-
-/// One HTTP/1.0 GET on loopback: (status code, body); None if nobody answers.
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_string()))
-}
+use common::{Pipeline, PipelineOptions, free_port, signal, strings, wait_until, workload};
 
 /// Waits until a metrics listener answers (its process may still start).
 fn wait_listening(port: u16) {
@@ -33,6 +18,10 @@ fn wait_listening(port: u16) {
         Duration::from_secs(60),
         || get(port, "/healthz").is_some(),
     );
+}
+
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    common::http_get(port, path)
 }
 
 fn get_ok(port: u16, path: &str) -> String {
@@ -59,13 +48,6 @@ fn verdict(port: u16) -> String {
         .as_str()
         .unwrap_or_default()
         .to_string()
-}
-
-fn source_bytes(dir: &std::path::Path) -> u64 {
-    common::list_files(dir)
-        .iter()
-        .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
-        .sum()
 }
 
 fn pipeline_with_metrics(name: &str, watch_port: u16, sink_port: u16) -> Pipeline {
@@ -100,7 +82,7 @@ fn metrics_and_status_follow_a_run() {
     }
     common::simulate(&pipeline.source, &workload("r1", "3", "256KiB", "3s"));
     pipeline.wait_identical(Duration::from_secs(120));
-    let total = source_bytes(&pipeline.source);
+    let total = common::tree_bytes(&pipeline.source);
     assert!(total > 0);
 
     // Every byte the source holds is committed, and nothing is owed.
@@ -271,13 +253,6 @@ fn sample_prefix(metrics: &str, prefix: &str) -> Vec<String> {
         .filter(|l| l.starts_with(prefix))
         .map(str::to_string)
         .collect()
-}
-
-fn signal(pid: Option<i32>, signal: i32) {
-    let pid = pid.expect("the process is running");
-    // SAFETY: kill(2) with a child's pid has no memory effects here.
-    let sent = unsafe { libc::kill(pid, signal) };
-    assert_eq!(sent, 0, "kill({pid}, {signal})");
 }
 
 #[test]
@@ -503,7 +478,7 @@ fn otlp_exports_agree_with_the_prometheus_endpoint() {
     );
     common::simulate(&pipeline.source, &workload("r1", "2", "256KiB", "2s"));
     pipeline.wait_identical(Duration::from_secs(120));
-    let total = source_bytes(&pipeline.source) as f64;
+    let total = common::tree_bytes(&pipeline.source) as f64;
     let committed = "tailflight_source_committed_bytes_total";
     wait_until(
         "the Prometheus endpoint shows every byte committed",
@@ -684,7 +659,7 @@ fn the_status_page_renders_the_run_in_a_browser() {
     sim.stop();
     pipeline.wait_identical(Duration::from_secs(120));
     // Once the run is in, the page says what the JSON says.
-    let total = source_bytes(&pipeline.source);
+    let total = common::tree_bytes(&pipeline.source);
     wait_until(
         "the JSON shows every byte committed",
         Duration::from_secs(60),

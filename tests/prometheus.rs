@@ -8,12 +8,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{Pipeline, PipelineOptions, free_port, strings, wait_until, workload};
+use common::{
+    Pipeline, PipelineOptions, free_port, http_get, signal, strings, wait_until, workload,
+};
 
 /// Prometheus and promtool, from TAILFLIGHT_PROMETHEUS (the server's path).
 fn prometheus_tools() -> (PathBuf, PathBuf) {
@@ -47,21 +49,6 @@ impl Drop for Server {
     }
 }
 
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    Some((
-        head.split_whitespace().nth(1)?.parse().ok()?,
-        body.to_string(),
-    ))
-}
-
 fn percent_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
@@ -92,20 +79,6 @@ fn query(port: u16, expr: &str) -> Result<Vec<serde_json::Value>, String> {
 fn value(port: u16, expr: &str) -> Option<f64> {
     let result = query(port, expr).ok()?;
     result.first()?["value"][1].as_str()?.parse().ok()
-}
-
-fn signal(pid: Option<i32>, signal: i32) {
-    let pid = pid.expect("the process is running");
-    // SAFETY: kill(2) with a child's pid has no memory effects here.
-    let sent = unsafe { libc::kill(pid, signal) };
-    assert_eq!(sent, 0, "kill({pid}, {signal})");
-}
-
-fn source_bytes(dir: &Path) -> u64 {
-    common::list_files(dir)
-        .iter()
-        .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
-        .sum()
 }
 
 /// Every `expr` in the dashboard's panels, with its variables set to match all.
@@ -259,7 +232,7 @@ fn prometheus_scrapes_the_run_and_its_alerts_and_dashboard_evaluate() {
     );
     sim.stop();
     pipeline.wait_identical(Duration::from_secs(120));
-    let total = source_bytes(&pipeline.source) as f64;
+    let total = common::tree_bytes(&pipeline.source) as f64;
 
     // The series agree with the run once everything is in.
     wait_until(

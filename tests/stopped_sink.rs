@@ -8,14 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Pipeline, PipelineOptions, strings, wait_until};
-
-fn signal(pid: Option<i32>, signal: i32) {
-    let pid = pid.expect("the process is running");
-    // SAFETY: kill(2) with a child's pid has no memory effects here.
-    let sent = unsafe { libc::kill(pid, signal) };
-    assert_eq!(sent, 0, "kill({pid}, {signal})");
-}
+use common::{Pipeline, PipelineOptions, signal, strings, wait_until};
 
 #[test]
 fn sigterm_ends_a_watcher_whose_sink_is_stopped() {

@@ -755,3 +755,36 @@ pub fn assert_live_reads_match(report: LiveReport) {
     );
     assert_eq!(report.shrinks, 0, "a destination file shrank: {report:?}");
 }
+
+/// One HTTP/1.0 GET on loopback: (status code, body); None if nobody answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    Some((
+        head.split_whitespace().nth(1)?.parse().ok()?,
+        body.to_string(),
+    ))
+}
+
+/// Sends `signal` to a child process (SIGSTOP, SIGCONT, SIGTERM).
+pub fn signal(pid: Option<i32>, signal: i32) {
+    let pid = pid.expect("the process is running");
+    // SAFETY: kill(2) with a child's pid has no memory effects here.
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "kill({pid}, {signal})");
+}
+
+/// Bytes of every regular file under `dir`.
+pub fn tree_bytes(dir: &Path) -> u64 {
+    list_files(dir)
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).map_or(0, |m| m.len()))
+        .sum()
+}
