@@ -237,7 +237,7 @@ fn a_paused_sink_turns_the_source_stalled_and_back() {
         || {
             matches!(
                 verdict(watch_port).as_str(),
-                "caught-up" | "progressing" | "idle"
+                "caught-up" | "progressing" | "idle" | "done"
             )
         },
     );
@@ -660,12 +660,15 @@ fn the_status_page_renders_the_run_in_a_browser() {
     pipeline.wait_identical(Duration::from_secs(120));
     // Once the run is in, the page says what the JSON says.
     let total = common::tree_bytes(&pipeline.source);
+    // Every file sealed: nothing on the page can change any more.
     wait_until(
-        "the JSON shows every byte committed",
+        "the JSON shows every byte committed and every file done",
         Duration::from_secs(60),
         || {
-            status(watch_port)["sources"][0]["committed_bytes"].as_u64() == Some(total)
-                && status(watch_port)["sources"][0]["lag_bytes"].as_u64() == Some(0)
+            let source = &status(watch_port)["sources"][0];
+            source["committed_bytes"].as_u64() == Some(total)
+                && source["lag_bytes"].as_u64() == Some(0)
+                && source["verdict"] == "done"
         },
     );
     let json = status(watch_port);
