@@ -7,12 +7,78 @@ use std::time::{Duration, Instant};
 
 use prometheus::{HistogramOpts, HistogramVec};
 
+use flight_server::ConnectionStats;
 use serde_json::json;
-use watcher::{FileProgress, FileState, Phase, Progress};
+use watcher::{FileProgress, FileState, Phase, Progress, SinkLink};
 
 use super::history::{History, Point};
 use super::metrics::{Families, PREFIX};
 use super::{Observed, RecentProblems, Snapshot};
+
+/// One figure of a connection.
+type ConnectionFigure = fn(&ConnectionStats) -> f64;
+
+/// Each connection's gauges: name, help, figure.
+const CONNECTION_GAUGES: [(&str, &str, ConnectionFigure); 4] = [
+    (
+        "connection_up",
+        "1 while the connection is established.",
+        |c| f64::from(u8::from(c.up)),
+    ),
+    (
+        "connection_in_flight_bytes",
+        "Bytes sent on the connection and not yet acknowledged, as charged against its window.",
+        |c| c.in_flight_bytes as f64,
+    ),
+    (
+        "connection_in_flight_batches",
+        "Batches sent on the connection and not yet acknowledged.",
+        |c| c.in_flight_batches as f64,
+    ),
+    (
+        "connection_oldest_unacked_seconds",
+        "Age of the oldest batch sent on the connection and not yet acknowledged (0: none).",
+        |c| c.oldest_unacked_seconds,
+    ),
+];
+
+/// Each connection's counters: name, help, figure.
+const CONNECTION_COUNTERS: [(&str, &str, ConnectionFigure); 5] = [
+    (
+        "connection_sent_bytes_total",
+        "Batch bytes sent on the connection (resent batches included).",
+        |c| c.sent_bytes as f64,
+    ),
+    (
+        "connection_acked_bytes_total",
+        "Batch bytes the sink acknowledged on the connection.",
+        |c| c.acked_bytes as f64,
+    ),
+    (
+        "connection_reconnects_total",
+        "Times the connection was established again after it was lost.",
+        |c| c.reconnects as f64,
+    ),
+    (
+        "connection_refusals_total",
+        "Times the sink refused a batch on the connection as bad input (each try).",
+        |c| c.refusals as f64,
+    ),
+    (
+        "connection_resent_batches_total",
+        "Batches in flight when the connection failed, sent again.",
+        |c| c.resent_batches as f64,
+    ),
+];
+
+/// Every connection with its sink's endpoint.
+fn connections_of(sinks: &[SinkLink]) -> impl Iterator<Item = (&str, &ConnectionStats)> {
+    sinks.iter().flat_map(|link| {
+        link.connection_stats
+            .iter()
+            .map(move |c| (link.endpoint.as_str(), c))
+    })
+}
 
 /// Files the status page lists, furthest behind first.
 const PAGE_FILES: usize = 25;
@@ -269,89 +335,32 @@ impl Observed for WatchObserved {
         }
         m.register(self.ack_latency.batch_acked.clone());
         m.register(self.ack_latency.seen_to_durable.clone());
-        let connection_gauge =
-            |name: &str, help: &str| m.gauges(name, help, &["sink", "connection"]);
-        let connection_counter =
-            |name: &str, help: &str| m.counters(name, help, &["sink", "connection"]);
-        let up_by_connection =
-            connection_gauge("connection_up", "1 while the connection is established.");
-        let in_flight_by_connection = connection_gauge(
-            "connection_in_flight_bytes",
-            "Bytes sent on the connection and not yet acknowledged, as charged against its window.",
-        );
-        let in_flight_batches_by_connection = connection_gauge(
-            "connection_in_flight_batches",
-            "Batches sent on the connection and not yet acknowledged.",
-        );
-        let oldest_by_connection = connection_gauge(
-            "connection_oldest_unacked_seconds",
-            "Age of the oldest batch sent on the connection and not yet acknowledged (0: none).",
-        );
-        let sent_by_connection = connection_counter(
-            "connection_sent_bytes_total",
-            "Batch bytes sent on the connection (resent batches included).",
-        );
-        let acked_by_connection = connection_counter(
-            "connection_acked_bytes_total",
-            "Batch bytes the sink acknowledged on the connection.",
-        );
-        let reconnects_by_connection = connection_counter(
-            "connection_reconnects_total",
-            "Times the connection was established again after it was lost.",
-        );
-        let refusals_by_connection = connection_counter(
-            "connection_refusals_total",
-            "Times the sink refused a batch on the connection as bad input (each try).",
-        );
-        let resent_by_connection = connection_counter(
-            "connection_resent_batches_total",
-            "Batches in flight when the connection failed, sent again.",
-        );
+        for (name, help, figure) in CONNECTION_GAUGES {
+            let family = m.gauges(name, help, &["sink", "connection"]);
+            for (link, c) in connections_of(&sinks) {
+                family
+                    .with_label_values(&[link, c.index.to_string().as_str()])
+                    .set(figure(c));
+            }
+        }
+        for (name, help, figure) in CONNECTION_COUNTERS {
+            let family = m.counters(name, help, &["sink", "connection"]);
+            for (link, c) in connections_of(&sinks) {
+                family
+                    .with_label_values(&[link, c.index.to_string().as_str()])
+                    .inc_by(figure(c));
+            }
+        }
         let failures_by_connection = m.counters(
             "connection_failures_total",
             "Streams that failed on the connection (connecting included), by reason: a gRPC code (Unavailable, InvalidArgument, ...), connect, stream-closed or bad-ack.",
             &["sink", "connection", "reason"],
         );
-        for link in &sinks {
-            for c in &link.connection_stats {
-                let index = c.index.to_string();
-                let labels = [link.endpoint.as_str(), index.as_str()];
-                for (reason, n) in &c.failures {
-                    failures_by_connection
-                        .with_label_values(&[
-                            link.endpoint.as_str(),
-                            index.as_str(),
-                            reason.as_str(),
-                        ])
-                        .inc_by(*n as f64);
-                }
-                up_by_connection
-                    .with_label_values(&labels)
-                    .set(f64::from(u8::from(c.up)));
-                in_flight_by_connection
-                    .with_label_values(&labels)
-                    .set(c.in_flight_bytes as f64);
-                in_flight_batches_by_connection
-                    .with_label_values(&labels)
-                    .set(c.in_flight_batches as f64);
-                oldest_by_connection
-                    .with_label_values(&labels)
-                    .set(c.oldest_unacked_seconds);
-                sent_by_connection
-                    .with_label_values(&labels)
-                    .inc_by(c.sent_bytes as f64);
-                acked_by_connection
-                    .with_label_values(&labels)
-                    .inc_by(c.acked_bytes as f64);
-                reconnects_by_connection
-                    .with_label_values(&labels)
-                    .inc_by(c.reconnects as f64);
-                refusals_by_connection
-                    .with_label_values(&labels)
-                    .inc_by(c.refusals as f64);
-                resent_by_connection
-                    .with_label_values(&labels)
-                    .inc_by(c.resent_batches as f64);
+        for (link, c) in connections_of(&sinks) {
+            for (reason, n) in &c.failures {
+                failures_by_connection
+                    .with_label_values(&[link, c.index.to_string().as_str(), reason.as_str()])
+                    .inc_by(*n as f64);
             }
         }
         if self.top_files > 0 {
