@@ -6,14 +6,22 @@
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/tailflight/target}"
 mkdir -p "$CARGO_TARGET_DIR"
 
-# librocksdb-sys generates its bindings with bindgen, which needs libclang.
+# librocksdb-sys generates its bindings with bindgen, which needs libclang;
+# rdkafka-sys builds the bundled librdkafka with cmake, against the system's
+# libcurl and OpenSSL headers (found through pkg-config).
 tailflight_install_build_deps() {
-    if command -v clang >/dev/null 2>&1 && compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null; then
-        return 0
+    local missing=()
+    if ! command -v clang >/dev/null 2>&1 || ! compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null; then
+        missing+=(clang libclang-dev)
     fi
-    echo "installing clang and libclang-dev (needed to build RocksDB bindings)" >&2
+    command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+    command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+    [ -e /usr/include/x86_64-linux-gnu/curl/curl.h ] || [ -e /usr/include/curl/curl.h ] || missing+=(libcurl4-openssl-dev)
+    [ -e /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "installing ${missing[*]} (needed to build RocksDB's bindings and librdkafka)" >&2
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clang libclang-dev >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }

@@ -4,6 +4,10 @@
 //! `--batch-bytes=8MiB`), placed before the flags given on the command line so
 //! those win. Keys may sit at the top level or in a table named after the
 //! subcommand (`[sink]`, `[watch]`), so one file can configure several.
+//! A table inside that prefixes its keys: `[sink.kafka]` `brokers = "..."` is
+//! `--kafka-brokers=...`, and a table in it gives a repeated KEY=VALUE flag:
+//! `[sink.kafka.property]` `"compression.type" = "zstd"` is
+//! `--kafka-property=compression.type=zstd`.
 
 use std::ffi::OsString;
 
@@ -57,8 +61,27 @@ pub fn expand_config_args(mut args: Vec<OsString>) -> anyhow::Result<Vec<OsStrin
     let mut flags = Vec::new();
     for (key, value) in section {
         let flag = format!("--{}", key.replace('_', "-"));
-        push_flag(&mut flags, &flag, &value)
-            .with_context(|| format!("config {}: key {key}", path.to_string_lossy()))?;
+        let context = || format!("config {}: key {key}", path.to_string_lossy());
+        match value {
+            toml::Value::Table(table) => {
+                for (inner, value) in table {
+                    let flag = format!("{flag}-{}", inner.replace('_', "-"));
+                    match value {
+                        toml::Value::Table(pairs) => {
+                            for (name, value) in pairs {
+                                let value = match value {
+                                    toml::Value::String(s) => s,
+                                    other => other.to_string(),
+                                };
+                                flags.push(format!("{flag}={name}={value}"));
+                            }
+                        }
+                        value => push_flag(&mut flags, &flag, &value).with_context(context)?,
+                    }
+                }
+            }
+            value => push_flag(&mut flags, &flag, &value).with_context(context)?,
+        }
     }
     args.splice(
         position + 1..position + 1,

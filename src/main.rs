@@ -7,6 +7,7 @@ mod commit_log;
 mod config;
 mod demo;
 mod feed_log;
+mod kafka;
 mod observe;
 mod service_manager;
 mod tail;
@@ -250,6 +251,55 @@ pub struct SinkArgs {
     feed_log: Option<PathBuf>,
     #[command(flatten)]
     export: ExportArgs,
+    #[command(flatten)]
+    events: EventArgs,
+}
+
+/// Commit events on Kafka (`[sink.kafka]` in a config file).
+#[derive(Args, Clone)]
+pub struct EventArgs {
+    /// Publish commit events (file.opened, range.committed, file.renamed,
+    /// file.sealed, file.superseded, as CloudEvents) to these Kafka brokers
+    /// (host:port,...). The events are recorded with each commit in the
+    /// manifest's outbox and published exactly once, in order per file.
+    /// Without it, no events are recorded and no Kafka code runs.
+    #[arg(long)]
+    kafka_brokers: Option<String>,
+    /// The topic events go to.
+    #[arg(long, default_value = "tailflight.events")]
+    kafka_topic: String,
+    /// Any librdkafka property, KEY=VALUE (repeat): security.protocol,
+    /// sasl.*, ssl.*, compression.type, ... An unknown one fails at startup.
+    #[arg(long, value_parser = parse_key_value)]
+    kafka_property: Vec<(String, String)>,
+    /// Unpublished events kept at most (bytes); past it, the sink refuses
+    /// new data (its senders retry) until the relay catches up.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    kafka_outbox_limit: u64,
+    /// The sink's name in its events; default: its manifest's random id.
+    #[arg(long)]
+    sink_id: Option<String>,
+}
+
+impl EventArgs {
+    fn kafka(&self) -> Option<kafka::KafkaSettings> {
+        self.kafka_brokers
+            .as_ref()
+            .map(|brokers| kafka::KafkaSettings {
+                brokers: brokers.clone(),
+                topic: self.kafka_topic.clone(),
+                properties: self.kafka_property.clone(),
+            })
+    }
+}
+
+fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_owned(), value.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not KEY=VALUE")),
+    }
 }
 
 #[derive(Args, Clone)]
@@ -571,6 +621,14 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
             tokens_file: args.subscriber_tokens.clone(),
             writers_may_read: args.writers_may_read,
         },
+        events: args
+            .events
+            .kafka_brokers
+            .as_ref()
+            .map(|_| sink::outbox::EventsConfig {
+                sink_id: args.events.sink_id.clone(),
+                limit_bytes: args.events.kafka_outbox_limit,
+            }),
     }
 }
 
@@ -660,6 +718,14 @@ fn run(
                 if let Some(path) = &args.feed_log {
                     listeners.push(feed_log::attach(&sink, path)?);
                 }
+                let relay = match (args.events.kafka(), sink.outbox()) {
+                    (Some(settings), Some(outbox)) => Some(kafka::KafkaRelay::start(
+                        outbox.clone(),
+                        settings,
+                        tokio::runtime::Handle::current(),
+                    )?),
+                    _ => None,
+                };
                 #[cfg(feature = "bench")]
                 if let Some(path) = &args.commit_log {
                     listeners.push(commit_log::attach(&sink, path)?);
@@ -684,6 +750,9 @@ fn run(
                 )
                 .await;
                 watchdog.abort();
+                if let Some(relay) = relay {
+                    let _ = tokio::task::spawn_blocking(move || relay.stop()).await;
+                }
                 for thread in listeners {
                     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
                 }

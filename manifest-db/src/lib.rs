@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use interval::IntervalSet;
-pub use sink::{JournalState, PreparedCommit, RecordedRound, SinkManifest};
+pub use sink::{JournalState, OutboxDepth, PreparedCommit, RecordedRound, SinkManifest};
 pub use watch::WatchState;
 
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +143,27 @@ pub struct SinkCommit {
     /// replay): their newest audit entry is dropped and their bytes are taken
     /// off the placed counter. Their records come in `records`, without them.
     pub withdrawn: Vec<(FileId, u64, u64)>,
+    /// Events to publish, appended to the outbox in this order under the
+    /// next sequence numbers (see [`SinkManifest::outbox_after`]).
+    pub outbox: Vec<OutboxEvent>,
+    /// Outbox entries an earlier commit wrote that are replaced (`Some`) or
+    /// removed (`None`): the startup's correction of the events of a journal
+    /// round cut short by a crash, which were never published.
+    pub outbox_rewrite: Vec<(u64, Option<OutboxEvent>)>,
+}
+
+/// An event in the sink's outbox, opaque here: recorded with its commit,
+/// published by a relay, removed once published.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutboxEvent {
+    /// The journal round of the commit that recorded it (0: none), so the
+    /// startup can find the events of a round it corrects.
+    pub journal_round: u64,
+    /// When it was recorded (ms since the Unix epoch).
+    pub recorded_unix_ms: u64,
+    /// Its record key (where it goes: one file's events keep their order).
+    pub key: Vec<u8>,
+    pub payload: Vec<u8>,
 }
 
 /// A journaled range: (file, offset, where its bytes are).

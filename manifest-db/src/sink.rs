@@ -3,7 +3,10 @@
 //! running byte counters plus the audit sequence number ("counters"), and the journal of small
 //! ranges acknowledged before their destination files were flushed ("journal_rounds": where in
 //! the sink's journal file their bytes are, one entry per commit; "journal": the bytes
-//! themselves, one entry per range, as older sinks kept them).
+//! themselves, one entry per range, as older sinks kept them), and the outbox of events
+//! recorded with their commits and not yet published ("outbox", keyed by sequence number
+//! (u64 BE); its value is `journal round (u64 BE), recorded ms (u64 BE), key length (u32 BE),
+//! key, payload`).
 //!
 //! Key layout in "files" and "placements": `source, 0x00, key, 0x00, generation (u64 BE)`.
 //! Source and key never contain NUL, so the NUL terminators make the byte order equal to
@@ -20,13 +23,16 @@ use std::sync::{Arc, Mutex};
 use rocksdb::WriteBatch;
 
 use crate::store::{Entry, Store, decode_u64};
-use crate::{FileId, FileRecord, JournalBytes, JournalEntry, Result, SinkCommit, SinkCounters};
+use crate::{
+    FileId, FileRecord, JournalBytes, JournalEntry, OutboxEvent, Result, SinkCommit, SinkCounters,
+};
 
 const CF_FILES: &str = "files";
 const CF_PLACEMENTS: &str = "placements";
 const CF_COUNTERS: &str = "counters";
 const CF_JOURNAL: &str = "journal";
 const CF_JOURNAL_ROUNDS: &str = "journal_rounds";
+const CF_OUTBOX: &str = "outbox";
 
 const KEY_PLACED: &[u8] = b"placed_bytes";
 const KEY_DUPLICATE: &[u8] = b"duplicate_bytes";
@@ -41,6 +47,45 @@ const KEY_JOURNAL_LAST: &[u8] = b"journal_last";
 /// The journal's epoch (see [`JournalState::epoch`]): the rounds of each sink run number
 /// from 1 again.
 const KEY_JOURNAL_EPOCH: &[u8] = b"journal_epoch";
+/// The sequence number of the newest outbox event recorded (`u64 BE`);
+/// numbers are never reused, even once their events are published.
+const KEY_OUTBOX_LAST: &[u8] = b"outbox_last";
+/// This manifest's identity (random, made at its first open): what names
+/// the sink to consumers of its events when no name is configured.
+const KEY_MANIFEST_ID: &[u8] = b"manifest_id";
+
+/// What the outbox holds: events recorded and not yet published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutboxDepth {
+    pub events: u64,
+    pub bytes: u64,
+    /// When the oldest of them was recorded (ms since the Unix epoch).
+    pub oldest_unix_ms: Option<u64>,
+}
+
+fn encode_outbox_event(event: &OutboxEvent) -> Vec<u8> {
+    let mut value = Vec::with_capacity(20 + event.key.len() + event.payload.len());
+    value.extend_from_slice(&event.journal_round.to_be_bytes());
+    value.extend_from_slice(&event.recorded_unix_ms.to_be_bytes());
+    value.extend_from_slice(&(event.key.len() as u32).to_be_bytes());
+    value.extend_from_slice(&event.key);
+    value.extend_from_slice(&event.payload);
+    value
+}
+
+fn decode_outbox_event(value: &[u8]) -> Option<OutboxEvent> {
+    let journal_round = decode_u64(value.get(..8)?)?;
+    let recorded_unix_ms = decode_u64(value.get(8..16)?)?;
+    let key_len = u32::from_be_bytes(value.get(16..20)?.try_into().ok()?) as usize;
+    let key = value.get(20..20usize.checked_add(key_len)?)?.to_vec();
+    let payload = value.get(20 + key_len..)?.to_vec();
+    Some(OutboxEvent {
+        journal_round,
+        recorded_unix_ms,
+        key,
+        payload,
+    })
+}
 
 /// What the manifest knows of the journal file's rounds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,6 +124,7 @@ fn new_epoch() -> u64 {
 pub struct PreparedCommit<'a> {
     manifest: &'a SinkManifest,
     batch: WriteBatch,
+    outbox_last: Option<u64>,
     _guard: std::sync::MutexGuard<'a, ()>,
 }
 
@@ -86,6 +132,11 @@ impl PreparedCommit<'_> {
     /// The batch as bytes, for [`SinkManifest::redo`].
     pub fn data(&self) -> &[u8] {
         self.batch.data()
+    }
+
+    /// The sequence number of the last outbox event it appends, if any.
+    pub fn outbox_last(&self) -> Option<u64> {
+        self.outbox_last
     }
 
     /// Writes it with a synced WAL.
@@ -201,6 +252,7 @@ impl SinkManifest {
                 CF_COUNTERS,
                 CF_JOURNAL,
                 CF_JOURNAL_ROUNDS,
+                CF_OUTBOX,
             ],
         )?;
         Ok(Self {
@@ -328,11 +380,119 @@ impl SinkManifest {
             );
         }
 
+        let mut outbox_last = None;
+        if !commit.outbox.is_empty() || !commit.outbox_rewrite.is_empty() {
+            let outbox = store.cf(CF_OUTBOX)?;
+            for (seq, event) in &commit.outbox_rewrite {
+                match event {
+                    Some(event) => {
+                        batch.put_cf(outbox, seq.to_be_bytes(), encode_outbox_event(event))
+                    }
+                    None => batch.delete_cf(outbox, seq.to_be_bytes()),
+                }
+            }
+            if !commit.outbox.is_empty() {
+                let mut seq = self.outbox_last()?;
+                for event in &commit.outbox {
+                    seq += 1;
+                    batch.put_cf(outbox, seq.to_be_bytes(), encode_outbox_event(event));
+                }
+                batch.put_cf(counters, KEY_OUTBOX_LAST, seq.to_be_bytes());
+                outbox_last = Some(seq);
+            }
+        }
+
         Ok(PreparedCommit {
             manifest: self,
             batch,
+            outbox_last,
             _guard: guard,
         })
+    }
+
+    /// The sequence number of the newest outbox event recorded (0: none ever).
+    pub fn outbox_last(&self) -> Result<u64> {
+        self.read_counter(KEY_OUTBOX_LAST)
+    }
+
+    /// Outbox events after sequence number `after`, in order: at most
+    /// `limit`, and no more once `byte_limit` bytes are read.
+    pub fn outbox_after(
+        &self,
+        after: u64,
+        limit: usize,
+        byte_limit: usize,
+    ) -> Result<Vec<(u64, OutboxEvent)>> {
+        let Some(start) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let store = self.store();
+        store
+            .scan_from(
+                CF_OUTBOX,
+                &start.to_be_bytes(),
+                limit,
+                byte_limit,
+                "read the outbox",
+            )?
+            .into_iter()
+            .map(|(key, value)| {
+                let seq = decode_u64(&key)
+                    .ok_or_else(|| store.corrupt(CF_OUTBOX, &key, "key is not a u64"))?;
+                let event = decode_outbox_event(&value)
+                    .ok_or_else(|| store.corrupt(CF_OUTBOX, &key, "truncated event"))?;
+                Ok((seq, event))
+            })
+            .collect()
+    }
+
+    /// Removes the outbox events up to and including `seq` (published).
+    /// Not synced: should a crash bring some back, the relay knows from
+    /// its own published position that they are.
+    pub fn outbox_remove_through(&self, seq: u64) -> Result<()> {
+        let end = seq.saturating_add(1);
+        self.store().delete_range(
+            CF_OUTBOX,
+            &0u64.to_be_bytes(),
+            &end.to_be_bytes(),
+            "remove published events from the outbox",
+        )
+    }
+
+    /// What the outbox holds (a scan of it: at startup).
+    pub fn outbox_depth(&self) -> Result<OutboxDepth> {
+        let mut depth = OutboxDepth::default();
+        for (_, value) in self
+            .store()
+            .scan_prefix(CF_OUTBOX, &[], "scan the outbox")?
+        {
+            depth.events += 1;
+            depth.bytes += value.len() as u64;
+            if depth.oldest_unix_ms.is_none() {
+                depth.oldest_unix_ms = decode_outbox_event(&value).map(|e| e.recorded_unix_ms);
+            }
+        }
+        Ok(depth)
+    }
+
+    /// This manifest's random identity, made and stored at the first call.
+    pub fn manifest_id(&self) -> Result<String> {
+        let _guard = self.commit_guard();
+        if let Some(id) = self
+            .store()
+            .get(CF_COUNTERS, KEY_MANIFEST_ID, "read the manifest id")?
+        {
+            return Ok(String::from_utf8_lossy(&id).into_owned());
+        }
+        let id = format!("{:016x}", new_epoch());
+        let mut batch = WriteBatch::default();
+        batch.put_cf(
+            self.store().cf(CF_COUNTERS)?,
+            KEY_MANIFEST_ID,
+            id.as_bytes(),
+        );
+        self.store().write(batch, true, "store the manifest id")?;
+        Ok(id)
     }
 
     /// Writes a commit that a crash may have lost before it was durable,
@@ -435,19 +595,16 @@ impl SinkManifest {
 
     /// The journal entries of the round whose bytes a crash may have cut
     /// short: the newest one, unless a later commit said it was complete
-    /// (rounds write one at a time, so no older one can be).
-    pub fn journal_round_in_doubt(&self) -> Result<Vec<JournalEntry>> {
+    /// (rounds write one at a time, so no older one can be); and its number.
+    pub fn journal_round_in_doubt(&self) -> Result<(u64, Vec<JournalEntry>)> {
         let complete = self.read_counter(KEY_JOURNAL_COMPLETE)?;
         let newest = self
             .journal_rounds()?
             .pop()
-            .filter(|(round, _)| *round > complete)
-            .map(|(_, entries)| entries);
-        Ok(newest
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(_, entry)| entry)
-            .collect())
+            .filter(|(round, _)| *round > complete);
+        Ok(newest.map_or((0, Vec::new()), |(round, entries)| {
+            (round, entries.into_iter().map(|(_, entry)| entry).collect())
+        }))
     }
 
     /// Every journal round, ascending by round.

@@ -203,6 +203,46 @@ impl Store {
         Ok(out)
     }
 
+    /// Entries from `start` on, ascending by key, until `limit` entries or
+    /// `byte_limit` bytes of values (at least one entry, if there is one).
+    pub(crate) fn scan_from(
+        &self,
+        cf: &'static str,
+        start: &[u8],
+        limit: usize,
+        byte_limit: usize,
+        op: &'static str,
+    ) -> Result<Vec<Entry>> {
+        let handle = self.cf(cf)?;
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for item in self
+            .db
+            .iterator_cf(handle, IteratorMode::From(start, Direction::Forward))
+        {
+            if out.len() >= limit || (bytes >= byte_limit && !out.is_empty()) {
+                break;
+            }
+            let (k, v) = item.map_err(self.db_err(op))?;
+            bytes += v.len();
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+
+    /// Deletes every key in `[from, to)`.
+    pub(crate) fn delete_range(
+        &self,
+        cf: &'static str,
+        from: &[u8],
+        to: &[u8],
+        op: &'static str,
+    ) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(self.cf(cf)?, from, to);
+        self.write(batch, false, op)
+    }
+
     pub(crate) fn is_cf_empty(&self, cf: &'static str, op: &'static str) -> Result<bool> {
         Ok(self.first_key(cf, op)?.is_none())
     }

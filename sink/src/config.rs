@@ -68,6 +68,9 @@ pub struct SinkConfig {
     pub placement_threads: Option<usize>,
     /// Who may subscribe to and list the sink's files.
     pub read_access: flight_server::ReadAccess,
+    /// Record commit events in the manifest's outbox for a relay to
+    /// publish (None: no events).
+    pub events: Option<crate::outbox::EventsConfig>,
 }
 
 impl Default for SinkConfig {
@@ -89,6 +92,7 @@ impl Default for SinkConfig {
             seal_read_back: false,
             placement_threads: None,
             read_access: Default::default(),
+            events: None,
         }
     }
 }

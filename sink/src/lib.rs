@@ -8,6 +8,7 @@
 //! - [`error`]: what can go wrong, by whose fault;
 //! - [`health`]: whether the sink can still be trusted with work;
 //! - [`feed`]: the commit feed, what became durable, for listeners;
+//! - [`outbox`]: the events each commit records for a relay to publish;
 //! - `service`: the Flight-facing side (the only place gRPC codes appear);
 //! - `state`: what placement and the committer share (slots, commit requests);
 //! - `place`: writes ranges and applies control rows, exactly once;
@@ -25,6 +26,7 @@ mod durability;
 pub mod error;
 pub mod feed;
 pub mod health;
+pub mod outbox;
 mod place;
 mod service;
 mod stage_cpu;
@@ -190,6 +192,9 @@ pub struct SinkStatus {
     #[serde(default)]
     pub subscriptions: Vec<subscribe::SubscriptionStatus>,
     pub poisoned: Option<String>,
+    /// The event outbox and its relay, when the sink records events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<outbox::OutboxStatus>,
 }
 
 /// Bounds the batches placed at once. Placement blocks (it writes files and
@@ -283,6 +288,7 @@ pub struct Sink {
     health: Health,
     feed: feed::FeedHandle,
     subscribers: Arc<subscribe::Subscribers>,
+    outbox: Option<Arc<outbox::Outbox>>,
 }
 
 impl Sink {
@@ -302,6 +308,13 @@ impl Sink {
             "ranges with at least this many aligned bytes in the middle write them with O_DIRECT (0: none)"
         );
         let manifest = SinkManifest::open(&config.state_dir)?;
+        let outbox = match &config.events {
+            Some(events) => Some(Arc::new(
+                outbox::Outbox::open(manifest.clone(), events)
+                    .context("opening the event outbox")?,
+            )),
+            None => None,
+        };
         let gate = state::CommitGate::default();
         let journal_backlog = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let placer = Placer::new(
@@ -359,6 +372,7 @@ impl Sink {
             flusher,
             health: health.clone(),
             feed,
+            outbox: outbox.clone(),
         });
         placer.attach_committer(committer.clone());
         Ok(Self {
@@ -369,7 +383,13 @@ impl Sink {
             health,
             feed: feed_handle,
             subscribers: Arc::new(subscribe::Subscribers::new(config.max_open_files)),
+            outbox,
         })
+    }
+
+    /// The event outbox, when the sink records events.
+    pub fn outbox(&self) -> Option<&Arc<outbox::Outbox>> {
+        self.outbox.as_ref()
     }
 
     /// The commit feed: every durable commit, for in-process listeners.
@@ -432,6 +452,7 @@ impl Sink {
             held_bytes: self.placer.held_bytes(),
             subscriptions: self.subscribers.status(),
             poisoned: self.health.reason().map(|reason| reason.to_string()),
+            events: self.outbox.as_ref().map(|outbox| outbox.status()),
         })
     }
 
@@ -509,6 +530,9 @@ impl Sink {
         batch: RangeBatch,
     ) -> Result<impl Future<Output = Result<Ack, SinkError>> + Send + 'static, SinkError> {
         self.health.check()?;
+        if let Some(outbox) = &self.outbox {
+            outbox.check_room()?;
+        }
         let placer = self.placer.clone();
         let committer = self.committer.clone();
         let health = self.health.clone();

@@ -96,6 +96,8 @@ pub(crate) struct CommitterParts {
     pub flusher: Flusher,
     pub health: Health,
     pub feed: CommitFeed,
+    /// Where each round's events go, when the sink records events.
+    pub outbox: Option<Arc<crate::outbox::Outbox>>,
 }
 
 impl Committer {
@@ -109,6 +111,7 @@ impl Committer {
             flusher,
             health,
             feed,
+            outbox,
         } = parts;
         let (queue, receiver) = mpsc::channel(QUEUE_DEPTH);
         let backlog = Backlog::new(journal, flusher, health.clone());
@@ -122,6 +125,7 @@ impl Committer {
             counts,
             stopping: stopping.clone(),
             feed: Arc::new(feed),
+            outbox,
         };
         let watched = health.clone();
         let task = tokio::spawn(async move {
@@ -224,6 +228,7 @@ struct Rounds {
     counts: Arc<FileCounts>,
     stopping: Arc<tokio::sync::Notify>,
     feed: Arc<CommitFeed>,
+    outbox: Option<Arc<crate::outbox::Outbox>>,
 }
 
 async fn run(rounds: Rounds) {
@@ -236,6 +241,7 @@ async fn run(rounds: Rounds) {
         counts,
         stopping,
         feed,
+        outbox,
     } = rounds;
     let flusher = backlog.flusher.clone();
     let mut waiting: Vec<Queued> = Vec::new();
@@ -352,6 +358,7 @@ async fn run(rounds: Rounds) {
         let counts = counts.clone();
         let round_health = health.clone();
         let round_feed = feed.clone();
+        let round_outbox = outbox.clone();
         let complete = backlog.complete;
         let handed = Instant::now();
         let outcome = run_blocking(move || {
@@ -366,6 +373,7 @@ async fn run(rounds: Rounds) {
                     counts: &counts,
                     health: &round_health,
                     feed: &round_feed,
+                    outbox: round_outbox.as_deref(),
                 };
                 record_round(&sink, &mut round, journal, complete, stages).map(|mut recorded| {
                     recorded.blocking_us = blocking_us;

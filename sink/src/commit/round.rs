@@ -54,6 +54,9 @@ pub(crate) fn forget_flushed(round: &[Queued], flushed: &HashSet<u64>) {
 pub(super) struct Recorded {
     /// Per file, what the round made durable (only if the feed has listeners).
     pub(super) feed: Option<Vec<FileCommit>>,
+    /// The last outbox event the round recorded, and the outbox bytes its
+    /// events take.
+    pub(super) outbox: Option<(u64, u64)>,
     /// How long building and writing the manifest batch took (synced only
     /// when the round journals nothing), and then the journal's write of
     /// that batch and its fdatasync (its ranges were written meanwhile).
@@ -82,6 +85,9 @@ pub(super) struct RoundSink<'a> {
     pub(super) health: &'a Health,
     /// Told of the round under the gate, once it is durable.
     pub(super) feed: &'a CommitFeed,
+    /// Takes the round's events in its manifest write, when the sink
+    /// records events.
+    pub(super) outbox: Option<&'a crate::outbox::Outbox>,
 }
 
 /// What a round's record of a file tells the feed's listeners, against what
@@ -176,6 +182,9 @@ pub(super) fn record_round(
                 ..stages
             };
             sink.feed.recorded(recorded.feed.take(), stages);
+            if let (Some(outbox), Some((last, bytes))) = (sink.outbox, recorded.outbox) {
+                outbox.recorded(last, bytes);
+            }
             recorded.gate_us = gate_us;
             Ok(recorded)
         }
@@ -213,8 +222,11 @@ pub(super) fn record_round_under_gate(
         ..SinkCommit::default()
     };
     let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
-    // What the round makes durable of each file, for the feed's listeners.
-    let mut fed: Option<HashMap<*const Slot, Made>> = sink.feed.has_listeners().then(HashMap::new);
+    // What the round makes durable of each file, for the feed's listeners
+    // and the round's events.
+    let listened = sink.feed.has_listeners();
+    let mut fed: Option<HashMap<*const Slot, Made>> =
+        (listened || sink.outbox.is_some()).then(HashMap::new);
     for queued in round.iter() {
         let request = &queued.request;
         for (slot, ranges) in &request.placed {
@@ -245,9 +257,11 @@ pub(super) fn record_round_under_gate(
         commit.counters.rewritten_bytes += request.counters.rewritten_bytes;
     }
     let mut written = Vec::with_capacity(touched.len());
-    let committed_unix_ms = std::time::SystemTime::now()
+    let committed_at = std::time::SystemTime::now();
+    let committed_unix_ms = committed_at
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64);
+    let mut told = fed.as_ref().map(|_| Vec::with_capacity(touched.len()));
     for slot in touched.values() {
         let state = lock(&slot.state);
         // Whatever the round's flush did not cover (a move made since, by a
@@ -263,16 +277,31 @@ pub(super) fn record_round_under_gate(
         }
         drop(unsynced);
         let mut record = state.record.clone();
-        drop(state);
         record.committed_unix_ms = Some(committed_unix_ms);
+        if let (Some(told), Some(fed)) = (told.as_mut(), fed.as_mut()) {
+            let made = fed.remove(&Arc::as_ptr(slot)).unwrap_or_default();
+            let commit = describe_commit(&slot.id, &state, &record, made);
+            // A file recorded again with nothing new (a duplicate batch, a
+            // move's intent, a seal sent again) is not news to listeners.
+            if !commit.ranges.is_empty() || !commit.changes.is_empty() {
+                told.push(commit);
+            }
+        }
+        drop(state);
         written.push((*slot, record.sealed.is_some()));
         commit.records.push((slot.id.clone(), record));
+    }
+    let mut outbox_bytes = 0;
+    if let (Some(outbox), Some(told)) = (sink.outbox, told.as_ref()) {
+        commit.outbox = outbox.events_of(told, committed_at, journal_round);
+        outbox_bytes = commit.outbox.iter().map(crate::outbox::stored_len).sum();
     }
     let writing = Instant::now();
     let fold_us = (writing - folding).as_micros() as u64;
     let recording =
         |e: manifest_db::Error| format!("recording {} ranges: {e}", commit.placements.len());
     let prepared = manifest.prepare(&commit).map_err(recording)?;
+    let outbox = prepared.outbox_last().map(|last| (last, outbox_bytes));
     let prepare_us = writing.elapsed().as_micros() as u64;
     // A journal round carries the records' batch too, and the manifest
     // writes it without a sync of its own: one fdatasync makes the round
@@ -308,18 +337,9 @@ pub(super) fn record_round_under_gate(
         }
         None => (0, None),
     };
-    let mut feed = fed.as_ref().map(|_| Vec::with_capacity(written.len()));
+    let feed = told.filter(|_| listened);
     for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
         let mut state = lock(&slot.state);
-        if let (Some(feed), Some(fed)) = (feed.as_mut(), fed.as_mut()) {
-            let made = fed.remove(&Arc::as_ptr(slot)).unwrap_or_default();
-            let told = describe_commit(&slot.id, &state, record, made);
-            // A file recorded again with nothing new (a duplicate batch, a
-            // move's intent, a seal sent again) is not news to listeners.
-            if !told.ranges.is_empty() || !told.changes.is_empty() {
-                feed.push(told);
-            }
-        }
         state.recorded_path = Some(path_on_disk(record).to_owned());
         state.recorded_superseded = record.superseded;
         counts.committed(&mut state, sealed);
@@ -335,6 +355,7 @@ pub(super) fn record_round_under_gate(
     let journal_round = journal_end.map(|end| (commit.journal_round, commit.journal_start, end));
     Ok(Recorded {
         feed,
+        outbox,
         journal_us,
         manifest_us,
         prepare_us,

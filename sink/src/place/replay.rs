@@ -42,13 +42,13 @@ impl Placer {
         let mut work = BatchWork::new(0);
         // The round a crash may have cut short, if any: its entries were
         // written while its bytes were, and none of its ranges was acknowledged.
-        let in_doubt: std::collections::HashSet<_> = self
+        let (round_in_doubt, in_doubt) = self
             .manifest
             .journal_round_in_doubt()
-            .map_err(|e| storage(e.to_string()))?
-            .into_iter()
-            .collect();
+            .map_err(|e| storage(e.to_string()))?;
+        let in_doubt: std::collections::HashSet<_> = in_doubt.into_iter().collect();
         let mut withdrawn = Vec::new();
+        let mut unsealed = Vec::new();
         let mut journal_file = None;
         let mut replayed = 0u64;
         // Sources a flat sink refuses whose acknowledged ranges the journal
@@ -135,6 +135,7 @@ impl Placer {
                                 // its file can only have come from a later
                                 // batch, unacknowledged too: it goes with it.
                                 if state.record.sealed.take().is_some() {
+                                    unsealed.push(id.clone());
                                     work.request.touched.push(slot.clone());
                                 }
                                 if state.record.placed.covers(offset, end) {
@@ -180,11 +181,30 @@ impl Placer {
             );
         }
         if !records.is_empty() {
+            // The round's events were never published (the relay waits for
+            // a round to be durable): they lose what the round lost.
+            let outbox_rewrite = if withdrawn.is_empty() && unsealed.is_empty() {
+                Vec::new()
+            } else {
+                let ends: HashMap<FileId, u64> = records
+                    .iter()
+                    .map(|(id, record)| (id.clone(), record.placed.contiguous_end()))
+                    .collect();
+                crate::outbox::withdraw(
+                    &self.manifest,
+                    round_in_doubt,
+                    &withdrawn,
+                    &unsealed,
+                    |id| ends.get(id).copied().unwrap_or(0),
+                )
+                .map_err(|e| storage(e.to_string()))?
+            };
             let _gate = lock(&self.commit_gate);
             self.manifest
                 .commit(&SinkCommit {
                     records,
                     withdrawn,
+                    outbox_rewrite,
                     ..SinkCommit::default()
                 })
                 .map_err(|e| storage(e.to_string()))?;

@@ -1,0 +1,225 @@
+//! A real one-node Apache Kafka 4.3.1 broker (KRaft: broker and controller in
+//! one JVM) for the tests that check what the sink publishes.
+//!
+//! The jars come from Maven Central through `ops/kafka/fetch.sh` (cached
+//! outside the clone). A `KafkaBroker` owns its folder (config, data, log at
+//! `<dir>/broker.log`), its two loopback ports and the `java` child process,
+//! which it kills when dropped. `ops/kafka/broker.sh` writes the same config
+//! for humans and the benchmark.
+
+use std::fs::{File, OpenOptions};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The jars' directory: runs `ops/kafka/fetch.sh` once per test process.
+pub fn kafka_libs() -> PathBuf {
+    static LIBS: OnceLock<PathBuf> = OnceLock::new();
+    LIBS.get_or_init(|| {
+        let script = repo().join("ops/kafka/fetch.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let libs = stdout.lines().last().unwrap_or("").trim();
+        assert!(
+            out.status.success() && !libs.is_empty(),
+            "{} failed ({}); stdout: {stdout}",
+            script.display(),
+            out.status
+        );
+        PathBuf::from(libs)
+    })
+    .clone()
+}
+
+pub struct KafkaBroker {
+    dir: PathBuf,
+    port: u16,
+    controller_port: u16,
+    child: Option<Child>,
+}
+
+impl KafkaBroker {
+    /// Starts a fresh broker with its data under `dir` (created), on free
+    /// loopback ports; panics with the log tail if it is not ready within
+    /// 120 s. `partitions`: num.partitions for auto-created topics.
+    pub fn start(dir: &Path, partitions: u32) -> Self {
+        std::fs::create_dir_all(dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let port = super::free_port();
+        let controller_port = loop {
+            let p = super::free_port();
+            if p != port {
+                break p;
+            }
+        };
+        let data = dir.join("data");
+        let config = format!(
+            "process.roles=broker,controller\n\
+             node.id=1\n\
+             controller.quorum.voters=1@127.0.0.1:{controller_port}\n\
+             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+             controller.listener.names=CONTROLLER\n\
+             inter.broker.listener.name=PLAINTEXT\n\
+             log.dirs={}\n\
+             num.partitions={partitions}\n\
+             auto.create.topics.enable=true\n\
+             default.replication.factor=1\n\
+             min.insync.replicas=1\n\
+             offsets.topic.replication.factor=1\n\
+             transaction.state.log.replication.factor=1\n\
+             transaction.state.log.min.isr=1\n\
+             share.coordinator.state.topic.replication.factor=1\n\
+             share.coordinator.state.topic.min.isr=1\n\
+             group.initial.rebalance.delay.ms=0\n",
+            data.display()
+        );
+        let mut broker = Self { dir: dir.to_path_buf(), port, controller_port, child: None };
+        std::fs::write(broker.config(), config).expect("write server.properties");
+        let cluster_id = broker.storage_tool(&["random-uuid"]);
+        let config = broker.config().display().to_string();
+        broker.storage_tool(&["format", "-t", cluster_id.trim(), "-c", config.as_str()]);
+        broker.spawn();
+        broker
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// SIGTERM (a controlled shutdown), then wait; SIGKILL after 30 s.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        if matches!(child.try_wait(), Ok(None)) {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Starts again on the same ports and data (stopping first if running)
+    /// and waits until ready.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.join("server.properties")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.join("broker.log")
+    }
+
+    /// Runs `kafka.tools.StorageTool` and returns its stdout.
+    fn storage_tool(&self, args: &[&str]) -> String {
+        let out = Command::new("java")
+            .arg("-cp")
+            .arg(kafka_libs().join("*"))
+            .arg("kafka.tools.StorageTool")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run java (is a JDK installed?): {e}"));
+        assert!(
+            out.status.success(),
+            "StorageTool {args:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Starts the JVM, logging to `broker.log`, and waits until it is ready.
+    fn spawn(&mut self) {
+        let log: File = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log())
+            .expect("open broker.log");
+        // Readiness is judged on this run's lines only.
+        let from = log.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+        let child = Command::new("java")
+            .args(["-Xms256m", "-Xmx512m"])
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                repo().join("ops/kafka/log4j2.properties").display()
+            ))
+            .arg("-cp")
+            .arg(kafka_libs().join("*"))
+            .arg("kafka.Kafka")
+            .arg(self.config())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run java (is a JDK installed?): {e}"));
+        self.child = Some(child);
+
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let text = std::fs::read(self.log()).unwrap_or_default();
+            let started = text.get(from..).is_some_and(|new| {
+                String::from_utf8_lossy(new).contains("Kafka Server started")
+            });
+            if started && TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
+                return;
+            }
+            let problem = if !self.is_running() {
+                "exited during start"
+            } else if Instant::now() > deadline {
+                "not ready within 120 s"
+            } else {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            };
+            self.stop();
+            panic!(
+                "Kafka broker in {} (ports {}/{}) {problem}; log tail:\n{}",
+                self.dir.display(),
+                self.port,
+                self.controller_port,
+                self.log_tail(40)
+            );
+        }
+    }
+
+    fn log_tail(&self, lines: usize) -> String {
+        let text = String::from_utf8_lossy(&std::fs::read(self.log()).unwrap_or_default()).into_owned();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for KafkaBroker {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
