@@ -13,7 +13,7 @@ cargo build --workspace --all-targets
 # A consumer test runs ops/examples/live_tail.py with pyarrow from PyPI, in
 # a venv outside the clone (reused across runs).
 pyvenv="${TAILFLIGHT_PY_VENV:-$HOME/.cache/tailflight/py-venv}"
-if ! "$pyvenv/bin/python" -c 'import pyarrow.flight, grpc, opentelemetry.proto' >/dev/null 2>&1; then
+if ! "$pyvenv/bin/python" -c 'import pyarrow.flight, grpc, opentelemetry.proto, confluent_kafka' >/dev/null 2>&1; then
     if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
         sudo=""
         [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -23,10 +23,14 @@ if ! "$pyvenv/bin/python" -c 'import pyarrow.flight, grpc, opentelemetry.proto' 
     rm -rf "$pyvenv"
     /usr/bin/python3 -m venv "$pyvenv"
     # pyarrow for the consumer's test; grpcio and the official OpenTelemetry
-    # protobufs for the OTLP receiver of the operators' test.
-    "$pyvenv/bin/pip" install --quiet pyarrow grpcio opentelemetry-proto
+    # protobufs for the OTLP receiver of the operators' test; confluent-kafka
+    # (a wheel with librdkafka inside) to read the sink's events back.
+    "$pyvenv/bin/pip" install --quiet pyarrow grpcio opentelemetry-proto confluent-kafka
 fi
 export TAILFLIGHT_PYTHON="$pyvenv/bin/python"
+# The Kafka events' tests run a real broker (Apache Kafka 4.3.1 in KRaft
+# mode) from Maven Central jars, fetched once into ~/.cache/tailflight.
+ops/kafka/fetch.sh >/dev/null
 # The operators' test scrapes a watcher and a sink with a real Prometheus
 # server (Debian 12 packages 2.42, with promtool).
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then

@@ -28,8 +28,8 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sink::outbox::{CLOUDEVENTS_CONTENT_TYPE, Outbox};
 
 /// Where and how to publish, validated from the flags.
@@ -45,7 +45,7 @@ pub struct KafkaSettings {
 const BATCH_EVENTS: usize = 2000;
 const BATCH_BYTES: usize = 4 << 20;
 /// How long a Kafka call may block before it counts as failed.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// One warning per this long while the relay keeps failing.
@@ -114,7 +114,31 @@ enum Failure {
     Restart(String),
 }
 
-type Transactional = ThreadedProducer<DefaultProducerContext>;
+type Transactional = ThreadedProducer<RelayContext>;
+
+/// Hears librdkafka's errors (brokers down, authentication failed) as
+/// they happen, while a call may still be waiting out its timeout, and
+/// puts them in `status` at once.
+struct RelayContext {
+    outbox: Arc<Outbox>,
+}
+
+impl ClientContext for RelayContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(%error, reason, "librdkafka reports an error");
+        self.outbox.report(|report| {
+            report.state = "failing".into();
+            report.error = Some(format!("{error}: {reason}"));
+        });
+    }
+}
+
+impl ProducerContext for RelayContext {
+    type DeliveryOpaque = ();
+
+    // The transaction's commit says whether its records were delivered.
+    fn delivery(&self, _: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
 
 impl Relay {
     fn new(outbox: Arc<Outbox>, settings: KafkaSettings, runtime: tokio::runtime::Handle) -> Self {
@@ -149,8 +173,16 @@ impl Relay {
             .set("transactional.id", &self.identity)
             // An event is published as soon as its round is durable; the
             // transaction's commit flushes anyway.
-            .set("linger.ms", "1");
-        Ok(self.with_user_properties(config).create()?)
+            .set("linger.ms", "1")
+            // Brokers that stop answering are given up on (and the call
+            // retried) after 10 s instead of librdkafka's 60.
+            .set("socket.timeout.ms", "10000");
+        let context = RelayContext {
+            outbox: self.outbox.clone(),
+        };
+        Ok(self
+            .with_user_properties(config)
+            .create_with_context(context)?)
     }
 
     fn consumer(&self) -> anyhow::Result<BaseConsumer> {
@@ -175,7 +207,10 @@ impl Relay {
     fn run(mut self, stop: &AtomicBool) {
         let mut backoff = BACKOFF_MIN;
         while !stop.load(Ordering::SeqCst) {
-            match self.connect() {
+            self.outbox.waiting_for_brokers(true);
+            let connected = self.connect();
+            self.outbox.waiting_for_brokers(false);
+            match connected {
                 Ok((producer, consumer, position)) => {
                     backoff = BACKOFF_MIN;
                     self.publish(&producer, &consumer, position, stop);
@@ -297,7 +332,10 @@ impl Relay {
                 continue;
             };
             idle_reported = false;
-            match self.transaction(producer, &group, &events, last, stop) {
+            self.outbox.waiting_for_brokers(true);
+            let published = self.transaction(producer, &group, &events, last, stop);
+            self.outbox.waiting_for_brokers(false);
+            match published {
                 Ok(()) => {
                     position = last;
                     backoff = BACKOFF_MIN;

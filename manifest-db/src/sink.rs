@@ -777,6 +777,49 @@ mod tests {
         }
     }
 
+    #[test]
+    fn outbox_events_are_appended_with_their_commit_read_in_order_and_removed() {
+        let dir = TempDir::new("outbox");
+        let m = SinkManifest::open(dir.path()).unwrap();
+        let event = |n: u8| OutboxEvent {
+            journal_round: 7,
+            recorded_unix_ms: 1000 + u64::from(n),
+            key: vec![n],
+            payload: vec![n; usize::from(n)],
+        };
+        for batch in [vec![event(1), event(2)], vec![event(3)]] {
+            m.commit(&SinkCommit {
+                records: vec![(id("s", "a", 1), record("s/a", &[(0, 1)]))],
+                outbox: batch,
+                ..SinkCommit::default()
+            })
+            .unwrap();
+        }
+        assert_eq!(m.outbox_last().unwrap(), 3);
+        let all = m.outbox_after(0, 10, usize::MAX).unwrap();
+        assert_eq!(
+            all.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(all[1].1, event(2));
+        assert_eq!(m.outbox_after(1, 1, usize::MAX).unwrap()[0].0, 2);
+        m.outbox_remove_through(2).unwrap();
+        let depth = m.outbox_depth().unwrap();
+        assert_eq!((depth.events, depth.oldest_unix_ms), (1, Some(1003)));
+        // Sequence numbers are never reused.
+        m.commit(&SinkCommit {
+            outbox_rewrite: vec![(3, None)],
+            outbox: vec![event(4)],
+            ..SinkCommit::default()
+        })
+        .unwrap();
+        let left = m.outbox_after(0, 10, usize::MAX).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].0, 4);
+        let id_first = m.manifest_id().unwrap();
+        assert_eq!(m.manifest_id().unwrap(), id_first);
+    }
+
     fn record(dest: &str, ranges: &[(u64, u64)]) -> FileRecord {
         FileRecord {
             dest_path: dest.to_owned(),
@@ -839,6 +882,8 @@ mod tests {
                 journal_round: 0,
                 journal_start: 0,
                 withdrawn: Vec::new(),
+                outbox: Vec::new(),
+                outbox_rewrite: Vec::new(),
                 journal_complete: 0,
                 records: vec![
                     (a2.clone(), record("run1/a.xtc2", &[(0, 10)])),
@@ -945,6 +990,8 @@ mod tests {
                 journal_round: 0,
                 journal_start: 0,
                 withdrawn: Vec::new(),
+                outbox: Vec::new(),
+                outbox_rewrite: Vec::new(),
                 journal_complete: 0,
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
@@ -965,6 +1012,8 @@ mod tests {
                 journal_round: 0,
                 journal_start: 0,
                 withdrawn: Vec::new(),
+                outbox: Vec::new(),
+                outbox_rewrite: Vec::new(),
                 journal_complete: 0,
                 records: vec![(f.clone(), record("k", &[(0, 10)]))],
                 placements: vec![(f.clone(), 0, 10)],
@@ -1001,6 +1050,8 @@ mod tests {
                             journal_round: 0,
                             journal_start: 0,
                             withdrawn: Vec::new(),
+                            outbox: Vec::new(),
+                            outbox_rewrite: Vec::new(),
                             journal_complete: 0,
                             records: vec![],
                             placements: vec![(id("s", "k", t), i, 1)],

@@ -59,7 +59,15 @@ pub struct RelayReport {
     pub published_events: u64,
     /// When it last published (ms since the Unix epoch).
     pub last_published_unix_ms: Option<u64>,
+    /// Since when it has waited for the brokers to answer (ms since the
+    /// Unix epoch), if it is waiting now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since_unix_ms: Option<u64>,
 }
+
+/// A relay that has waited this long for the brokers is shown as failing,
+/// before librdkafka's own timeouts end its call.
+const NO_ANSWER_AFTER: Duration = Duration::from_secs(5);
 
 /// The outbox as `status` shows it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -215,6 +223,12 @@ impl Outbox {
         update(&mut self.relay.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
+    /// The relay starts waiting for the brokers (`true`), or got its answer.
+    pub fn waiting_for_brokers(&self, waiting: bool) {
+        let since = waiting.then(|| unix_ms(SystemTime::now()));
+        self.report(|report| report.waiting_since_unix_ms = since);
+    }
+
     pub fn status(&self) -> OutboxStatus {
         let published_through = self.published_through();
         let recorded_through = self.durable_through();
@@ -232,8 +246,24 @@ impl Outbox {
             depth_bytes: self.bytes.load(Ordering::Relaxed),
             limit_bytes: self.limit_bytes,
             oldest_age_ms,
-            relay: self.relay.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            relay: self.relay_report(),
         }
+    }
+
+    fn relay_report(&self) -> RelayReport {
+        let mut report = self.relay.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let now = unix_ms(SystemTime::now());
+        if let Some(since) = report.waiting_since_unix_ms {
+            let waited = now.saturating_sub(since);
+            if waited >= NO_ANSWER_AFTER.as_millis() as u64 && report.state != "failing" {
+                report.state = "failing".into();
+                report.error = Some(format!(
+                    "no answer from the brokers for {:.1} s",
+                    waited as f64 / 1000.0
+                ));
+            }
+        }
+        report
     }
 
     /// Refuses new data while the outbox is at its bound.
@@ -242,7 +272,7 @@ impl Outbox {
         if bytes < self.limit_bytes {
             return Ok(());
         }
-        let relay = self.relay.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let relay = self.relay_report();
         Err(SinkError::Storage(format!(
             "the event outbox holds {bytes} bytes of unpublished events (limit {}); new data waits until the relay publishes them (relay: {}{})",
             self.limit_bytes,

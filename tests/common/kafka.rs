@@ -56,9 +56,14 @@ impl KafkaBroker {
     /// loopback ports; panics with the log tail if it is not ready within
     /// 120 s. `partitions`: num.partitions for auto-created topics.
     pub fn start(dir: &Path, partitions: u32) -> Self {
+        Self::start_on(dir, partitions, super::free_port())
+    }
+
+    /// [`Self::start`] listening on `port` (one a client was told of before
+    /// the broker existed).
+    pub fn start_on(dir: &Path, partitions: u32, port: u16) -> Self {
         std::fs::create_dir_all(dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-        let port = super::free_port();
         let controller_port = loop {
             let p = super::free_port();
             if p != port {
@@ -87,7 +92,12 @@ impl KafkaBroker {
              group.initial.rebalance.delay.ms=0\n",
             data.display()
         );
-        let mut broker = Self { dir: dir.to_path_buf(), port, controller_port, child: None };
+        let mut broker = Self {
+            dir: dir.to_path_buf(),
+            port,
+            controller_port,
+            child: None,
+        };
         std::fs::write(broker.config(), config).expect("write server.properties");
         let cluster_id = broker.storage_tool(&["random-uuid"]);
         let config = broker.config().display().to_string();
@@ -102,7 +112,9 @@ impl KafkaBroker {
 
     /// SIGTERM (a controlled shutdown), then wait; SIGKILL after 30 s.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         if matches!(child.try_wait(), Ok(None)) {
             // SAFETY: plain kill(2) on our own child's pid.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -123,7 +135,9 @@ impl KafkaBroker {
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     fn config(&self) -> PathBuf {
@@ -183,9 +197,9 @@ impl KafkaBroker {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let text = std::fs::read(self.log()).unwrap_or_default();
-            let started = text.get(from..).is_some_and(|new| {
-                String::from_utf8_lossy(new).contains("Kafka Server started")
-            });
+            let started = text
+                .get(from..)
+                .is_some_and(|new| String::from_utf8_lossy(new).contains("Kafka Server started"));
             if started && TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
                 return;
             }
@@ -209,7 +223,8 @@ impl KafkaBroker {
     }
 
     fn log_tail(&self, lines: usize) -> String {
-        let text = String::from_utf8_lossy(&std::fs::read(self.log()).unwrap_or_default()).into_owned();
+        let text =
+            String::from_utf8_lossy(&std::fs::read(self.log()).unwrap_or_default()).into_owned();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }

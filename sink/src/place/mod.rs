@@ -531,7 +531,15 @@ impl Placer {
             state: Mutex::new(SlotState {
                 recorded: true,
                 recorded_sealed: record.sealed.is_some(),
-                recorded_path: Some(record.dest_path.clone()),
+                // Where the feed last told the file was: a move recorded
+                // and not made yet (a crash between) is told once a round
+                // records it made.
+                recorded_path: Some(
+                    record
+                        .renamed_from
+                        .clone()
+                        .unwrap_or_else(|| record.dest_path.clone()),
+                ),
                 recorded_superseded: record.superseded,
                 moving: false,
                 // Set from the file when it is first opened.
