@@ -146,6 +146,35 @@ mod tests {
     }
 
     #[test]
+    fn a_table_in_a_section_prefixes_its_keys() {
+        let dir = std::env::temp_dir().join(format!("tailflight-config-t-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "[sink.kafka]\nbrokers = \"k:9092\"\n[sink.kafka.property]\n\"compression.type\" = \"zstd\"\n",
+        )
+        .unwrap();
+        let args = ["tailflight", "sink", "--config", file.to_str().unwrap()]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let out: Vec<String> = expand_config_args(args)
+            .unwrap()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            out.contains(&"--kafka-brokers=k:9092".to_string()),
+            "{out:?}"
+        );
+        assert!(
+            out.contains(&"--kafka-property=compression.type=zstd".to_string()),
+            "{out:?}"
+        );
+    }
+
+    #[test]
     fn the_example_configs_parse_as_flags() {
         use clap::Parser;
         for (subcommand, file) in [

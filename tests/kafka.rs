@@ -363,6 +363,36 @@ fn no_broker_until_the_run_is_over() {
 }
 
 #[test]
+fn a_missing_topic_is_named_in_status_and_nothing_is_lost() {
+    let dir = scratch("kafka-no-topic");
+    let broker = KafkaBroker::start_with(
+        &dir.join("kafka"),
+        4,
+        common::free_port(),
+        "auto.create.topics.enable=false",
+    );
+    let pipeline = events_pipeline("kafka-no-topic-run", &broker.bootstrap());
+    simulate(&pipeline.source, &workload("r0001", "1", "1MiB", "1s"));
+    let files = files_of_run(&pipeline.source, "r0001");
+    pipeline.wait_sealed(files, Duration::from_secs(120));
+    common::wait_until(
+        "status names the missing topic",
+        Duration::from_secs(60),
+        || {
+            events_status(&pipeline).is_some_and(|e| {
+                e["relay"]["state"] == "failing"
+                    && e["relay"]["error"].as_str().is_some_and(|error| {
+                        error.contains(TOPIC) && error.contains("does not exist")
+                    })
+            })
+        },
+    );
+    let events = events_status(&pipeline).expect("events status");
+    assert!(status_u64(&events, "depth_events") > 0, "{events}");
+    assert_eq!(status_u64(&events, "published_through"), 0, "{events}");
+}
+
+#[test]
 fn an_unknown_kafka_property_fails_at_startup() {
     let dir = scratch("kafka-bad-property");
     let (ok, text) = common::run(&strings(&[

@@ -33,6 +33,14 @@ if ! "$venv/bin/python" -c 'import matplotlib, pyarrow.flight' >/dev/null 2>&1; 
     /usr/bin/python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet matplotlib pyarrow
 fi
+# confluent-kafka (P12: the consumer of the sink's events and the broker's floor) in the
+# project's venv, which ops/test.sh prepares with it; added there if missing, nothing removed.
+pyvenv="${TAILFLIGHT_PY_VENV:-$HOME/.cache/tailflight/py-venv}"
+if ! "$pyvenv/bin/python" -c 'import confluent_kafka' >/dev/null 2>&1; then
+    [ -x "$pyvenv/bin/python" ] || /usr/bin/python3 -m venv "$pyvenv"
+    "$pyvenv/bin/pip" install --quiet confluent-kafka
+fi
+export TAILFLIGHT_PY_VENV="$pyvenv"
 
 tailflight_install_build_deps
 cargo build --features bench   # dev profile, with the measurement aids (--commit-log, stage clocks)

@@ -537,3 +537,146 @@ pub(crate) fn withdraw(
 
 /// The outbox, shared.
 pub type SharedOutbox = Arc<Outbox>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use manifest_db::{FileId, SinkCommit};
+
+    fn file() -> FileId {
+        FileId {
+            source: "hutch".into(),
+            key: "run/a.xtc2.inprogress".into(),
+            generation: 1,
+        }
+    }
+
+    fn commit(
+        ranges: Vec<(u64, u64)>,
+        contiguous_end: u64,
+        changes: Vec<FileChange>,
+    ) -> FileCommit {
+        FileCommit {
+            id: file(),
+            path: "hutch/run/a.xtc2.inprogress".into(),
+            ranges,
+            contiguous_end,
+            changes,
+            received: None,
+            inode: None,
+            sealed: None,
+        }
+    }
+
+    fn parse(event: &OutboxEvent) -> serde_json::Value {
+        serde_json::from_slice(&event.payload).unwrap()
+    }
+
+    #[test]
+    fn a_round_tells_each_change_in_order_with_stable_ids() {
+        let dir = crate::test_support::scratch("outbox-events");
+        let manifest = SinkManifest::open(&dir).unwrap();
+        let outbox = Outbox::open(manifest, &EventsConfig::default()).unwrap();
+        let round = [commit(
+            vec![(0, 10)],
+            10,
+            vec![
+                FileChange::Opened,
+                FileChange::Renamed {
+                    from: "hutch/run/a.xtc2.inprogress".into(),
+                },
+                FileChange::Sealed {
+                    size: 10,
+                    digest: "crc64nvme:0000000000000001".into(),
+                },
+            ],
+        )];
+        let at = UNIX_EPOCH + Duration::from_millis(1_795_000_000_123);
+        let events = outbox.events_of(&round, at, 3);
+        let kinds: Vec<_> = events
+            .iter()
+            .map(|e| parse(e)["type"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "org.tailflight.file.opened.v1",
+                "org.tailflight.range.committed.v1",
+                "org.tailflight.file.renamed.v1",
+                "org.tailflight.file.sealed.v1"
+            ]
+        );
+        let committed = parse(&events[1]);
+        assert_eq!(committed["data"]["ranges"], serde_json::json!([[0, 10]]));
+        assert_eq!(committed["time"], "2026-11-18T11:06:40.123Z");
+        assert_eq!(events[1].key, br#"["hutch","run/a.xtc2.inprogress"]"#);
+        // The same change made again (after a crash) is the same event.
+        assert_eq!(
+            outbox.events_of(&round, at, 3)[1].payload,
+            events[1].payload
+        );
+        let ids: std::collections::HashSet<_> =
+            events.iter().map(|e| parse(e)["id"].clone()).collect();
+        assert_eq!(ids.len(), 4);
+    }
+
+    #[test]
+    fn a_withdrawn_range_and_seal_leave_the_unpublished_events() {
+        let dir = crate::test_support::scratch("outbox-withdraw");
+        let manifest = SinkManifest::open(&dir).unwrap();
+        let outbox = Outbox::open(manifest.clone(), &EventsConfig::default()).unwrap();
+        let at = SystemTime::now();
+        let earlier = outbox.events_of(
+            &[commit(vec![(0, 10)], 10, vec![FileChange::Opened])],
+            at,
+            6,
+        );
+        let cut_short = outbox.events_of(
+            &[commit(
+                vec![(10, 30)],
+                30,
+                vec![FileChange::Sealed {
+                    size: 30,
+                    digest: "crc64nvme:0000000000000002".into(),
+                }],
+            )],
+            at,
+            7,
+        );
+        for events in [earlier, cut_short] {
+            manifest
+                .commit(&SinkCommit {
+                    outbox: events,
+                    ..SinkCommit::default()
+                })
+                .unwrap();
+        }
+        // Round 7's range [20, 30) never reached the journal: withdrawn,
+        // and the seal with it.
+        let rewrite = withdraw(&manifest, 7, &[(file(), 20, 10)], &[file()], |_| 20).unwrap();
+        manifest
+            .commit(&SinkCommit {
+                outbox_rewrite: rewrite,
+                ..SinkCommit::default()
+            })
+            .unwrap();
+        let left: Vec<_> = manifest
+            .outbox_after(0, 10, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(_, e)| parse(&e))
+            .collect();
+        let kinds: Vec<_> = left.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "org.tailflight.file.opened.v1",
+                "org.tailflight.range.committed.v1",
+                "org.tailflight.range.committed.v1"
+            ]
+        );
+        assert_eq!(left[1]["data"]["ranges"], serde_json::json!([[0, 10]]));
+        assert_eq!(left[2]["data"]["ranges"], serde_json::json!([[10, 20]]));
+        assert_eq!(left[2]["data"]["contiguous_end"], 20);
+    }
+}

@@ -165,6 +165,40 @@ fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
     ))
 }
 
+/// The event outbox and its Kafka relay, when the sink records events.
+fn events_metrics(m: &Families, events: &sink::outbox::OutboxStatus) {
+    m.gauge(
+        "sink_outbox_events",
+        "Commit events recorded and not yet published to Kafka.",
+        events.depth_events as f64,
+    );
+    m.gauge(
+        "sink_outbox_bytes",
+        "Bytes of commit events recorded and not yet published (the sink refuses new data at sink_outbox_limit_bytes).",
+        events.depth_bytes as f64,
+    );
+    m.gauge(
+        "sink_outbox_limit_bytes",
+        "Most bytes of unpublished events the outbox keeps.",
+        events.limit_bytes as f64,
+    );
+    m.gauge(
+        "sink_outbox_oldest_age_seconds",
+        "How long the oldest unpublished commit event has waited (0 when none waits).",
+        events.oldest_age_ms.unwrap_or(0) as f64 / 1000.0,
+    );
+    m.counter(
+        "sink_events_published_total",
+        "Commit events the Kafka relay published since the sink started.",
+        events.relay.published_events as f64,
+    );
+    m.gauge(
+        "sink_event_relay_up",
+        "1 while the Kafka relay publishes or has nothing to publish; 0 while it fails (brokers unreachable, topic missing, not authorised).",
+        f64::from(u8::from(events.relay.state != "failing")),
+    );
+}
+
 impl Observed for SinkObserved {
     fn snapshot(&self) -> Snapshot {
         let status = self.sink.status();
@@ -291,6 +325,9 @@ impl Observed for SinkObserved {
                         .map(|s| s.behind_seconds)
                         .fold(0.0, f64::max),
                 );
+                if let Some(events) = &s.events {
+                    events_metrics(&m, events);
+                }
                 serde_json::to_value(s).unwrap_or_default()
             }
             Err(error) => json!({ "error": error.to_string() }),

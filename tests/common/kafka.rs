@@ -62,6 +62,12 @@ impl KafkaBroker {
     /// [`Self::start`] listening on `port` (one a client was told of before
     /// the broker existed).
     pub fn start_on(dir: &Path, partitions: u32, port: u16) -> Self {
+        Self::start_with(dir, partitions, port, "")
+    }
+
+    /// [`Self::start_on`] with more `server.properties` lines, which win
+    /// over the defaults (e.g. `auto.create.topics.enable=false`).
+    pub fn start_with(dir: &Path, partitions: u32, port: u16, extra_config: &str) -> Self {
         std::fs::create_dir_all(dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let controller_port = loop {
@@ -89,7 +95,8 @@ impl KafkaBroker {
              transaction.state.log.min.isr=1\n\
              share.coordinator.state.topic.replication.factor=1\n\
              share.coordinator.state.topic.min.isr=1\n\
-             group.initial.rebalance.delay.ms=0\n",
+             group.initial.rebalance.delay.ms=0\n\
+             {extra_config}\n",
             data.display()
         );
         let mut broker = Self {

@@ -243,5 +243,54 @@ class Fio(unittest.TestCase):
         self.assertEqual(a.fio_sync_latency_ms(data), {"p50_ms": 1.0, "p99_ms": 2.5, "p999_ms": 9.0})
 
 
+
+class KafkaLatencies(unittest.TestCase):
+    RC = "org.tailflight.range.committed.v1"
+
+    def test_parse_event_log(self):
+        lines = [f"5000000\t4\t{self.RC}\n", "garbage\n", "1\t2\n", "x\t2\ty\n",
+                 "7000000\t5\torg.tailflight.file.opened.v1\n"]
+        self.assertEqual(a.parse_event_log(lines), [(5_000_000, 4, self.RC),
+                                                    (7_000_000, 5, "org.tailflight.file.opened.v1")])
+
+    def test_event_latencies_of_one_type_since_a_time(self):
+        records = [(12 * MS + 500_000, 10, self.RC), (13 * MS, 10, "org.tailflight.file.opened.v1"),
+                   (9 * MS, 8, self.RC), (20 * MS, 11, self.RC)]
+        self.assertEqual(a.event_latencies(records), [2.5, 1.0, 9.0])
+        self.assertEqual(a.event_latencies(records, since_ms=10), [2.5, 9.0])
+        self.assertEqual(a.event_latencies(records, "org.tailflight.file.opened.v1"), [3.0])
+        self.assertEqual(a.event_latencies([]), [])
+
+    def test_event_counts(self):
+        records = [(0, 10, self.RC), (0, 12, self.RC), (0, 9, "x"), (0, 11, "x")]
+        self.assertEqual(a.event_counts(records), {self.RC: 2, "x": 2})
+        self.assertEqual(a.event_counts(records, since_ms=10), {self.RC: 2, "x": 1})
+
+    def test_arrival_batches(self):
+        records = [(100 * MS, 90, self.RC), (100 * MS, 95, "x"), (100 * MS, 96, self.RC),
+                   (130 * MS, 120, self.RC), (190 * MS, 150, self.RC), (190 * MS, 151, self.RC),
+                   (50 * MS, 10, self.RC)]  # committed before since_ms: left out
+        out = a.arrival_batches(records, since_ms=90)
+        self.assertEqual(out, {"batches": 3, "events_p50": 2, "events_max": 3,
+                               "gap_p50_ms": 30.0, "gap_p90_ms": 60.0, "gap_max_ms": 60.0})
+        one = a.arrival_batches([(1, 5, self.RC)])
+        self.assertEqual((one["batches"], one["gap_p50_ms"], one["gap_max_ms"]), (1, None, None))
+        self.assertIsNone(a.arrival_batches(records, since_ms=1000))
+
+    def test_parse_floor_log(self):
+        lines = ["1000\t3000000\t0\n", "bad line\n", "1\t2\n", "-1\t2\t3\n", "2000 4000000 1\n"]
+        self.assertEqual(a.parse_floor_log(lines), [(1000, 3_000_000, 0), (2000, 4_000_000, 1)])
+
+    def test_floor_latencies_by_timestamp_and_exact(self):
+        # sent 10.4 ms (timestamp 10 ms), arrived 12 ms: 2.0 ms by timestamp, 1.6 ms exact
+        records = [(10 * MS + 400_000, 12 * MS, 10), (20 * MS, 21 * MS, 20), (30 * MS, 33 * MS, 30)]
+        by_ts, exact = a.floor_latencies(records)
+        self.assertEqual(by_ts, [2.0, 1.0, 3.0])
+        self.assertEqual(exact, [1.6, 1.0, 3.0])
+        # only the messages sent inside the window
+        self.assertEqual(a.floor_latencies(records, 15 * MS, 30 * MS), ([1.0, 3.0], [1.0, 3.0]))
+        self.assertEqual(a.floor_latencies(records, None, 20 * MS)[0], [2.0, 1.0])
+        self.assertEqual(a.floor_latencies([]), ([], []))
+
 if __name__ == "__main__":
     unittest.main()

@@ -259,6 +259,78 @@ def arrival_latencies(history, writes) -> tuple[list[float], int]:
     return lat, missing
 
 
+RANGE_COMMITTED = "org.tailflight.range.committed.v1"
+
+
+def parse_event_log(lines) -> list[tuple[int, int, str]]:
+    """P12's events log (tools/kafka_latency.py events: arrival ns, record timestamp ms, CloudEvent type,
+    tab-separated) as (arrival ns, timestamp ms, type); other lines are skipped."""
+    out = []
+    for line in lines:
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].lstrip("-").isdigit():
+            out.append((int(parts[0]), int(parts[1]), parts[2]))
+    return out
+
+
+def event_latencies(records, kind=RANGE_COMMITTED, since_ms=None) -> list[float]:
+    """ms from each event's record timestamp (the sink's commit time, whole ms) to its arrival at the
+    consumer, for the events of type `kind` committed at `since_ms` or later."""
+    return [(recv - ts * 1_000_000) / 1e6 for recv, ts, t in records
+            if t == kind and (since_ms is None or ts >= since_ms)]
+
+
+def event_counts(records, since_ms=None) -> dict[str, int]:
+    """Events per type, of those committed at `since_ms` or later."""
+    out: dict[str, int] = {}
+    for _, ts, t in records:
+        if since_ms is None or ts >= since_ms:
+            out[t] = out.get(t, 0) + 1
+    return out
+
+
+def arrival_batches(records, since_ms=None) -> dict | None:
+    """How the events committed at `since_ms` or later reached the consumer: grouped by arrival time
+    (the consumer stamps every record it takes off its queue at once with one time, so a batch is
+    what one fetch brought: about one relay transaction), the number of batches, the events per batch
+    (p50, max) and the time between consecutive batches (p50, p90, max). None without events."""
+    sizes: dict[int, int] = {}
+    for recv, ts, _ in records:
+        if since_ms is None or ts >= since_ms:
+            sizes[recv] = sizes.get(recv, 0) + 1
+    if not sizes:
+        return None
+    times = sorted(sizes)
+    gaps = sorted((b - a) / 1e6 for a, b in zip(times, times[1:]))
+    counts = sorted(sizes.values())
+    return {"batches": len(times), "events_p50": percentile(counts, 50), "events_max": counts[-1],
+            "gap_p50_ms": percentile(gaps, 50), "gap_p90_ms": percentile(gaps, 90),
+            "gap_max_ms": gaps[-1] if gaps else None}
+
+
+def parse_floor_log(lines) -> list[tuple[int, int, int]]:
+    """P12's floor log (tools/kafka_latency.py floor: send ns, arrival ns, record timestamp ms,
+    tab-separated) as (send ns, arrival ns, timestamp ms); other lines are skipped."""
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            out.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    return out
+
+
+def floor_latencies(records, first_ns=None, last_ns=None) -> tuple[list[float], list[float]]:
+    """The floor's messages sent between first_ns and last_ns (inclusive; None: unbounded): ms from
+    each one's record timestamp to its arrival (as P12 measures the events), and from its exact send
+    time to its arrival."""
+    by_ts, exact = [], []
+    for sent, recv, ts in records:
+        if (first_ns is None or sent >= first_ns) and (last_ns is None or sent <= last_ns):
+            by_ts.append((recv - ts * 1_000_000) / 1e6)
+            exact.append((recv - sent) / 1e6)
+    return by_ts, exact
+
+
 def trouble_totals(runs) -> tuple[dict[str, int], int]:
     """Counts of the trouble seen in the runs' logs, by "<process> <event>", and the duplicate (re-sent)
     bytes the sink reported, summed over the runs."""

@@ -15,7 +15,9 @@ from ..harness import (Bench, BenchError, Pipeline, dir_bytes, now_ns, rmtree, s
                        wait_commits)
 
 
-def throughput_run(b: Bench, name: str, tls: bool, watch_extra=(), sink_extra=()) -> dict:
+def throughput_run(b: Bench, name: str, tls: bool, watch_extra=(), sink_extra=(), total_mib=None) -> dict:
+    """One P1 run: `total_mib` (by default P1's) in 16 files written as fast as the simulator can."""
+    total_mib = b.p["p1_total_mib"] if total_mib is None else total_mib
     d = b.fresh("p1", name)
     src = b.fresh_src("p1", name)
     os.sync()
@@ -28,7 +30,7 @@ def throughput_run(b: Bench, name: str, tls: bool, watch_extra=(), sink_extra=()
         # the children's rusage is its CPU time.
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         sim = b.sim(d, "sim", src, "--streams", b.p["p1_streams"], "--rate", 0, "--frame", "1MiB",
-                    "--chunk", b.p["p1_chunk"], "--total", f"{b.p['p1_total_mib']}MiB")
+                    "--chunk", b.p["p1_chunk"], "--total", f"{total_mib}MiB")
         if sim.wait(600) != 0:
             raise BenchError(f"sim failed: {sim.log_tail()}")
         sim_s = (now_ns() - t0) / 1e9
