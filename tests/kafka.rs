@@ -363,6 +363,45 @@ fn no_broker_until_the_run_is_over() {
 }
 
 #[test]
+fn a_full_outbox_holds_ingest_back_until_the_relay_drains_it() {
+    let dir = scratch("kafka-full-outbox");
+    let port = common::free_port();
+    let brokers = format!("127.0.0.1:{port}");
+    let pipeline = Pipeline::in_scratch(
+        "kafka-full-outbox-run",
+        PipelineOptions {
+            extra_sink_args: strings(&[
+                "--kafka-brokers",
+                &brokers,
+                "--kafka-topic",
+                TOPIC,
+                "--kafka-outbox-limit",
+                "16KiB",
+            ]),
+            ..PipelineOptions::default()
+        },
+    );
+    simulate(&pipeline.source, &workload("r0001", "2", "1MiB", "2s"));
+    common::wait_until("the outbox is full", Duration::from_secs(60), || {
+        events_status(&pipeline).is_some_and(|e| status_u64(&e, "depth_bytes") >= 16 << 10)
+    });
+    // Held back: the watcher keeps what the sink refuses and sends it again.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !common::verify(&pipeline.source, &pipeline.dest()).0,
+        "everything arrived although the outbox was full"
+    );
+    let broker = KafkaBroker::start_on(&dir.join("kafka"), 4, port);
+    let files = files_of_run(&pipeline.source, "r0001");
+    pipeline.wait_sealed(files, Duration::from_secs(180));
+    pipeline.wait_identical(Duration::from_secs(120));
+    wait_published(&pipeline, Duration::from_secs(120));
+    let told = consume(&broker.bootstrap());
+    let count = check_events(&told, &pipeline, files);
+    println!("{count} events for {files} files through a 16 KiB outbox");
+}
+
+#[test]
 fn a_missing_topic_is_named_in_status_and_nothing_is_lost() {
     let dir = scratch("kafka-no-topic");
     let broker = KafkaBroker::start_with(
