@@ -256,6 +256,9 @@ pub(crate) struct Tailer {
     lag_events: Option<Arc<dyn LagEvents>>,
     /// When each sink last acknowledged anything.
     sink_last_ack: Vec<Instant>,
+    /// Since when checkpoints have failed (the state directory full or
+    /// failing), and when that was last logged.
+    checkpoint_failing: Option<(Instant, Instant)>,
     /// Largest single data row read at once.
     max_row_bytes: usize,
     discovery: Box<dyn Discovery>,
@@ -323,6 +326,7 @@ impl Tailer {
             dirty: Set::default(),
             lag_events: progress.lag_events(),
             sink_last_ack,
+            checkpoint_failing: None,
             progress,
             discovery,
             walking: false,

@@ -225,7 +225,12 @@ impl Placer {
             if let Ok(meta) = file.metadata() {
                 state.file_end = meta.len();
             }
-            return Err(RowError::Storage(error));
+            // A failed write leaves nothing the page cache claims: it is
+            // refused as retryable (only a failed flush poisons the sink).
+            return Err(RowError::Storage(format!(
+                "{error}{}",
+                self.space_left(file, bytes.len() as u64)
+            )));
         }
         state.written_crc.add(start, bytes);
         state.file_end = state.file_end.max(end);
@@ -241,6 +246,22 @@ impl Placer {
         }
         state.pending.insert(start, end);
         Ok(())
+    }
+
+    /// Says so when the filesystem of the sink's root is (nearly) full, to
+    /// go with a failed write into `file`.
+    fn space_left(&self, file: &File, wanted: u64) -> String {
+        match rustix::fs::fstatvfs(file) {
+            Ok(fs) if fs.f_bavail.saturating_mul(fs.f_frsize) < wanted.saturating_mul(2) => {
+                format!(
+                    "; the filesystem holding the sink's root {} is full ({} bytes free of {}): the batch is sent again until there is room",
+                    self.root.path().display(),
+                    fs.f_bavail.saturating_mul(fs.f_frsize),
+                    fs.f_blocks.saturating_mul(fs.f_frsize),
+                )
+            }
+            _ => String::new(),
+        }
     }
 
     /// Writes the held ranges the file's end has reached, in order; they

@@ -5,8 +5,16 @@
 
 use super::*;
 
+/// One warning per this long while checkpoints cannot be written.
+const CHECKPOINT_WARN_EVERY: Duration = Duration::from_secs(30);
+
 impl Tailer {
     /// Writes acknowledged offsets; forgets sealed files once recorded.
+    /// A checkpoint that cannot be written (the state directory is full or
+    /// failing) is only an optimisation lost: the transfer goes on, a
+    /// warning says so (at most every [`CHECKPOINT_WARN_EVERY`]), and the
+    /// next checkpoint tries again. A restart meanwhile resumes from the
+    /// last checkpoint written, or reconciles with the sinks.
     pub(super) fn checkpoint(&mut self) -> anyhow::Result<()> {
         let records: Vec<WatchedFile> = self
             .dirty
@@ -14,10 +22,37 @@ impl Tailer {
             .filter_map(|key| self.files.get(key))
             .map(Tracked::record)
             .collect();
-        if !records.is_empty() {
-            self.state.save(&records, false)?;
+        let saved = match records.is_empty() {
+            true => Ok(()),
+            false => self.state.save(&records, false),
+        };
+        let now = Instant::now();
+        match saved {
+            Ok(()) => {
+                if let Some((since, _)) = self.checkpoint_failing.take() {
+                    tracing::info!(
+                        failing_for_s = now.duration_since(since).as_secs(),
+                        "checkpoints are written again"
+                    );
+                }
+                self.dirty.clear();
+            }
+            Err(error) => {
+                let (since, logged) = self.checkpoint_failing.get_or_insert((now, now));
+                if *logged == now || now.duration_since(*logged) >= CHECKPOINT_WARN_EVERY {
+                    tracing::warn!(
+                        %error,
+                        failing_for_s = now.duration_since(*since).as_secs(),
+                        files = records.len(),
+                        "cannot write the watcher's checkpoint; the transfer goes on, and a restart now would resume from the last checkpoint written or reconcile with the sinks"
+                    );
+                    *logged = now;
+                }
+                // Sealed files stay tracked until their records are written.
+                self.publish_progress(now);
+                return Ok(());
+            }
         }
-        self.dirty.clear();
         let done: Vec<FileKey> = self
             .files
             .iter()
@@ -35,7 +70,12 @@ impl Tailer {
                 }
             }
         }
-        let now = Instant::now();
+        self.publish_progress(now);
+        Ok(())
+    }
+
+    /// Publishes the progress snapshot, with each file's lag state.
+    fn publish_progress(&mut self, now: Instant) {
         let policy = self.config.lag;
         let sink_last_ack = &self.sink_last_ack;
         let snapshot = self
@@ -75,6 +115,5 @@ impl Tailer {
             })
             .collect();
         self.progress.publish(snapshot, self.finished.len() as u64);
-        Ok(())
     }
 }
