@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod kafka;
+pub mod netns;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -67,20 +68,38 @@ pub struct Proc {
     pub name: String,
     child: Option<Child>,
     args: Vec<String>,
+    /// Runs the binary through this command (e.g. `ip netns exec NS`).
+    prefix: Vec<String>,
     log: PathBuf,
 }
 
 impl Proc {
     pub fn spawn(dir: &Path, name: &str, args: &[String]) -> Self {
+        Self::spawn_through(dir, name, &[], args)
+    }
+
+    /// [`Self::spawn`] through `prefix` (`ip netns exec NS`).
+    pub fn spawn_through(dir: &Path, name: &str, prefix: &[String], args: &[String]) -> Self {
         let log = dir.join(format!("{name}.log"));
         let mut proc = Self {
             name: name.into(),
             child: None,
             args: args.to_vec(),
+            prefix: prefix.to_vec(),
             log,
         };
         proc.start();
         proc
+    }
+
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    /// Starts again with other arguments (a new address).
+    pub fn start_with(&mut self, args: &[String]) {
+        self.args = args.to_vec();
+        self.start();
     }
 
     /// (Re)starts the process with the same arguments.
@@ -91,7 +110,15 @@ impl Proc {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(bin())
+        let mut command = match self.prefix.split_first() {
+            Some((program, prefix)) => {
+                let mut command = Command::new(program);
+                command.args(prefix).arg(bin());
+                command
+            }
+            None => Command::new(bin()),
+        };
+        let child = command
             .args(&self.args)
             .env(
                 "TAILFLIGHT_LOG",
@@ -282,6 +309,8 @@ pub struct PipelineOptions {
     pub poll: bool,
     pub extra_watch_args: Vec<String>,
     pub extra_sink_args: Vec<String>,
+    /// Run the sink in this network namespace, listening on its address.
+    pub sink_netns: Option<(String, String)>,
 }
 
 impl Pipeline {
@@ -290,7 +319,14 @@ impl Pipeline {
         let dest_root = dir.join("dest");
         std::fs::create_dir_all(&source).unwrap();
         let port = free_port();
-        let mut sink_args = strings(&["sink", "--listen", &format!("127.0.0.1:{port}")]);
+        let (host, sink_prefix) = match &options.sink_netns {
+            Some((ns, address)) => (
+                address.clone(),
+                strings(&["ip", "netns", "exec", ns.as_str()]),
+            ),
+            None => ("127.0.0.1".to_string(), Vec::new()),
+        };
+        let mut sink_args = strings(&["sink", "--listen", &format!("{host}:{port}")]);
         sink_args.extend(["--root".into(), dest_root.display().to_string()]);
         sink_args.extend([
             "--state".into(),
@@ -321,9 +357,9 @@ impl Pipeline {
         } else {
             "http"
         };
-        let endpoint = format!("{scheme}://127.0.0.1:{port}");
+        let endpoint = format!("{scheme}://{host}:{port}");
         sink_args.extend(options.extra_sink_args.iter().cloned());
-        let sink = Proc::spawn(dir, "sink", &sink_args);
+        let sink = Proc::spawn_through(dir, "sink", &sink_prefix, &sink_args);
         let mut watch_args = strings(&[
             "watch",
             "--source",
