@@ -26,8 +26,8 @@ from ..analysis import (RANGE_COMMITTED, arrival_batches, event_counts, event_la
                         latency_summary, median, parse_event_log, parse_floor_log, ratio, tailflight_latencies)
 from ..config import REPO
 from ..formatting import fmt, fmt_mb, fmt_ms, met, met_le
-from ..harness import (Bench, BenchError, Pipeline, Proc, dir_bytes, read_write_log, rmtree, say, wait_commits,
-                       wait_log)
+from ..harness import (CLK_TCK, Bench, BenchError, Pipeline, Proc, dir_bytes, read_write_log, rmtree, say,
+                       wait_commits, wait_log)
 from .p11 import cpu_per_gb
 from .p1_p2 import throughput_run
 from .p3_workload import p3_sim_args
@@ -66,6 +66,22 @@ def stop_broker(d: Path) -> None:
     cp = subprocess.run([BROKER, "stop", d], capture_output=True, text=True, timeout=90)
     if cp.returncode != 0:
         say(f"  broker.sh stop: {cp.stderr.strip()[-500:]}")
+
+
+def broker_cpu_s(d: Path) -> float | None:
+    """user+sys CPU seconds of the broker started in d (its JVM shares the machine's cores)."""
+    try:
+        pid = int((d / "broker.pid").read_text())
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_delta(before, after):
+    return None if before is None or after is None else after - before
 
 
 def last_json(proc: Proc) -> dict:
@@ -111,7 +127,7 @@ def floor_alone(b: Bench, brokers: str, transactional: bool) -> dict:
     return out
 
 
-def events_run(b: Bench, brokers: str) -> dict:
+def events_run(b: Bench, brokers: str, broker_dir: Path) -> dict:
     """P3's workload into a sink publishing its events, a consumer of them, and the floor during it."""
     seconds = b.p["p12_seconds"]
     d = b.fresh("p12", "events")
@@ -130,12 +146,14 @@ def events_run(b: Bench, brokers: str) -> dict:
         # fetch happen before the workload: they are not its latency.
         wait_events(logs / "events.log", 1, 60, consumer)
         floor = start_floor(brokers, logs, "floor", seconds + 2)
+        broker_cpu0 = broker_cpu_s(broker_dir)
         sim = b.sim(logs, "sim", src, *p3_sim_args(b, seconds=seconds), "--write-log", logs / "writes.log")
         if sim.wait(seconds + 60) != 0:
             raise BenchError(f"sim failed: {sim.log_tail()}")
         total, _ = dir_bytes(src)
         wait_commits(pl.cl, total, 300, "P12 data to arrive", (pl.sink, pl.watcher))
         published = wait_published(pl, 120)
+        broker_cpu = cpu_delta(broker_cpu0, broker_cpu_s(broker_dir))
         wait_events(logs / "events.log", published, 60, consumer)
         if floor.wait(seconds + 90) != 0:
             raise BenchError(f"the floor failed: {floor.log_tail()}")
@@ -160,7 +178,7 @@ def events_run(b: Bench, brokers: str) -> dict:
               "arrivals": arrival_batches(records, since_ms),
               "events_consumer": last_json(consumer), "events_consumer_cpu_s": consumer_cpu_s,
               "floor": floor_result(floor, logs, first_ns, last_ns), "durable": latency_summary(durable, missing),
-              "writes": len(times), "seconds": seconds, "published_events": published})
+              "writes": len(times), "seconds": seconds, "published_events": published, "broker_cpu_s": broker_cpu})
     for log in logs.iterdir():
         shutil.move(log, d / log.name)
     rmtree(src)
@@ -170,7 +188,8 @@ def events_run(b: Bench, brokers: str) -> dict:
         f"{fmt_ms(events['p99_ms'])}, max {fmt_ms(events['max_ms'])} ({events['n']} events; all types "
         f"{sum(m['event_counts'].values())}); broker floor during the run p50 {fmt_ms(fl['p50_ms'])}, p99 "
         f"{fmt_ms(fl['p99_ms'])} ({fl['n']} messages, lost {fl['missing']}); append → durable p50 "
-        f"{fmt_ms(m['durable']['p50_ms'])} (missing {missing}); consumer CPU {fmt(consumer_cpu_s, '.1f')} s")
+        f"{fmt_ms(m['durable']['p50_ms'])} (missing {missing}); CPU: events consumer {fmt(consumer_cpu_s, '.1f')} s, "
+        f"broker {fmt(broker_cpu, '.1f')} s")
     if m["arrivals"]:
         ab = m["arrivals"]
         say(f"    the events arrived in {ab['batches']} batches (about one per relay transaction) of p50 "
@@ -209,14 +228,17 @@ def wait_published(pl: Pipeline, timeout: float) -> int:
     raise BenchError(f"the relay had not published every event after {timeout:.0f} s: {json.dumps(ev)}")
 
 
-def ingest_run(b: Bench, name: str, brokers: str | None) -> dict:
-    """One P1 run, with the sink publishing events to brokers, or without events."""
+def ingest_run(b: Bench, name: str, brokers: str | None, broker_dir: Path) -> dict:
+    """One P1 run, with the sink publishing events to brokers, or without events (the broker idle)."""
     extra = ("--kafka-brokers", brokers, "--kafka-topic", TOPIC) if brokers else ()
+    cpu0 = broker_cpu_s(broker_dir)
     m = throughput_run(b, name, tls=False, sink_extra=extra, total_mib=b.p["p12_total_mib"])
+    # Over the whole run (the simulator, the commits, the verify): the broker's share of the cores.
+    m["broker_cpu_s"] = cpu_delta(cpu0, broker_cpu_s(broker_dir))
     ev = (m.get("status") or {}).get("events")
-    if ev:
-        say(f"    at the last commit the relay had published {(ev.get('relay') or {}).get('published_events')} "
-            f"events, {ev.get('depth_events')} waited")
+    say(f"    broker CPU over the run {fmt(m['broker_cpu_s'], '.2f')} s"
+        + (f"; at the last commit the relay had published {(ev.get('relay') or {}).get('published_events')} "
+           f"events, {ev.get('depth_events')} waited" if ev else ""))
     return m
 
 
@@ -245,17 +267,20 @@ def scenario_p12(b: Bench):
                 say(f"  floor alone FAILED: {e}")
                 b.results["errors"][f"P12 floor alone{' (transactional)' if txn else ''}"] = str(e)
         try:
-            res["run"] = events_run(b, brokers)
+            res["run"] = events_run(b, brokers, broker_dir)
         except Exception as e:  # the ingest comparison still runs; the scenario fails at the end
             failure = e
             say(f"  events run FAILED: {e}")
         # One unmeasured run first, as in P1 and P11.
-        ingest_run(b, "events-warm-up", None)
+        ingest_run(b, "events-warm-up", None, broker_dir)
         for i in range(b.p["runs"]):
             for on in ((False, True) if i % 2 == 0 else (True, False)):
-                p1[on].append(ingest_run(b, f"events-{'on' if on else 'off'}-{i + 1}", brokers if on else None))
+                p1[on].append(ingest_run(b, f"events-{'on' if on else 'off'}-{i + 1}", brokers if on else None,
+                                         broker_dir))
     finally:
         stop_broker(broker_dir)
+        # Its segment files end in .log, which the suite keeps: only broker.log is worth keeping.
+        rmtree(broker_dir / "data")
     res["p1"] = {"off": p1[False], "on": p1[True]}
 
     run = res.get("run") or {}
@@ -268,13 +293,15 @@ def scenario_p12(b: Bench):
     rate = {on: median([m["bytes_per_s"] for m in p1[on]]) for on in (False, True)}
     cpu = {on: median([cpu_per_gb(m) for m in p1[on] if cpu_per_gb(m) is not None]) for on in (False, True)}
     r_rate = ratio(rate[True], rate[False])
+    broker = {on: median([m.get("broker_cpu_s") for m in p1[on]]) for on in (False, True)}
     res.update({"ingest_on_bytes_per_s": rate[True], "ingest_off_bytes_per_s": rate[False], "x_ingest": r_rate})
     say(f"[P12] commit → range.committed event p50 {fmt_ms(ev.get('p50_ms'))}, p99 {fmt_ms(ev.get('p99_ms'))}; "
         f"the broker's floor during the run p50 {fmt_ms(fl.get('p50_ms'))}, p99 {fmt_ms(fl.get('p99_ms'))}: "
         f"x{fmt(r50, '.2f')} (p50, target ≤{LATENCY_TARGET}x); alone p50 {fmt_ms(alone.get('p50_ms'))}, "
         f"one transaction per message {fmt_ms(txn.get('p50_ms'))}")
     say(f"[P12] ingest with events {fmt_mb(rate[True])} vs without {fmt_mb(rate[False])}: x{fmt(r_rate, '.2f')} "
-        f"(target ≥{INGEST_TARGET}x); watcher + sink CPU {fmt(cpu[True], '.2f')} vs {fmt(cpu[False], '.2f')} s/GB")
+        f"(target ≥{INGEST_TARGET}x); watcher + sink CPU {fmt(cpu[True], '.2f')} vs {fmt(cpu[False], '.2f')} s/GB; "
+        f"the broker's CPU over a run {fmt(broker[True], '.2f')} vs {fmt(broker[False], '.2f')} s")
     b.row(id="P12", scenario=f"commit → range.committed event visible at a read_committed Kafka consumer, p50, "
           f"P3's workload ({b.p['p12_seconds']} s) — vs the broker's floor in the same run (confluent-kafka "
           "idempotent producer → consumer, 1 message / 10 ms, during the workload), p50",
@@ -282,6 +309,10 @@ def scenario_p12(b: Bench):
           target=f"≤{LATENCY_TARGET}× the floor", met=met_le(r50, LATENCY_TARGET))
     b.row(id="P12", scenario="… p99", figure=fmt_ms(ev.get("p99_ms")), peer=fmt_ms(fl.get("p99_ms")), ratio=r99,
           target="(report)", met="—")
+    du = run.get("durable") or {}
+    b.row(id="P12", scenario="… append → durable (the sink's commit log) in the same run, p50 (p99)",
+          figure=f"{fmt_ms(du.get('p50_ms'))} ({fmt_ms(du.get('p99_ms'))})", peer="—", ratio=None,
+          target="(info)", met="—")
     ab = run.get("arrivals") or {}
     b.row(id="P12", scenario="… how the events reached the consumer: batches (one per fetch that found some, "
           "about one per relay transaction), p50 events per batch, p50 (p90) time between batches",
@@ -298,9 +329,14 @@ def scenario_p12(b: Bench):
     b.row(id="P12", scenario="… watcher + sink CPU per GB with events — vs without",
           figure=f"{fmt(cpu[True], '.2f')} s/GB", peer=f"{fmt(cpu[False], '.2f')} s/GB",
           ratio=ratio(cpu[True], cpu[False]), target="(info)", met="—")
+    b.row(id="P12", scenario="… the Kafka broker's CPU over a run (on this machine's cores too), with events — vs "
+          "without (idle)", figure=f"{fmt(broker[True], '.2f')} s", peer=f"{fmt(broker[False], '.2f')} s",
+          ratio=None, target="(info)", met="—")
     b.notes.append("P12: event latency = arrival at the consumer − the record's timestamp, which is the sink's "
                    "commit time in whole ms taken as the round is recorded (before its manifest write); the "
                    "floor is measured the same way (timestamp = send time in whole ms), so both carry the "
-                   "truncation (0–1 ms). The relay publishes in transactions, the floor's producer does not.")
+                   "truncation (0–1 ms). The relay publishes in transactions, the floor's producer does not. "
+                   "The broker (one JVM, its log on the sink's disk) runs on the same cores as the simulator, "
+                   "the watcher and the sink: what it costs them is in the ingest ratio.")
     if failure is not None:
         raise failure
