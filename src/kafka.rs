@@ -41,6 +41,16 @@ pub struct KafkaSettings {
     pub properties: Vec<(String, String)>,
 }
 
+/// Properties the relay sets itself: exactly once depends on them.
+pub const RESERVED_PROPERTIES: [&str; 6] = [
+    "bootstrap.servers",
+    "transactional.id",
+    "enable.idempotence",
+    "isolation.level",
+    "group.id",
+    "enable.auto.commit",
+];
+
 /// Events per transaction at most, and their bytes.
 const BATCH_EVENTS: usize = 2000;
 const BATCH_BYTES: usize = 4 << 20;
@@ -176,7 +186,11 @@ impl Relay {
             .set("linger.ms", "1")
             // Brokers that stop answering are given up on (and the call
             // retried) after 10 s instead of librdkafka's 60.
-            .set("socket.timeout.ms", "10000");
+            .set("socket.timeout.ms", "10000")
+            // A transaction that starts while the broker still writes the
+            // last one's markers is told to retry; librdkafka's 100 ms
+            // backoff made that wait the larger part of each publication.
+            .set("retry.backoff.ms", "5");
         let context = RelayContext {
             outbox: self.outbox.clone(),
         };
@@ -212,8 +226,15 @@ impl Relay {
             self.outbox.waiting_for_brokers(false);
             match connected {
                 Ok((producer, consumer, position)) => {
-                    backoff = BACKOFF_MIN;
-                    self.publish(&producer, &consumer, position, stop);
+                    // Ends only when the producer cannot go on (fenced by
+                    // another relay with the same id, or a fatal error):
+                    // back off before the next one, so two relays sharing
+                    // an id do not fence each other in a hot loop.
+                    if self.publish(&producer, &consumer, position, stop) {
+                        backoff = BACKOFF_MIN;
+                    }
+                    sleep_unless_stopped(backoff, stop);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
                 Err(error) => {
                     self.failing(format!("{error:#}"));
@@ -237,6 +258,16 @@ impl Relay {
         self.check_topic(&producer)?;
         let consumer = self.consumer()?;
         let position = self.read_position(&consumer)?;
+        let recorded = self.outbox.durable_through();
+        if position > recorded {
+            anyhow::bail!(
+                "the topic says this sink published through event {position}, but its outbox \
+                 has only recorded {recorded}: a state directory restored from an older copy, or \
+                 another sink with the same --sink-id ({}); nothing is published until that is \
+                 resolved",
+                self.outbox.sink_id()
+            );
+        }
         self.outbox
             .published(position)
             .context("removing events the topic already holds")?;
@@ -290,11 +321,18 @@ impl Relay {
         let committed = consumer
             .committed_offsets(wanted, CALL_TIMEOUT)
             .with_context(|| format!("reading the relay's position (group {})", self.identity))?;
-        let offset = committed
-            .find_partition(&self.settings.topic, 0)
-            .map(|element| element.offset());
-        Ok(match offset {
-            Some(Offset::Offset(next)) if next > 0 => next as u64 - 1,
+        let Some(element) = committed.find_partition(&self.settings.topic, 0) else {
+            anyhow::bail!(
+                "the brokers did not answer for the relay's position (group {})",
+                self.identity
+            );
+        };
+        element
+            .error()
+            .with_context(|| format!("reading the relay's position (group {})", self.identity))?;
+        // No offset committed yet: nothing was ever published.
+        Ok(match element.offset() {
+            Offset::Offset(next) if next > 0 => next as u64 - 1,
             _ => 0,
         })
     }
@@ -305,11 +343,12 @@ impl Relay {
         consumer: &BaseConsumer,
         mut position: u64,
         stop: &AtomicBool,
-    ) {
+    ) -> bool {
         let Some(group) = consumer.group_metadata() else {
             self.failing("the position reader has no group metadata".into());
-            return;
+            return false;
         };
+        let mut published_any = false;
         let mut backoff = BACKOFF_MIN;
         let mut idle_reported = false;
         while !stop.load(Ordering::SeqCst) {
@@ -322,8 +361,14 @@ impl Relay {
                 }
             };
             let Some(last) = events.last().map(|event| event.seq) else {
+                // Events a withdrawal removed leave numbers no event has:
+                // nothing to publish up to what is durable.
+                position = position.max(self.outbox.durable_through());
                 if !idle_reported {
-                    self.outbox.report(|report| report.state = "idle".into());
+                    self.outbox.report(|report| {
+                        report.state = "idle".into();
+                        report.error = None;
+                    });
                     idle_reported = true;
                 }
                 let outbox = self.outbox.clone();
@@ -339,6 +384,7 @@ impl Relay {
                 Ok(()) => {
                     position = last;
                     backoff = BACKOFF_MIN;
+                    published_any = true;
                     if let Err(error) = self.outbox.published(last) {
                         // The topic has them; the next start reads the
                         // position back and removes them then.
@@ -366,7 +412,7 @@ impl Relay {
                     if let Err(error) = producer.abort_transaction(CALL_TIMEOUT) {
                         self.failing(format!("aborting a failed transaction: {error}"));
                         if is_fatal(&error) {
-                            return;
+                            return published_any;
                         }
                     }
                     sleep_unless_stopped(backoff, stop);
@@ -374,10 +420,11 @@ impl Relay {
                 }
                 Err(Failure::Restart(reason)) => {
                     self.failing(reason);
-                    return;
+                    return published_any;
                 }
             }
         }
+        published_any
     }
 
     /// Publishes `events` and the position `last` in one transaction.
@@ -389,7 +436,15 @@ impl Relay {
         last: u64,
         stop: &AtomicBool,
     ) -> Result<(), Failure> {
-        producer.begin_transaction().map_err(classify)?;
+        let range = format!("events {}..={last}", events.first().map_or(last, |e| e.seq));
+        let step = |what: &'static str| {
+            let range = range.clone();
+            let topic = self.settings.topic.clone();
+            move |error| classify(error, &format!("{what} ({range} to topic {topic:?})"))
+        };
+        producer
+            .begin_transaction()
+            .map_err(step("beginning a transaction"))?;
         for event in events {
             let headers = OwnedHeaders::new().insert(Header {
                 key: "content-type",
@@ -408,7 +463,9 @@ impl Relay {
                         record = back;
                         producer.poll(Duration::from_millis(10));
                     }
-                    Err((error, _)) => return Err(classify(error)),
+                    Err((error, _)) => {
+                        return Err(step("producing an event")(error));
+                    }
                 }
             }
         }
@@ -418,14 +475,14 @@ impl Relay {
             .map_err(|e| Failure::Abort(format!("recording the relay's position: {e}")))?;
         producer
             .send_offsets_to_transaction(&position, group, CALL_TIMEOUT)
-            .map_err(classify)?;
+            .map_err(step("adding the relay's position to the transaction"))?;
         loop {
             if stop.load(Ordering::SeqCst) {
                 return Err(Failure::Abort("the sink is stopping".into()));
             }
             match producer.commit_transaction(CALL_TIMEOUT) {
                 Ok(()) => return Ok(()),
-                Err(error) => match classify(error) {
+                Err(error) => match step("committing the transaction")(error) {
                     // Retriable: the outcome is unknown; committing again
                     // is how librdkafka finds out.
                     Failure::Abort(reason) if reason.starts_with(RETRIABLE) => {
@@ -470,15 +527,19 @@ fn is_fatal(error: &KafkaError) -> bool {
     matches!(error, KafkaError::Transaction(e) if e.is_fatal())
 }
 
-fn classify(error: KafkaError) -> Failure {
+fn classify(error: KafkaError, doing: &str) -> Failure {
     match &error {
-        KafkaError::Transaction(e) if e.is_fatal() => Failure::Restart(format!("{error}")),
+        KafkaError::Transaction(e) if e.is_fatal() => Failure::Restart(format!(
+            "{doing}: {error} (fatal: a new producer takes over)"
+        )),
         KafkaError::Transaction(e) if e.is_retriable() => {
-            Failure::Abort(format!("{RETRIABLE}{error}"))
+            Failure::Abort(format!("{RETRIABLE}{doing}: {error}"))
         }
-        KafkaError::Transaction(e) if e.txn_requires_abort() => Failure::Abort(format!("{error}")),
-        KafkaError::Transaction(_) => Failure::Restart(format!("{error}")),
-        _ => Failure::Abort(format!("{error}")),
+        KafkaError::Transaction(e) if e.txn_requires_abort() => {
+            Failure::Abort(format!("{doing}: {error}"))
+        }
+        KafkaError::Transaction(_) => Failure::Restart(format!("{doing}: {error}")),
+        _ => Failure::Abort(format!("{doing}: {error}")),
     }
 }
 

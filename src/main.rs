@@ -274,7 +274,7 @@ pub struct EventArgs {
     kafka_property: Vec<(String, String)>,
     /// Unpublished events kept at most (bytes); past it, the sink refuses
     /// new data (its senders retry) until the relay catches up.
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    #[arg(long, default_value = "1GiB", value_parser = parse_outbox_limit)]
     kafka_outbox_limit: u64,
     /// The sink's name in its events; default: its manifest's random id.
     #[arg(long)]
@@ -295,10 +295,22 @@ impl EventArgs {
 
 fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
+        Some((key, _)) if kafka::RESERVED_PROPERTIES.contains(&key.trim()) => Err(format!(
+            "{} is set by the relay (exactly-once publication depends on it); use --kafka-brokers \
+             for the brokers",
+            key.trim()
+        )),
         Some((key, value)) if !key.trim().is_empty() => {
             Ok((key.trim().to_owned(), value.to_owned()))
         }
         _ => Err(format!("{text:?} is not KEY=VALUE")),
+    }
+}
+
+fn parse_outbox_limit(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err("the outbox needs room for at least one round's events".into()),
+        limit => Ok(limit),
     }
 }
 

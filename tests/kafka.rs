@@ -386,7 +386,20 @@ fn a_full_outbox_holds_ingest_back_until_the_relay_drains_it() {
         events_status(&pipeline).is_some_and(|e| status_u64(&e, "depth_bytes") >= 16 << 10)
     });
     // Held back: the watcher keeps what the sink refuses and sends it again.
+    std::thread::sleep(Duration::from_secs(1));
+    let placed = status_u64(&pipeline.status().expect("status"), "placed_bytes");
     std::thread::sleep(Duration::from_secs(2));
+    let status = pipeline.status().expect("status");
+    assert_eq!(
+        status_u64(&status, "placed_bytes"),
+        placed,
+        "ingest went on past a full outbox: {status}"
+    );
+    // Bounded: past the limit by at most the rounds already under way.
+    assert!(
+        status_u64(&status["events"], "depth_bytes") < 64 << 10,
+        "{status}"
+    );
     assert!(
         !common::verify(&pipeline.source, &pipeline.dest()).0,
         "everything arrived although the outbox was full"
@@ -429,6 +442,23 @@ fn a_missing_topic_is_named_in_status_and_nothing_is_lost() {
     let events = events_status(&pipeline).expect("events status");
     assert!(status_u64(&events, "depth_events") > 0, "{events}");
     assert_eq!(status_u64(&events, "published_through"), 0, "{events}");
+    // Once the topic exists, every event waiting goes out.
+    let create = format!(
+        "from confluent_kafka.admin import AdminClient, NewTopic\n\
+         admin = AdminClient({{'bootstrap.servers': '{}'}})\n\
+         futures = admin.create_topics([NewTopic('{TOPIC}', 4, 1)])\n\
+         [f.result(60) for f in futures.values()]\n",
+        broker.bootstrap()
+    );
+    let made = Command::new(python())
+        .args(["-c", &create])
+        .status()
+        .expect("run python");
+    assert!(made.success(), "creating the topic failed");
+    pipeline.wait_identical(Duration::from_secs(60));
+    wait_published(&pipeline, Duration::from_secs(120));
+    let told = consume(&broker.bootstrap());
+    check_events(&told, &pipeline, files);
 }
 
 #[test]

@@ -446,33 +446,42 @@ impl SinkManifest {
             .collect()
     }
 
-    /// Removes the outbox events up to and including `seq` (published).
-    /// Not synced: should a crash bring some back, the relay knows from
-    /// its own published position that they are.
-    pub fn outbox_remove_through(&self, seq: u64) -> Result<()> {
-        let end = seq.saturating_add(1);
+    /// Removes the outbox events after `after` up to and including `seq`
+    /// (published; none is left at or below `after`) and returns the
+    /// bytes they took. Not synced: should a crash bring some back, the
+    /// relay knows from its own published position that they are.
+    pub fn outbox_remove(&self, after: u64, seq: u64) -> Result<u64> {
+        let from = after.saturating_add(1).to_be_bytes();
+        let end = seq.saturating_add(1).to_be_bytes();
+        let (_, bytes) =
+            self.store()
+                .sum_values(CF_OUTBOX, &from, &end, "size published events")?;
         self.store().delete_range(
             CF_OUTBOX,
-            &0u64.to_be_bytes(),
-            &end.to_be_bytes(),
+            &from,
+            &end,
             "remove published events from the outbox",
-        )
+        )?;
+        Ok(bytes)
     }
 
-    /// What the outbox holds (a scan of it: at startup).
+    /// What the outbox holds (a scan of it, keeping nothing: at startup).
     pub fn outbox_depth(&self) -> Result<OutboxDepth> {
-        let mut depth = OutboxDepth::default();
-        for (_, value) in self
-            .store()
-            .scan_prefix(CF_OUTBOX, &[], "scan the outbox")?
-        {
-            depth.events += 1;
-            depth.bytes += value.len() as u64;
-            if depth.oldest_unix_ms.is_none() {
-                depth.oldest_unix_ms = decode_outbox_event(&value).map(|e| e.recorded_unix_ms);
-            }
-        }
-        Ok(depth)
+        let (events, bytes) = self.store().sum_values(
+            CF_OUTBOX,
+            &0u64.to_be_bytes(),
+            &u64::MAX.to_be_bytes(),
+            "scan the outbox",
+        )?;
+        let oldest_unix_ms = self
+            .outbox_after(0, 1, 0)?
+            .first()
+            .map(|(_, event)| event.recorded_unix_ms);
+        Ok(OutboxDepth {
+            events,
+            bytes,
+            oldest_unix_ms,
+        })
     }
 
     /// This manifest's random identity, made and stored at the first call.
@@ -803,7 +812,7 @@ mod tests {
         );
         assert_eq!(all[1].1, event(2));
         assert_eq!(m.outbox_after(1, 1, usize::MAX).unwrap()[0].0, 2);
-        m.outbox_remove_through(2).unwrap();
+        assert_eq!(m.outbox_remove(0, 2).unwrap(), 20 + 1 + 1 + 20 + 1 + 2);
         let depth = m.outbox_depth().unwrap();
         assert_eq!((depth.events, depth.oldest_unix_ms), (1, Some(1003)));
         // Sequence numbers are never reused.

@@ -230,6 +230,31 @@ impl Store {
         Ok(out)
     }
 
+    /// How many entries `[from, to)` holds, and the bytes of their values,
+    /// without keeping them.
+    pub(crate) fn sum_values(
+        &self,
+        cf: &'static str,
+        from: &[u8],
+        to: &[u8],
+        op: &'static str,
+    ) -> Result<(u64, u64)> {
+        let handle = self.cf(cf)?;
+        let mut options = rocksdb::ReadOptions::default();
+        options.set_iterate_upper_bound(to.to_vec());
+        let mut sums = (0, 0);
+        for item in self.db.iterator_cf_opt(
+            handle,
+            options,
+            IteratorMode::From(from, Direction::Forward),
+        ) {
+            let (_, value) = item.map_err(self.db_err(op))?;
+            sums.0 += 1;
+            sums.1 += value.len() as u64;
+        }
+        Ok(sums)
+    }
+
     /// Deletes every key in `[from, to)`.
     pub(crate) fn delete_range(
         &self,

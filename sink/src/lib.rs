@@ -308,13 +308,6 @@ impl Sink {
             "ranges with at least this many aligned bytes in the middle write them with O_DIRECT (0: none)"
         );
         let manifest = SinkManifest::open(&config.state_dir)?;
-        let outbox = match &config.events {
-            Some(events) => Some(Arc::new(
-                outbox::Outbox::open(manifest.clone(), events)
-                    .context("opening the event outbox")?,
-            )),
-            None => None,
-        };
         let gate = state::CommitGate::default();
         let journal_backlog = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let placer = Placer::new(
@@ -341,6 +334,15 @@ impl Sink {
                 "wrote journaled ranges back into their files"
             );
         }
+        // After the replay, which may redo lost rounds (their events with
+        // them) or correct the events of a round cut short.
+        let outbox = match &config.events {
+            Some(events) => Some(Arc::new(
+                outbox::Outbox::open(manifest.clone(), events)
+                    .context("opening the event outbox")?,
+            )),
+            None => None,
+        };
         let counts = Arc::new(
             state::FileCounts::from_manifest(&manifest)
                 .context("counting the manifest's file records")?,

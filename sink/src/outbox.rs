@@ -197,18 +197,9 @@ impl Outbox {
         if seq <= before {
             return Ok(());
         }
-        let storage = |e: manifest_db::Error| {
+        let removed = self.manifest.outbox_remove(before, seq).map_err(|e| {
             SinkError::Storage(format!("removing published events from the outbox: {e}"))
-        };
-        let removed: u64 = self
-            .manifest
-            .outbox_after(before, (seq - before) as usize, usize::MAX)
-            .map_err(storage)?
-            .iter()
-            .filter(|(s, _)| *s <= seq)
-            .map(|(_, event)| stored_len(event))
-            .sum();
-        self.manifest.outbox_remove_through(seq).map_err(storage)?;
+        })?;
         self.published.fetch_max(seq, Ordering::SeqCst);
         let _ = self
             .bytes
