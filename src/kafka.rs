@@ -476,6 +476,17 @@ impl Relay {
         producer
             .send_offsets_to_transaction(&position, group, CALL_TIMEOUT)
             .map_err(step("adding the relay's position to the transaction"))?;
+        // The crate's commit flushes first, and its flush waits for events
+        // in 100 ms polls that only the producer's own thread is served
+        // by: each publication took 100 ms more than it needed. Waiting
+        // here for the messages to be delivered leaves it nothing to wait for.
+        let flushing = Instant::now();
+        while producer.in_flight_count() > 0 && flushing.elapsed() < CALL_TIMEOUT {
+            if stop.load(Ordering::SeqCst) {
+                return Err(Failure::Abort("the sink is stopping".into()));
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
         loop {
             if stop.load(Ordering::SeqCst) {
                 return Err(Failure::Abort("the sink is stopping".into()));
