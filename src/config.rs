@@ -111,31 +111,34 @@ fn push_flag(flags: &mut Vec<String>, flag: &str, value: &toml::Value) -> anyhow
 mod tests {
     use super::*;
 
-    #[test]
-    fn config_keys_become_flags_before_the_command_line_ones() {
-        let dir = std::env::temp_dir().join(format!("tailflight-config-{}", std::process::id()));
+    /// The arguments `extra` after `tailflight <subcommand> --config F`
+    /// become, with `toml` in F.
+    fn expand(name: &str, toml: &str, subcommand: &str, extra: &[&str]) -> Vec<String> {
+        let dir = std::env::temp_dir().join(format!("tailflight-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("c.toml");
-        std::fs::write(
-            &file,
-            "[watch]\nto = [\"http://a:1\", \"http://b:2\"]\npoll = true\nbatch_bytes = \"8MiB\"\n",
-        )
-        .unwrap();
-        let args: Vec<OsString> = [
-            "tailflight",
-            "watch",
-            "--config",
-            file.to_str().unwrap(),
-            "--batch-bytes=1MiB",
-        ]
-        .iter()
-        .map(OsString::from)
-        .collect();
-        let out: Vec<String> = expand_config_args(args)
+        std::fs::write(&file, toml).unwrap();
+        let mut args: Vec<OsString> = ["tailflight", subcommand, "--config"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        args.push(file.into_os_string());
+        args.extend(extra.iter().map(OsString::from));
+        expand_config_args(args)
             .unwrap()
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn config_keys_become_flags_before_the_command_line_ones() {
+        let out = expand(
+            "config",
+            "[watch]\nto = [\"http://a:1\", \"http://b:2\"]\npoll = true\nbatch_bytes = \"8MiB\"\n",
+            "watch",
+            &["--batch-bytes=1MiB"],
+        );
         assert_eq!(out[0..2], ["tailflight", "watch"]);
         assert!(
             out.contains(&"--to=http://a:1".to_string())
@@ -147,23 +150,12 @@ mod tests {
 
     #[test]
     fn a_table_in_a_section_prefixes_its_keys() {
-        let dir = std::env::temp_dir().join(format!("tailflight-config-t-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("c.toml");
-        std::fs::write(
-            &file,
+        let out = expand(
+            "config-t",
             "[sink.kafka]\nbrokers = \"k:9092\"\n[sink.kafka.property]\n\"compression.type\" = \"zstd\"\n",
-        )
-        .unwrap();
-        let args = ["tailflight", "sink", "--config", file.to_str().unwrap()]
-            .iter()
-            .map(OsString::from)
-            .collect();
-        let out: Vec<String> = expand_config_args(args)
-            .unwrap()
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+            "sink",
+            &[],
+        );
         assert!(
             out.contains(&"--kafka-brokers=k:9092".to_string()),
             "{out:?}"

@@ -14,9 +14,7 @@ mod common;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
-use common::{
-    Pipeline, PipelineOptions, assert_clean_audit, files_of_run, scratch, simulate_in_background,
-};
+use common::{Pipeline, PipelineOptions, scratch, simulate_in_background};
 use manifest_db::{JournalBytes, SinkManifest};
 
 /// Zeroes, in the destination files, every range the manifest's journal
@@ -78,11 +76,5 @@ fn replay_restores_acknowledged_ranges_lost_from_the_files() {
     println!("{crashes} crashes, {lost} journaled ranges damaged in their files");
     assert!(lost > 0, "no crash caught a journaled range");
 
-    sim.stop();
-    let files = files_of_run(&pipeline.source, "r0001");
-    pipeline.wait_sealed(files, Duration::from_secs(180));
-    pipeline.wait_identical(Duration::from_secs(120));
-    pipeline.watcher.stop();
-    pipeline.sink.stop();
-    assert_clean_audit(&pipeline.sink_state);
+    pipeline.finish_run(&mut sim, "r0001");
 }

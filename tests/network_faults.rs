@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::netns::NetNs;
 use common::{
-    Pipeline, PipelineOptions, assert_clean_audit, files_of_run, signal, simulate_in_background,
-    status_u64, wait_until, workload,
+    Pipeline, PipelineOptions, signal, simulate_in_background, status_u64, wait_until, workload,
 };
 
 /// A pipeline whose sink is in `ns`, with the simulator running.
@@ -35,24 +34,22 @@ fn across(ns: &NetNs, name: &str) -> (Pipeline, common::Proc) {
         &pipeline.source,
         &workload("r0001", "2", "1MiB", "600s"),
     );
-    wait_until("bytes arrive", Duration::from_secs(60), || {
-        pipeline
-            .status()
-            .is_some_and(|s| status_u64(&s, "placed_bytes") > 0)
-    });
+    wait_placed_beyond(&pipeline, 0);
     (pipeline, sim)
 }
 
-/// Ends the run and checks it: identical, every file sealed, nothing
-/// recorded twice.
+/// Waits until the sink has placed more than `bytes`.
+fn wait_placed_beyond(pipeline: &Pipeline, bytes: u64) {
+    wait_until("bytes flow", Duration::from_secs(120), || {
+        pipeline
+            .status()
+            .is_some_and(|s| status_u64(&s, "placed_bytes") > bytes)
+    });
+}
+
+/// Ends the run and checks it (see [`Pipeline::finish_run`]).
 fn finish(mut pipeline: Pipeline, mut sim: common::Proc) {
-    sim.stop();
-    let files = files_of_run(&pipeline.source, "r0001");
-    pipeline.wait_sealed(files, Duration::from_secs(180));
-    pipeline.wait_identical(Duration::from_secs(120));
-    pipeline.watcher.stop();
-    pipeline.sink.stop();
-    assert_clean_audit(&pipeline.sink_state);
+    pipeline.finish_run(&mut sim, "r0001");
 }
 
 #[test]
@@ -74,11 +71,7 @@ fn the_link_down_for_30_seconds() {
         pipeline.status().is_some()
     });
     let placed = status_u64(&pipeline.status().expect("status"), "placed_bytes");
-    wait_until("bytes flow again", Duration::from_secs(120), || {
-        pipeline
-            .status()
-            .is_some_and(|s| status_u64(&s, "placed_bytes") > placed)
-    });
+    wait_placed_beyond(&pipeline, placed);
     println!(
         "bytes flowed again {:?} after the link came back",
         back.elapsed()
@@ -134,15 +127,7 @@ fn the_sink_restarts_on_a_new_address() {
         || pipeline.status().is_some(),
     );
     let placed = status_u64(&pipeline.status().expect("status"), "placed_bytes");
-    wait_until(
-        "bytes flow to the new address",
-        Duration::from_secs(120),
-        || {
-            pipeline
-                .status()
-                .is_some_and(|s| status_u64(&s, "placed_bytes") > placed)
-        },
-    );
+    wait_placed_beyond(&pipeline, placed);
     // It resumed where the manifest says: nothing placed before was sent
     // again as new bytes.
     finish(pipeline, sim);
@@ -156,11 +141,7 @@ fn a_frozen_sink_is_given_up_on_and_nothing_is_placed_twice() {
         &pipeline.source,
         &workload("r0001", "2", "1MiB", "600s"),
     );
-    wait_until("bytes arrive", Duration::from_secs(60), || {
-        pipeline
-            .status()
-            .is_some_and(|s| common::status_u64(&s, "placed_bytes") > 0)
-    });
+    wait_placed_beyond(&pipeline, 0);
     let lost_before = pipeline
         .watcher
         .log_text()
@@ -186,13 +167,7 @@ fn a_frozen_sink_is_given_up_on_and_nothing_is_placed_twice() {
     println!("a frozen sink was given up on after {detected:?}");
     signal(pipeline.sink.pid(), libc::SIGCONT);
     std::thread::sleep(Duration::from_secs(3));
-    sim.stop();
-    let files = files_of_run(&pipeline.source, "r0001");
-    pipeline.wait_sealed(files, Duration::from_secs(180));
-    pipeline.wait_identical(Duration::from_secs(120));
-    pipeline.watcher.stop();
-    pipeline.sink.stop();
     // No range recorded twice: what the frozen sink received before it
     // stopped and the watcher sent again after was recognised.
-    assert_clean_audit(&pipeline.sink_state);
+    pipeline.finish_run(&mut sim, "r0001");
 }

@@ -431,6 +431,19 @@ impl Pipeline {
         );
     }
 
+    /// Ends a run of the simulator and checks it: every file of `run`
+    /// sealed, the destination identical, and after both processes stop,
+    /// no range recorded twice (a clean audit).
+    pub fn finish_run(&mut self, sim: &mut Proc, run: &str) {
+        sim.stop();
+        let files = files_of_run(&self.source, run);
+        self.wait_sealed(files, Duration::from_secs(180));
+        self.wait_identical(Duration::from_secs(120));
+        self.watcher.stop();
+        self.sink.stop();
+        assert_clean_audit(&self.sink_state);
+    }
+
     /// Waits until the sink has sealed `count` files.
     pub fn wait_sealed(&self, count: u64, timeout: Duration) {
         let deadline = Instant::now() + timeout;
