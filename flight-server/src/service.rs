@@ -154,6 +154,7 @@ pub async fn serve<I: Ingest>(
         ingest,
         pipeline_depth: config.pipeline_depth.max(1),
         streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
+        per_peer: Default::default(),
     };
     let server = FlightServiceServer::new(service)
         .max_decoding_message_size(config.max_message_bytes)
@@ -202,6 +203,59 @@ struct Service<I> {
     readers: Arc<ReadGate>,
     pipeline_depth: usize,
     streams: Arc<tokio::sync::Semaphore>,
+    /// DoPut streams open per peer address, so that one peer cannot hold
+    /// every stream the sink serves.
+    per_peer: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// Most DoPut streams one peer address may hold open at once (a watcher
+/// opens one per connection, 4 by default).
+pub const MAX_STREAMS_PER_PEER: usize = 64;
+/// How long a DoPut stream may stay open without its first message (the
+/// hello): a peer that opens streams and sends nothing gives them up.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A peer's hold on one of its DoPut streams, given back when dropped.
+struct PeerStream {
+    per_peer: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    address: Option<std::net::IpAddr>,
+}
+
+impl PeerStream {
+    fn take(
+        per_peer: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+        address: Option<std::net::IpAddr>,
+        peer: &str,
+    ) -> Result<Self, Status> {
+        if let Some(address) = address {
+            let mut open = per_peer.lock().unwrap_or_else(|p| p.into_inner());
+            let count = open.entry(address).or_default();
+            if *count >= MAX_STREAMS_PER_PEER {
+                return Err(Status::resource_exhausted(format!(
+                    "peer {peer}: {MAX_STREAMS_PER_PEER} streams from this address are open already; retry later"
+                )));
+            }
+            *count += 1;
+        }
+        Ok(Self {
+            per_peer: per_peer.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for PeerStream {
+    fn drop(&mut self) {
+        if let Some(address) = self.address {
+            let mut open = self.per_peer.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(count) = open.get_mut(&address) {
+                *count -= 1;
+                if *count == 0 {
+                    open.remove(&address);
+                }
+            }
+        }
+    }
 }
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -284,6 +338,8 @@ impl<I: Ingest> FlightService for Service<I> {
     ) -> Result<Response<Self::DoPutStream>, Status> {
         self.readers.refuse_readers(&request)?;
         let peer = peer_name(&request);
+        let peer_stream =
+            PeerStream::take(&self.per_peer, request.remote_addr().map(|a| a.ip()), &peer)?;
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "peer {peer}: the sink serves its maximum number of streams; retry later"
@@ -294,7 +350,7 @@ impl<I: Ingest> FlightService for Service<I> {
         let depth = self.pipeline_depth;
         tokio::spawn(async move {
             use futures::FutureExt;
-            let _permit = permit;
+            let _permit = (permit, peer_stream);
             // `run_put` tells a panic decoding the peer's bytes (its fault)
             // from one placing them (the sink's). Anything else that panics
             // here is the sink's own bug too: it ends this stream, never the
@@ -405,10 +461,17 @@ async fn run_put<I: Ingest>(
     let mut placing = FuturesUnordered::new();
     let mut awaiting = FuturesUnordered::new();
     let mut input_done = false;
+    let hello_deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
     loop {
         let may_read =
             !input_done && placing.len() < depth && awaiting.len() < MAX_AWAITING_DURABLE;
         tokio::select! {
+            _ = tokio::time::sleep_until(hello_deadline), if source.is_none() => {
+                return Err(Status::deadline_exceeded(format!(
+                    "peer {peer}: no hello within {} s of opening the stream; closing it",
+                    HELLO_TIMEOUT.as_secs()
+                )));
+            }
             Some(result) = awaiting.next(), if !awaiting.is_empty() => {
                 let ack: protocol::Ack = result?;
                 let put = PutResult { app_metadata: ack.encode().into() };
