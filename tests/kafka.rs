@@ -464,19 +464,16 @@ fn a_missing_topic_is_named_in_status_and_nothing_is_lost() {
 #[test]
 fn an_unknown_kafka_property_fails_at_startup() {
     let dir = scratch("kafka-bad-property");
-    let (ok, text) = common::run(&strings(&[
-        "sink",
-        "--root",
-        &dir.join("dest").display().to_string(),
-        "--state",
-        &dir.join("state").display().to_string(),
-        "--listen",
-        &format!("127.0.0.1:{}", common::free_port()),
-        "--kafka-brokers",
-        "127.0.0.1:1",
-        "--kafka-property",
-        "no.such.property=1",
-    ]));
+    let (ok, text) = common::run(&common::sink_command(
+        &dir,
+        common::free_port(),
+        &[
+            "--kafka-brokers",
+            "127.0.0.1:1",
+            "--kafka-property",
+            "no.such.property=1",
+        ],
+    ));
     assert!(!ok, "the sink started: {text}");
     assert!(text.contains("no.such.property"), "{text}");
 }

@@ -697,17 +697,12 @@ fn a_sink_whose_port_is_taken_exits_with_its_metrics_on() {
     let dir = common::scratch("operators-port-taken");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to take");
     let port = taken.local_addr().expect("its address").port();
-    let (ok, output) = common::run(&strings(&[
-        "sink",
-        "--root",
-        &dir.join("dest").display().to_string(),
-        "--state",
-        &dir.join("state").display().to_string(),
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--metrics-listen",
-        &format!("127.0.0.1:{}", free_port()),
-    ]));
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (ok, output) = common::run(&common::sink_command(
+        &dir,
+        port,
+        &["--metrics-listen", &metrics],
+    ));
     assert!(!ok, "the sink cannot serve on a taken port: {output}");
     assert!(output.contains("cannot listen on"), "{output}");
 }

@@ -181,6 +181,19 @@ impl Drop for Proc {
     }
 }
 
+/// `sink` with its root and state under `dir`, listening on loopback
+/// `port`, then `extra`: the command line of a sink run on its own.
+pub fn sink_command(dir: &Path, port: u16, extra: &[&str]) -> Vec<String> {
+    let mut args = strings(&["sink", "--root"]);
+    args.push(dir.join("dest").display().to_string());
+    args.push("--state".into());
+    args.push(dir.join("state").display().to_string());
+    args.push("--listen".into());
+    args.push(format!("127.0.0.1:{port}"));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 /// Polls `condition` until it holds; panics naming `what` after `timeout`.
 /// Timeouts here only stop a hung test: they are far above what any run needs.
 pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
