@@ -4,6 +4,7 @@
 //! type for every storage failure, so callers never see raw RocksDB or serde errors.
 
 mod interval;
+mod outbox;
 mod sink;
 mod store;
 mod watch;
@@ -13,7 +14,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use interval::IntervalSet;
-pub use sink::{JournalState, OutboxDepth, PreparedCommit, RecordedRound, SinkManifest};
+pub use outbox::OutboxDepth;
+pub use sink::{JournalState, PreparedCommit, RecordedRound, SinkManifest};
 pub use watch::WatchState;
 
 #[derive(Debug, thiserror::Error)]

@@ -3,10 +3,8 @@
 //! running byte counters plus the audit sequence number ("counters"), and the journal of small
 //! ranges acknowledged before their destination files were flushed ("journal_rounds": where in
 //! the sink's journal file their bytes are, one entry per commit; "journal": the bytes
-//! themselves, one entry per range, as older sinks kept them), and the outbox of events
-//! recorded with their commits and not yet published ("outbox", keyed by sequence number
-//! (u64 BE); its value is `journal round (u64 BE), recorded ms (u64 BE), key length (u32 BE),
-//! key, payload`).
+//! themselves, one entry per range, as older sinks kept them); a commit also appends to the
+//! event outbox ("outbox", read and removed through the `outbox` module).
 //!
 //! Key layout in "files" and "placements": `source, 0x00, key, 0x00, generation (u64 BE)`.
 //! Source and key never contain NUL, so the NUL terminators make the byte order equal to
@@ -22,17 +20,16 @@ use std::sync::{Arc, Mutex};
 
 use rocksdb::WriteBatch;
 
+use crate::outbox;
 use crate::store::{Entry, Store, decode_u64};
-use crate::{
-    FileId, FileRecord, JournalBytes, JournalEntry, OutboxEvent, Result, SinkCommit, SinkCounters,
-};
+use crate::{FileId, FileRecord, JournalBytes, JournalEntry, Result, SinkCommit, SinkCounters};
 
 const CF_FILES: &str = "files";
 const CF_PLACEMENTS: &str = "placements";
 const CF_COUNTERS: &str = "counters";
 const CF_JOURNAL: &str = "journal";
 const CF_JOURNAL_ROUNDS: &str = "journal_rounds";
-const CF_OUTBOX: &str = "outbox";
+pub(crate) const CF_OUTBOX: &str = "outbox";
 
 const KEY_PLACED: &[u8] = b"placed_bytes";
 const KEY_DUPLICATE: &[u8] = b"duplicate_bytes";
@@ -49,43 +46,10 @@ const KEY_JOURNAL_LAST: &[u8] = b"journal_last";
 const KEY_JOURNAL_EPOCH: &[u8] = b"journal_epoch";
 /// The sequence number of the newest outbox event recorded (`u64 BE`);
 /// numbers are never reused, even once their events are published.
-const KEY_OUTBOX_LAST: &[u8] = b"outbox_last";
+pub(crate) const KEY_OUTBOX_LAST: &[u8] = b"outbox_last";
 /// This manifest's identity (random, made at its first open): what names
 /// the sink to consumers of its events when no name is configured.
 const KEY_MANIFEST_ID: &[u8] = b"manifest_id";
-
-/// What the outbox holds: events recorded and not yet published.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OutboxDepth {
-    pub events: u64,
-    pub bytes: u64,
-    /// When the oldest of them was recorded (ms since the Unix epoch).
-    pub oldest_unix_ms: Option<u64>,
-}
-
-fn encode_outbox_event(event: &OutboxEvent) -> Vec<u8> {
-    let mut value = Vec::with_capacity(20 + event.key.len() + event.payload.len());
-    value.extend_from_slice(&event.journal_round.to_be_bytes());
-    value.extend_from_slice(&event.recorded_unix_ms.to_be_bytes());
-    value.extend_from_slice(&(event.key.len() as u32).to_be_bytes());
-    value.extend_from_slice(&event.key);
-    value.extend_from_slice(&event.payload);
-    value
-}
-
-fn decode_outbox_event(value: &[u8]) -> Option<OutboxEvent> {
-    let journal_round = decode_u64(value.get(..8)?)?;
-    let recorded_unix_ms = decode_u64(value.get(8..16)?)?;
-    let key_len = u32::from_be_bytes(value.get(16..20)?.try_into().ok()?) as usize;
-    let key = value.get(20..20usize.checked_add(key_len)?)?.to_vec();
-    let payload = value.get(20 + key_len..)?.to_vec();
-    Some(OutboxEvent {
-        journal_round,
-        recorded_unix_ms,
-        key,
-        payload,
-    })
-}
 
 /// What the manifest knows of the journal file's rounds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -263,7 +227,7 @@ impl SinkManifest {
         })
     }
 
-    fn store(&self) -> &Store {
+    pub(crate) fn store(&self) -> &Store {
         &self.inner.store
     }
 
@@ -385,9 +349,7 @@ impl SinkManifest {
             let outbox = store.cf(CF_OUTBOX)?;
             for (seq, event) in &commit.outbox_rewrite {
                 match event {
-                    Some(event) => {
-                        batch.put_cf(outbox, seq.to_be_bytes(), encode_outbox_event(event))
-                    }
+                    Some(event) => batch.put_cf(outbox, seq.to_be_bytes(), outbox::encode(event)),
                     None => batch.delete_cf(outbox, seq.to_be_bytes()),
                 }
             }
@@ -395,7 +357,7 @@ impl SinkManifest {
                 let mut seq = self.outbox_last()?;
                 for event in &commit.outbox {
                     seq += 1;
-                    batch.put_cf(outbox, seq.to_be_bytes(), encode_outbox_event(event));
+                    batch.put_cf(outbox, seq.to_be_bytes(), outbox::encode(event));
                 }
                 batch.put_cf(counters, KEY_OUTBOX_LAST, seq.to_be_bytes());
                 outbox_last = Some(seq);
@@ -407,80 +369,6 @@ impl SinkManifest {
             batch,
             outbox_last,
             _guard: guard,
-        })
-    }
-
-    /// The sequence number of the newest outbox event recorded (0: none ever).
-    pub fn outbox_last(&self) -> Result<u64> {
-        self.read_counter(KEY_OUTBOX_LAST)
-    }
-
-    /// Outbox events after sequence number `after`, in order: at most
-    /// `limit`, and no more once `byte_limit` bytes are read.
-    pub fn outbox_after(
-        &self,
-        after: u64,
-        limit: usize,
-        byte_limit: usize,
-    ) -> Result<Vec<(u64, OutboxEvent)>> {
-        let Some(start) = after.checked_add(1) else {
-            return Ok(Vec::new());
-        };
-        let store = self.store();
-        store
-            .scan_from(
-                CF_OUTBOX,
-                &start.to_be_bytes(),
-                limit,
-                byte_limit,
-                "read the outbox",
-            )?
-            .into_iter()
-            .map(|(key, value)| {
-                let seq = decode_u64(&key)
-                    .ok_or_else(|| store.corrupt(CF_OUTBOX, &key, "key is not a u64"))?;
-                let event = decode_outbox_event(&value)
-                    .ok_or_else(|| store.corrupt(CF_OUTBOX, &key, "truncated event"))?;
-                Ok((seq, event))
-            })
-            .collect()
-    }
-
-    /// Removes the outbox events after `after` up to and including `seq`
-    /// (published; none is left at or below `after`) and returns the
-    /// bytes they took. Not synced: should a crash bring some back, the
-    /// relay knows from its own published position that they are.
-    pub fn outbox_remove(&self, after: u64, seq: u64) -> Result<u64> {
-        let from = after.saturating_add(1).to_be_bytes();
-        let end = seq.saturating_add(1).to_be_bytes();
-        let (_, bytes) =
-            self.store()
-                .sum_values(CF_OUTBOX, &from, &end, "size published events")?;
-        self.store().delete_range(
-            CF_OUTBOX,
-            &from,
-            &end,
-            "remove published events from the outbox",
-        )?;
-        Ok(bytes)
-    }
-
-    /// What the outbox holds (a scan of it, keeping nothing: at startup).
-    pub fn outbox_depth(&self) -> Result<OutboxDepth> {
-        let (events, bytes) = self.store().sum_values(
-            CF_OUTBOX,
-            &0u64.to_be_bytes(),
-            &u64::MAX.to_be_bytes(),
-            "scan the outbox",
-        )?;
-        let oldest_unix_ms = self
-            .outbox_after(0, 1, 0)?
-            .first()
-            .map(|(_, event)| event.recorded_unix_ms);
-        Ok(OutboxDepth {
-            events,
-            bytes,
-            oldest_unix_ms,
         })
     }
 
@@ -730,7 +618,7 @@ impl SinkManifest {
     }
 
     /// A counter's persisted value; absent means nothing was ever added.
-    fn read_counter(&self, key: &'static [u8]) -> Result<u64> {
+    pub(crate) fn read_counter(&self, key: &'static [u8]) -> Result<u64> {
         match self.store().get(CF_COUNTERS, key, "read counter")? {
             None => Ok(0),
             Some(v) => decode_u64(&v).ok_or_else(|| {
@@ -776,7 +664,7 @@ impl std::fmt::Debug for SinkManifest {
 mod tests {
     use super::*;
     use crate::testutil::TempDir;
-    use crate::{Error, IntervalSet, Sealed};
+    use crate::{Error, IntervalSet, OutboxEvent, Sealed};
 
     fn id(source: &str, key: &str, generation: u64) -> FileId {
         FileId {

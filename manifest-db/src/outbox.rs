@@ -1,0 +1,119 @@
+//! The sink manifest's event outbox ("outbox"): events recorded with their
+//! commits (see [`crate::SinkCommit::outbox`]), read in order by a relay
+//! and removed once published. Keyed by sequence number (u64 BE); a value
+//! is `journal round (u64 BE), recorded ms (u64 BE), key length (u32 BE),
+//! key, payload`. The newest sequence number is kept in the counters, so
+//! numbers are never reused.
+
+use crate::sink::{CF_OUTBOX, KEY_OUTBOX_LAST};
+use crate::store::decode_u64;
+use crate::{OutboxEvent, Result, SinkManifest};
+
+/// What the outbox holds: events recorded and not yet published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutboxDepth {
+    pub events: u64,
+    pub bytes: u64,
+    /// When the oldest of them was recorded (ms since the Unix epoch).
+    pub oldest_unix_ms: Option<u64>,
+}
+
+pub(crate) fn encode(event: &OutboxEvent) -> Vec<u8> {
+    let mut value = Vec::with_capacity(20 + event.key.len() + event.payload.len());
+    value.extend_from_slice(&event.journal_round.to_be_bytes());
+    value.extend_from_slice(&event.recorded_unix_ms.to_be_bytes());
+    value.extend_from_slice(&(event.key.len() as u32).to_be_bytes());
+    value.extend_from_slice(&event.key);
+    value.extend_from_slice(&event.payload);
+    value
+}
+
+pub(crate) fn decode(value: &[u8]) -> Option<OutboxEvent> {
+    let journal_round = decode_u64(value.get(..8)?)?;
+    let recorded_unix_ms = decode_u64(value.get(8..16)?)?;
+    let key_len = u32::from_be_bytes(value.get(16..20)?.try_into().ok()?) as usize;
+    let key = value.get(20..20usize.checked_add(key_len)?)?.to_vec();
+    let payload = value.get(20 + key_len..)?.to_vec();
+    Some(OutboxEvent {
+        journal_round,
+        recorded_unix_ms,
+        key,
+        payload,
+    })
+}
+
+impl SinkManifest {
+    /// The sequence number of the newest outbox event recorded (0: none ever).
+    pub fn outbox_last(&self) -> Result<u64> {
+        self.read_counter(KEY_OUTBOX_LAST)
+    }
+
+    /// Outbox events after sequence number `after`, in order: at most
+    /// `limit`, and no more once `byte_limit` bytes are read.
+    pub fn outbox_after(
+        &self,
+        after: u64,
+        limit: usize,
+        byte_limit: usize,
+    ) -> Result<Vec<(u64, OutboxEvent)>> {
+        let Some(start) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let store = self.store();
+        store
+            .scan_from(
+                CF_OUTBOX,
+                &start.to_be_bytes(),
+                limit,
+                byte_limit,
+                "read the outbox",
+            )?
+            .into_iter()
+            .map(|(key, value)| {
+                let seq = decode_u64(&key)
+                    .ok_or_else(|| store.corrupt(CF_OUTBOX, &key, "key is not a u64"))?;
+                let event = decode(&value)
+                    .ok_or_else(|| store.corrupt(CF_OUTBOX, &key, "truncated event"))?;
+                Ok((seq, event))
+            })
+            .collect()
+    }
+
+    /// Removes the outbox events after `after` up to and including `seq`
+    /// (published; none is left at or below `after`) and returns the
+    /// bytes they took. Not synced: should a crash bring some back, the
+    /// relay knows from its own published position that they are.
+    pub fn outbox_remove(&self, after: u64, seq: u64) -> Result<u64> {
+        let from = after.saturating_add(1).to_be_bytes();
+        let end = seq.saturating_add(1).to_be_bytes();
+        let (_, bytes) =
+            self.store()
+                .sum_values(CF_OUTBOX, &from, &end, "size published events")?;
+        self.store().delete_range(
+            CF_OUTBOX,
+            &from,
+            &end,
+            "remove published events from the outbox",
+        )?;
+        Ok(bytes)
+    }
+
+    /// What the outbox holds (a scan of it, keeping nothing: at startup).
+    pub fn outbox_depth(&self) -> Result<OutboxDepth> {
+        let (events, bytes) = self.store().sum_values(
+            CF_OUTBOX,
+            &0u64.to_be_bytes(),
+            &u64::MAX.to_be_bytes(),
+            "scan the outbox",
+        )?;
+        let oldest_unix_ms = self
+            .outbox_after(0, 1, 0)?
+            .first()
+            .map(|(_, event)| event.recorded_unix_ms);
+        Ok(OutboxDepth {
+            events,
+            bytes,
+            oldest_unix_ms,
+        })
+    }
+}
