@@ -54,6 +54,22 @@ pub(crate) fn message(data: &FlightData, schema_seen: bool) -> Result<Message, S
             let batch = header
                 .header_as_record_batch()
                 .ok_or("a RecordBatch message without a record batch")?;
+            // arrow-ipc slices each buffer out of the body and panics on
+            // one that lies outside it: refuse those here, with what they are.
+            for (i, buffer) in batch.buffers().into_iter().flatten().enumerate() {
+                let (offset, length) = (buffer.offset(), buffer.length());
+                let inside = u64::try_from(offset)
+                    .ok()
+                    .zip(u64::try_from(length).ok())
+                    .and_then(|(offset, length)| offset.checked_add(length))
+                    .is_some_and(|end| end <= data.data_body.len() as u64);
+                if !inside {
+                    return Err(format!(
+                        "buffer {i} (offset {offset}, length {length}) lies outside the {}-byte body",
+                        data.data_body.len()
+                    ));
+                }
+            }
             let body = Buffer::from(data.data_body.clone());
             arrow_ipc::reader::read_record_batch(
                 &body,

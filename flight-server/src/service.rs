@@ -451,7 +451,7 @@ fn connection_lost(status: &Status) -> bool {
 async fn run_put<I: Ingest>(
     ingest: Arc<I>,
     peer: &str,
-    mut stream: Streaming<FlightData>,
+    mut stream: impl Stream<Item = Result<FlightData, Status>> + Unpin,
     acks: &mpsc::Sender<Result<PutResult, Status>>,
     depth: usize,
 ) -> Result<(), Status> {
@@ -466,7 +466,8 @@ async fn run_put<I: Ingest>(
         let may_read =
             !input_done && placing.len() < depth && awaiting.len() < MAX_AWAITING_DURABLE;
         tokio::select! {
-            _ = tokio::time::sleep_until(hello_deadline), if source.is_none() => {
+            // A stream that ended without a hello has nothing more to wait for.
+            _ = tokio::time::sleep_until(hello_deadline), if source.is_none() && !input_done => {
                 return Err(Status::deadline_exceeded(format!(
                     "peer {peer}: no hello within {} s of opening the stream; closing it",
                     HELLO_TIMEOUT.as_secs()
@@ -488,8 +489,8 @@ async fn run_put<I: Ingest>(
                         .map(move |outcome| outcome.unwrap_or_else(|panic| Err(sink_panic(seq, "waiting for it to become durable", panic)))),
                 );
             }
-            message = stream.message(), if may_read => {
-                let Some(data) = message? else {
+            message = stream.next(), if may_read => {
+                let Some(data) = message.transpose()? else {
                     input_done = true;
                     continue;
                 };
@@ -519,6 +520,36 @@ async fn run_put<I: Ingest>(
         }
     }
     Ok(())
+}
+
+/// The DoPut path without a network, for `ops/fuzz`: not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Reads `messages` as the DoPut stream of `peer` (hello, schema,
+    /// batches), decoding, validating and placing them as a served stream
+    /// would, and sends each batch's ack to `acks` once it is durable.
+    /// Returns the error that ended the stream; a panic anywhere in it comes
+    /// back as an internal error saying so, as the served stream reports it.
+    pub async fn put<I: Ingest>(
+        ingest: Arc<I>,
+        peer: &str,
+        messages: impl Stream<Item = Result<FlightData, Status>> + Unpin,
+        acks: &mpsc::Sender<Result<PutResult, Status>>,
+        depth: usize,
+    ) -> Result<(), Status> {
+        use futures::FutureExt;
+        std::panic::AssertUnwindSafe(run_put(ingest, peer, messages, acks, depth))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                Err(Status::internal(format!(
+                    "peer {peer}: the sink's stream handler panicked (a bug in the sink): {}",
+                    panic_message(panic.as_ref())
+                )))
+            })
+    }
 }
 
 /// A panic in the sink's handling of a batch: its own bug, never bad input.

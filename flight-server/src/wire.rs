@@ -27,6 +27,11 @@ pub struct Row<'a> {
     pub digest: Option<&'a str>,
 }
 
+/// Longest file key a batch may carry: a key is the file's path relative
+/// to the watched root when it was first seen, and Linux paths are at most
+/// 4096 bytes.
+pub const MAX_FILE_KEY_BYTES: usize = 4096;
+
 /// A batch whose schema and checksums have been validated.
 pub struct RangeBatch {
     batch: RecordBatch,
@@ -73,6 +78,16 @@ impl RangeBatch {
             }
         }
         for row in 0..view.len() {
+            let key = view.file_key.value(row);
+            if key.is_empty() || key.len() > MAX_FILE_KEY_BYTES || key.contains('\0') {
+                return Err(WireError::Row {
+                    row,
+                    detail: format!(
+                        "file key {:?} must be 1 to {MAX_FILE_KEY_BYTES} bytes without NUL",
+                        key.chars().take(64).collect::<String>()
+                    ),
+                });
+            }
             let kind = view.kind.value(row);
             let Some(kind) = RowKind::from_u8(kind) else {
                 return Err(WireError::Row {

@@ -8,7 +8,7 @@ use super::*;
 /// is read on while its batches wait, and the watcher sends a file's ranges
 /// in order, so the bytes before arrive unless their batch is lost; this is
 /// the way out should they not, long enough for a slow link to bring them.
-pub(super) const HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const HOLD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How often waiting requests are looked at when no round runs.
 pub(super) const HOLD_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);

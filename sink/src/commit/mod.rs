@@ -60,6 +60,7 @@ mod round;
 
 use backlog::Backlog;
 use deps::{HOLD_RECHECK, answer_ready};
+pub(crate) use deps::HOLD_WAIT;
 use journal_round::{JournalRound, journal_or_flush, reserve_journal_round};
 use round::{RoundSink, record_round};
 pub(crate) use round::{forget_flushed, sync_targets};

@@ -322,7 +322,12 @@ impl Placer {
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         let len = bytes.len() as u64;
-        let before = self.held_bytes.fetch_add(len, Ordering::Relaxed);
+        let mut before = self.held_bytes.fetch_add(len, Ordering::Relaxed);
+        if before + len > self.hold_limit {
+            self.held_bytes.fetch_sub(len, Ordering::Relaxed);
+            self.evict_stale_holds(slot, state);
+            before = self.held_bytes.fetch_add(len, Ordering::Relaxed);
+        }
         if before + len > self.hold_limit {
             self.held_bytes.fetch_sub(len, Ordering::Relaxed);
             // The batch fails, but only once its other rows are written:
@@ -336,6 +341,9 @@ impl Placer {
             return Ok(());
         }
         let end = start + len;
+        if state.held.is_empty() {
+            lock(&self.holders).push(Arc::downgrade(slot));
+        }
         state.held.insert(
             start,
             Held {
@@ -347,6 +355,55 @@ impl Placer {
         work.held.push((slot.clone(), start, end));
         work.request.depend_on(slot, start, end);
         Ok(())
+    }
+
+    /// Frees the hold budget of ranges held longer than [`crate::commit::HOLD_WAIT`] since
+    /// they were last sent: their batches have been failed and sent again
+    /// or their peers are gone (a watcher that stopped, a hostile client
+    /// that sent ranges past a gap it never fills), and nobody waits for
+    /// them. Kept, they would take the budget from every other stream for
+    /// as long as the sink runs. Their bytes were never acknowledged: a
+    /// watcher still alive sends them again. `current` is the slot whose
+    /// state the caller holds locked; other slots busy now are skipped
+    /// (locking them could deadlock against their holder).
+    fn evict_stale_holds(&self, current: &Arc<Slot>, current_state: &mut SlotState) {
+        let mut holders = lock(&self.holders);
+        let evict = |state: &mut SlotState| {
+            let stale: Vec<u64> = state
+                .held
+                .iter()
+                .filter(|(_, held)| held.since.elapsed() > crate::commit::HOLD_WAIT)
+                .map(|(&start, _)| start)
+                .collect();
+            for start in stale {
+                if let Some(held) = state.held.remove(&start) {
+                    let len = held.bytes.len() as u64;
+                    self.held_bytes.fetch_sub(len, Ordering::Relaxed);
+                    state.pending.remove(start, start + len);
+                    tracing::info!(file = %state.record.dest_path, start, len, "dropped a range held past the hold wait: nobody waits for it (its sender may send it again)");
+                }
+            }
+            !state.held.is_empty()
+        };
+        holders.retain(|weak| {
+            let Some(slot) = weak.upgrade() else {
+                return false;
+            };
+            if Arc::ptr_eq(&slot, current) {
+                return evict(current_state);
+            }
+            match slot.state.try_lock() {
+                Ok(mut state) => evict(&mut state),
+                // Busy: looked at on the next full budget.
+                Err(std::sync::TryLockError::WouldBlock) => true,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                    evict(&mut poisoned.into_inner())
+                }
+            }
+        });
+        // A slot that emptied and held again is listed twice: keep one.
+        let mut seen = std::collections::HashSet::new();
+        holders.retain(|weak| seen.insert(weak.as_ptr() as usize));
     }
 
     /// Drops what a batch that failed still holds (nobody drained it): no

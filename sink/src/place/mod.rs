@@ -141,6 +141,9 @@ pub(crate) struct Placer {
     /// before them (see `data`), and the most it may hold.
     held_bytes: AtomicU64,
     hold_limit: u64,
+    /// Slots that held something when last looked at: where a full hold
+    /// budget looks for ranges nobody waits for any more.
+    holders: Mutex<Vec<std::sync::Weak<Slot>>>,
     /// Ranges that batches not answered yet wait for (see [`DependencyCharge`]).
     waiting_dependencies: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -225,6 +228,7 @@ impl Placer {
             committer: std::sync::OnceLock::new(),
             held_bytes: AtomicU64::new(0),
             hold_limit: HOLD_LIMIT,
+            holders: Mutex::new(Vec::new()),
             waiting_dependencies: Default::default(),
         }
     }

@@ -149,6 +149,51 @@ fn holding_past_the_limit_refuses_the_batch_and_leaves_nothing_held() {
     assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), bytes);
 }
 
+/// Makes every range held now look as if it had waited past the hold wait.
+fn age_holds(placer: &Placer) {
+    let aged = std::time::Instant::now()
+        .checked_sub(crate::commit::HOLD_WAIT + std::time::Duration::from_secs(1))
+        .expect("a clock older than the hold wait");
+    for slot in lock(&placer.holders).iter().filter_map(|weak| weak.upgrade()) {
+        for held in lock(&slot.state).held.values_mut() {
+            held.since = aged;
+        }
+    }
+}
+
+/// A range held for bytes that never come (its peer went away, or never
+/// meant to send them) gives its room back once it has waited past the
+/// hold wait: abandoned holds do not refuse every other stream's ranges
+/// for as long as the sink runs.
+#[test]
+fn ranges_held_for_a_gap_nobody_fills_give_their_room_back() {
+    let fixture = Fixture::new("hold-abandoned");
+    let placer = fixture.placer().with_hold_limit(150);
+    let source = placer.source("s").unwrap();
+    let bytes = content(400);
+    let (abandoned, _) = placer
+        .place(&source, 1, &data_batch("gone", 100, &bytes[..100]))
+        .unwrap();
+    record_placed(&abandoned);
+    place_and_record(&placer, &source, 2, &data_batch("b", 0, &bytes[..100]));
+    let ahead = data_batch("b", 200, &bytes[200..300]);
+    assert!(
+        matches!(placer.place(&source, 3, &ahead), Err(SinkError::Storage(_))),
+        "a fresh hold keeps its room"
+    );
+    age_holds(&placer);
+    let (held, _) = placer.place(&source, 4, &ahead).unwrap();
+    record_placed(&held);
+    assert_eq!(placer.held_bytes(), 100, "the abandoned range gave its room");
+    place_and_record(&placer, &source, 5, &data_batch("b", 100, &bytes[100..200]));
+    assert_eq!(placer.held_bytes(), 0);
+    assert_eq!(std::fs::read(fixture.dest("s/b")).unwrap(), &bytes[..300]);
+    assert!(
+        std::fs::read(fixture.dest("s/gone")).unwrap_or_default().is_empty(),
+        "the abandoned range was never written"
+    );
+}
+
 /// A batch that fails after holding a range takes it back: a re-sent copy
 /// is not stuck behind bytes nobody will write.
 #[test]
