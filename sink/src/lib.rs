@@ -48,8 +48,8 @@ mod test_support {
 }
 
 /// Fault points the unit tests arm to make the sink panic where a bug
-/// could. Armed per source name, so tests running at once in one process
-/// only hit their own.
+/// could, or an I/O call fail where a disk could. Armed per source name,
+/// so tests running at once in one process only hit their own.
 #[cfg(test)]
 pub(crate) mod fault {
     use std::sync::Mutex;
@@ -64,6 +64,13 @@ pub(crate) mod fault {
         /// In a placement thread making a rename, once the intent is in
         /// memory and before it is recorded (the gate was held here once).
         MoveIntent,
+        /// Instead of a destination file's fdatasync (an I/O fault: see
+        /// [`fail_io`]).
+        FileSync,
+        /// Instead of the journal file's fdatasync ending a round.
+        JournalSync,
+        /// Instead of writing a range into its destination file.
+        FileWrite,
     }
 
     static ARMED: Mutex<Vec<(Point, String)>> = Mutex::new(Vec::new());
@@ -113,6 +120,36 @@ pub(crate) mod fault {
     /// The next batch of `source` to reach `point` panics there (once).
     pub fn arm(point: Point, source: &str) {
         crate::state::lock(&ARMED).push((point, source.to_owned()));
+    }
+
+    static FAILING: Mutex<Vec<(Point, String)>> = Mutex::new(Vec::new());
+
+    /// The next I/O at `point` on a path under a directory named `key` (a
+    /// source, as in `<root>/<source>/...`), or on the path `key` itself,
+    /// fails with EIO (once: as a kernel reports a writeback error once,
+    /// and the next fdatasync of the file succeeds).
+    pub fn fail_io(point: Point, key: impl Into<String>) {
+        crate::state::lock(&FAILING).push((point, key.into()));
+    }
+
+    /// The error an armed [`fail_io`] injects at `point` for `path`, if any.
+    pub fn io(point: Point, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        let path = path.as_ref();
+        let mut failing = crate::state::lock(&FAILING);
+        let armed = failing.iter().position(|(p, key)| {
+            *p == point
+                && (path == std::path::Path::new(key)
+                    || path.components().any(|c| c.as_os_str() == key.as_str()))
+        });
+        match armed {
+            Some(at) => {
+                failing.remove(at);
+                Err(std::io::Error::from_raw_os_error(
+                    rustix::io::Errno::IO.raw_os_error(),
+                ))
+            }
+            None => Ok(()),
+        }
     }
 
     pub fn hit(point: Point, source: &str) {

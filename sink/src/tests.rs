@@ -4,6 +4,8 @@
 use super::*;
 use flight_server::BatchBuilder;
 
+mod io_faults;
+
 /// Many batches arriving at once are all placed and acknowledged, never
 /// more of them at once than the placement threads allow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,9 +90,9 @@ impl SyncTarget {
 
     pub(crate) fn sync(&self) -> Result<(), String> {
         match self {
-            SyncTarget::File(file) => file
-                .sync_data()
-                .map_err(|e| format!("fdatasync of {}: {e}", describe(file))),
+            SyncTarget::File(file) => {
+                fdatasync(file).map_err(|e| format!("fdatasync of {}: {e}", describe(file)))
+            }
             SyncTarget::Dir(dir) => sync_dir(dir.as_ref())
                 .map_err(|e| format!("fsync of the directory {}: {e}", describe(dir))),
         }
@@ -105,6 +105,12 @@ impl SyncTarget {
         };
         stat.ok().map(|st| st.st_dev)
     }
+}
+
+fn fdatasync(file: &File) -> std::io::Result<()> {
+    #[cfg(test)]
+    crate::fault::io(crate::fault::Point::FileSync, describe(file))?;
+    file.sync_data()
 }
 
 /// The path an open descriptor refers to, for error messages.

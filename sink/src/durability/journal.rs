@@ -330,6 +330,8 @@ impl RoundWrite {
         let batch_at = self.offset + ROUND_HEADER_BYTES + header.bytes_len;
         write_all_vectored_at(&self.file, &[batch], batch_at)?;
         write_all_vectored_at(&self.file, &[&head], self.offset)?;
+        #[cfg(test)]
+        crate::fault::io(crate::fault::Point::JournalSync, &self.path)?;
         self.file.sync_data()?;
         Ok(header.start + header.len())
     }

@@ -215,6 +215,16 @@ impl Placer {
             self.hold_limit == 0 || writable_at(state, start),
             "a write past a hole"
         );
+        #[cfg(test)]
+        if let Err(error) =
+            crate::fault::io(crate::fault::Point::FileWrite, &state.record.dest_path)
+        {
+            return Err(RowError::Storage(format!(
+                "writing {} bytes at offset {start} of {}: {error}",
+                bytes.len(),
+                state.record.dest_path
+            )));
+        }
         let written = if journal {
             write_range(file, bytes, start, || state.record.dest_path.clone())
         } else {
