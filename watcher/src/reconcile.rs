@@ -12,6 +12,9 @@ use flight_server::protocol::{ACTION_WATERMARKS, FileWatermark};
 /// sink that accepts connections but never answers (stopped, hung) must not
 /// hold the reconciliation on one attempt forever.
 const RECONCILE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Highest generation a watermark may name (a file truncated or replaced
+/// once a second for a hundred years stays far below it).
+const MAX_BELIEVABLE_GENERATION: u64 = 1 << 40;
 /// Longest wait between reconciliation attempts.
 const RECONCILE_MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -45,7 +48,18 @@ pub(crate) async fn reconcile(
             });
             match answer {
                 Ok(reply) => match serde_json::from_slice::<Vec<FileWatermark>>(&reply) {
-                    Ok(marks) => {
+                    Ok(mut marks) => {
+                        // A generation is counted up by one per truncation
+                        // or replacement of a file: one near u64::MAX is
+                        // not the sink's record of anything, and following
+                        // it would leave no generation to count up to.
+                        marks.retain(|mark| {
+                            let believable = (1..=MAX_BELIEVABLE_GENERATION).contains(&mark.generation);
+                            if !believable {
+                                tracing::error!(sink = pool.endpoint(), key = %mark.key, generation = mark.generation, "ignoring the sink's watermark: no file has that generation");
+                            }
+                            believable
+                        });
                         tracing::info!(
                             sink = pool.endpoint(),
                             files = marks.len(),

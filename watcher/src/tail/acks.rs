@@ -23,8 +23,11 @@ impl Tailer {
                 };
                 let rejected: Map<usize, RejectedRow> =
                     ack.rejected.into_iter().map(|r| (r.row, r)).collect();
-                self.progress
-                    .add_acked(ack.placed + ack.duplicate + ack.stale);
+                self.progress.add_acked(
+                    ack.placed
+                        .saturating_add(ack.duplicate)
+                        .saturating_add(ack.stale),
+                );
                 for (index, row) in rows.into_iter().enumerate() {
                     self.on_row_acked(row, rejected.get(&index));
                 }
