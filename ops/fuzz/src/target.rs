@@ -61,7 +61,11 @@ fn config_for(dir: &Path, variant: u64) -> SinkConfig {
     SinkConfig {
         root: dir.join("root"),
         state_dir: dir.join("state"),
-        hold_limit: if variant.is_multiple_of(2) { 1 << 20 } else { 0 },
+        hold_limit: if variant.is_multiple_of(2) {
+            1 << 20
+        } else {
+            0
+        },
         journal_max_range: if variant % 4 < 2 { 64 << 10 } else { 0 },
         placement_threads: Some(4),
         max_open_files: 64,
@@ -204,8 +208,23 @@ impl Target {
         self.sink.shutdown().await;
         let state = self.dir.join("state");
         drop(self.sink);
-        let report = sink::audit(&state, false)
-            .map_err(|e| Violation(format!("the audit could not read the manifest: {e:#}")))?;
+        // Placements of streams given up on may still be finishing on their
+        // threads, each holding the sink (and its manifest's lock) until done.
+        let mut attempts = 0;
+        let report = loop {
+            attempts += 1;
+            match sink::audit(&state, false) {
+                Ok(report) => break report,
+                Err(e) if attempts < 100 && format!("{e:#}").contains("lock") => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    return Err(Violation(format!(
+                        "the audit could not read the manifest: {e:#}"
+                    )));
+                }
+            }
+        };
         if report.overlapping_placements != 0 || report.record_mismatches != 0 {
             return Err(Violation(format!(
                 "the audit found {} overlapping placements and {} record mismatches: {:?}",
