@@ -349,27 +349,12 @@ impl<I: Ingest> FlightService for Service<I> {
         let ingest = self.ingest.clone();
         let depth = self.pipeline_depth;
         tokio::spawn(async move {
-            use futures::FutureExt;
             let _permit = (permit, peer_stream);
             // `run_put` tells a panic decoding the peer's bytes (its fault)
             // from one placing them (the sink's). Anything else that panics
             // here is the sink's own bug too: it ends this stream, never the
             // sink or other streams, and is never reported as bad input.
-            let outcome = std::panic::AssertUnwindSafe(run_put(
-                ingest,
-                &peer,
-                request.into_inner(),
-                &tx,
-                depth,
-            ))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| {
-                Err(Status::internal(format!(
-                    "peer {peer}: the sink's stream handler panicked (a bug in the sink): {}",
-                    panic_message(panic.as_ref())
-                )))
-            });
+            let outcome = run_put_catching(ingest, &peer, request.into_inner(), &tx, depth).await;
             if let Err(status) = outcome {
                 if connection_lost(&status) {
                     // A watcher stopping or crashing: nothing was refused.
@@ -539,17 +524,29 @@ pub mod fuzzing {
         acks: &mpsc::Sender<Result<PutResult, Status>>,
         depth: usize,
     ) -> Result<(), Status> {
-        use futures::FutureExt;
-        std::panic::AssertUnwindSafe(run_put(ingest, peer, messages, acks, depth))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| {
-                Err(Status::internal(format!(
-                    "peer {peer}: the sink's stream handler panicked (a bug in the sink): {}",
-                    panic_message(panic.as_ref())
-                )))
-            })
+        run_put_catching(ingest, peer, messages, acks, depth).await
     }
+}
+
+/// [`run_put`], with a panic anywhere in it turned into the internal error
+/// that ends the stream.
+async fn run_put_catching<I: Ingest>(
+    ingest: Arc<I>,
+    peer: &str,
+    stream: impl Stream<Item = Result<FlightData, Status>> + Unpin,
+    acks: &mpsc::Sender<Result<PutResult, Status>>,
+    depth: usize,
+) -> Result<(), Status> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(run_put(ingest, peer, stream, acks, depth))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            Err(Status::internal(format!(
+                "peer {peer}: the sink's stream handler panicked (a bug in the sink): {}",
+                panic_message(panic.as_ref())
+            )))
+        })
 }
 
 /// A panic in the sink's handling of a batch: its own bug, never bad input.
