@@ -1,6 +1,6 @@
-//! The command line's names for the sink's enumerated settings. The sink
-//! library takes its own validated types and knows nothing of clap; these
-//! mirror them for parsing and `--help`, and convert.
+//! The command line's names for the sink's and the watcher's enumerated
+//! settings. The libraries take their own validated types and know nothing
+//! of clap; these mirror them for parsing and `--help`, and convert.
 
 use clap::ValueEnum;
 
@@ -60,6 +60,29 @@ impl From<Sync> for sink::SyncStrategy {
             Sync::Auto => Self::Auto,
             Sync::Files => Self::Files,
             Sync::Filesystem => Self::Filesystem,
+        }
+    }
+}
+
+/// How the watcher hears of changes in its tree.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Events {
+    /// A watch per directory (fs.inotify.max_user_watches bounds them;
+    /// directories past the limit are polled).
+    Inotify,
+    /// One filesystem mark for the whole tree (CAP_SYS_ADMIN; inotify
+    /// without it).
+    Fanotify,
+    /// No events: every file is polled (network and parallel filesystems).
+    Poll,
+}
+
+impl From<Events> for watcher::EventSource {
+    fn from(events: Events) -> Self {
+        match events {
+            Events::Inotify => Self::Inotify,
+            Events::Fanotify => Self::Fanotify,
+            Events::Poll => Self::Poll,
         }
     }
 }

@@ -149,6 +149,17 @@ mod tests {
     }
 
     #[test]
+    fn the_events_key_picks_how_the_watcher_hears_of_changes() {
+        let out = expand(
+            "config-events",
+            "[watch]\nevents = \"fanotify\"\n",
+            "watch",
+            &[],
+        );
+        assert!(out.contains(&"--events=fanotify".to_string()), "{out:?}");
+    }
+
+    #[test]
     fn a_table_in_a_section_prefixes_its_keys() {
         let out = expand(
             "config-t",

@@ -330,7 +330,13 @@ pub struct WatchArgs {
     state: PathBuf,
     #[command(flatten)]
     tls: ClientTlsArgs,
-    /// Poll for growth instead of using inotify (NFS, Lustre, GPFS: remote writes raise no local event).
+    /// How changes are heard of: inotify (a watch per directory), fanotify
+    /// (one mark on the tree's filesystem: no watch limit, needs
+    /// CAP_SYS_ADMIN, falls back to inotify without it) or poll (NFS,
+    /// Lustre, GPFS: remote writes raise no local event).
+    #[arg(long, value_enum, default_value = "inotify")]
+    events: choices::Events,
+    /// The same as --events poll.
     #[arg(long)]
     poll: bool,
     /// Fastest poll interval for a growing file (adaptive polling backs off to --poll-max).
@@ -654,7 +660,11 @@ fn watch_config(args: &WatchArgs) -> watcher::WatchConfig {
         window_bytes: args.window,
         max_message_bytes: args.max_message_bytes,
         tls: args.tls.config(),
-        poll: args.poll,
+        events: if args.poll {
+            watcher::EventSource::Poll
+        } else {
+            args.events.into()
+        },
         poll_min: args.poll_min,
         poll_max: args.poll_max,
         rescan_every: args.rescan,

@@ -2,7 +2,8 @@
 //! four streams with chunk rotation while a watcher streams them to a sink.
 //! The destination must end byte-identical, with every `.inprogress` chunk
 //! renamed to its final name, over plaintext, over mutual TLS (with BLAKE3
-//! seals), in polling mode and with each way the sink has of flushing its files.
+//! seals), in polling mode, with fanotify, and with each way the sink has of
+//! flushing its files.
 
 mod common;
 
@@ -10,9 +11,9 @@ use std::time::Duration;
 
 use common::{Pipeline, PipelineOptions, files_of_run, list_files, scratch, simulate, workload};
 
-fn stream_and_check(name: &str, options: PipelineOptions) {
-    let dir = scratch(name);
-    let pipeline = Pipeline::start(&dir, options);
+/// Returns the pipeline, still running, for checks of its own.
+fn stream_and_check(name: &str, options: PipelineOptions) -> Pipeline {
+    let pipeline = Pipeline::in_scratch(name, options);
     let reader = common::LiveReader::start(&pipeline.source, &pipeline.dest());
     simulate(&pipeline.source, &workload("r0001", "4", "2MiB", "3s"));
     let files = files_of_run(&pipeline.source, "r0001");
@@ -46,6 +47,7 @@ fn stream_and_check(name: &str, options: PipelineOptions) {
         total,
         "every byte placed exactly once: {status}"
     );
+    pipeline
 }
 
 #[test]
@@ -74,6 +76,24 @@ fn polling() {
             poll: true,
             ..Default::default()
         },
+    );
+}
+
+/// One fanotify mark on the source's filesystem instead of inotify watches
+/// (the machine running the tests has CAP_SYS_ADMIN: it is not a fallback).
+#[test]
+fn fanotify() {
+    let pipeline = stream_and_check(
+        "e2e-fanotify",
+        PipelineOptions {
+            extra_watch_args: vec!["--events".into(), "fanotify".into()],
+            ..Default::default()
+        },
+    );
+    let log = pipeline.watcher.log_text();
+    assert!(
+        log.contains("through a fanotify mark") && !log.contains("cannot use fanotify"),
+        "fanotify was not used:\n{log}"
     );
 }
 

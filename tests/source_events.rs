@@ -5,7 +5,9 @@ mod common;
 // inode), deleted for good, renamed while it grows or after its seal,
 // replaced by a rename over it, moved into the tree from outside (alone or
 // with its directory), or created in a directory that did not exist when the
-// watcher started. Each scenario runs with inotify and with `--poll`.
+// watcher started. Each scenario runs with inotify and with `--poll`; those
+// that hinge on which events arrive (deletion, moves, new directories,
+// replacement) also with fanotify.
 // Tests marked `ignore` show product bugs (see their reasons).
 //
 // Every file's content comes from its own deterministic byte stream, so a
@@ -74,15 +76,48 @@ fn inode(path: &Path) -> (u64, u64) {
     (meta.dev(), meta.ino())
 }
 
-fn start(name: &str, poll: bool) -> Pipeline {
-    let mode = if poll { "poll" } else { "inotify" };
-    Pipeline::in_scratch(
-        &format!("{name}-{mode}"),
+/// How the watcher hears of changes (its `--events`).
+#[derive(Clone, Copy)]
+enum Events {
+    Inotify,
+    Fanotify,
+    Poll,
+}
+
+impl Events {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Inotify => "inotify",
+            Self::Fanotify => "fanotify",
+            Self::Poll => "poll",
+        }
+    }
+}
+
+fn start(name: &str, events: Events) -> Pipeline {
+    let p = Pipeline::in_scratch(
+        &format!("{name}-{}", events.as_str()),
         PipelineOptions {
-            poll,
+            extra_watch_args: vec!["--events".into(), events.as_str().into()],
             ..Default::default()
         },
-    )
+    );
+    if let Events::Fanotify = events {
+        common::wait_until(
+            "the watcher to say how it hears of changes",
+            TIMEOUT,
+            || {
+                let log = p.watcher.log_text();
+                log.contains("through a fanotify mark") || log.contains("cannot use fanotify")
+            },
+        );
+        assert!(
+            !p.watcher.log_text().contains("cannot use fanotify"),
+            "fanotify is not in use (this test needs CAP_SYS_ADMIN):\n{}",
+            p.watcher.log_text()
+        );
+    }
+    p
 }
 
 fn dest_of(p: &Pipeline, rel: &str) -> PathBuf {
@@ -240,8 +275,8 @@ fn assert_no_deleted_file_held(p: &Pipeline) {
 /// `after_seal`: whether the first generation was sealed (and forgotten by the
 /// tailer) before the truncation, or was still being tracked. `new_len`: the
 /// length of the rewritten content.
-fn truncation(name: &str, poll: bool, after_seal: bool, new_len: usize) {
-    let p = start(name, poll);
+fn truncation(name: &str, events: Events, after_seal: bool, new_len: usize) {
+    let p = start(name, events);
     let src = p.source.join("t.log");
     let old = content(1, 200 * KIB);
     let new = content(2, new_len);
@@ -286,34 +321,34 @@ fn truncation(name: &str, poll: bool, after_seal: bool, new_len: usize) {
 
 #[test]
 fn truncation_while_tracked_inotify() {
-    truncation("trunc-tracked", false, false, 50 * KIB);
+    truncation("trunc-tracked", Events::Inotify, false, 50 * KIB);
 }
 
 #[test]
 fn truncation_while_tracked_poll() {
-    truncation("trunc-tracked", true, false, 50 * KIB);
+    truncation("trunc-tracked", Events::Poll, false, 50 * KIB);
 }
 
 #[test]
 fn truncation_after_seal_inotify() {
-    truncation("trunc-sealed", false, true, 50 * KIB);
+    truncation("trunc-sealed", Events::Inotify, true, 50 * KIB);
 }
 
 #[test]
 fn truncation_after_seal_poll() {
-    truncation("trunc-sealed", true, true, 50 * KIB);
+    truncation("trunc-sealed", Events::Poll, true, 50 * KIB);
 }
 
 /// Truncated and rewritten to exactly its old length (same inode, same size):
 /// only the content shows that it is a new generation.
 #[test]
 fn truncation_same_size_after_seal_inotify() {
-    truncation("trunc-same-size", false, true, 200 * KIB);
+    truncation("trunc-same-size", Events::Inotify, true, 200 * KIB);
 }
 
 #[test]
 fn truncation_same_size_after_seal_poll() {
-    truncation("trunc-same-size", true, true, 200 * KIB);
+    truncation("trunc-same-size", Events::Poll, true, 200 * KIB);
 }
 
 // ---------------------------------------------------------------------------
@@ -321,8 +356,8 @@ fn truncation_same_size_after_seal_poll() {
 //    number is usually handed to the next new file): a new generation.
 
 /// `release`: also check that the watcher lets go of the deleted first file.
-fn recreate(name: &str, poll: bool, after_seal: bool, new_len: usize, release: bool) {
-    let p = start(name, poll);
+fn recreate(name: &str, events: Events, after_seal: bool, new_len: usize, release: bool) {
+    let p = start(name, events);
     let src = p.source.join("r.dat");
     let old = content(11, 100 * KIB);
     let new = content(12, new_len);
@@ -361,52 +396,52 @@ fn recreate(name: &str, poll: bool, after_seal: bool, new_len: usize, release: b
 
 #[test]
 fn recreate_while_tracked_inotify() {
-    recreate("recreate-tracked", false, false, 30 * KIB, false);
+    recreate("recreate-tracked", Events::Inotify, false, 30 * KIB, false);
 }
 
 #[test]
 fn recreate_while_tracked_poll() {
-    recreate("recreate-tracked", true, false, 30 * KIB, false);
+    recreate("recreate-tracked", Events::Poll, false, 30 * KIB, false);
 }
 
 #[test]
 fn recreate_while_tracked_releases_old_file_inotify() {
-    recreate("recreate-release", false, false, 30 * KIB, true);
+    recreate("recreate-release", Events::Inotify, false, 30 * KIB, true);
 }
 
 #[test]
 fn recreate_while_tracked_releases_old_file_poll() {
-    recreate("recreate-release", true, false, 30 * KIB, true);
+    recreate("recreate-release", Events::Poll, false, 30 * KIB, true);
 }
 
 #[test]
 fn recreate_after_seal_inotify() {
-    recreate("recreate-sealed", false, true, 30 * KIB, true);
+    recreate("recreate-sealed", Events::Inotify, true, 30 * KIB, true);
 }
 
 #[test]
 fn recreate_after_seal_poll() {
-    recreate("recreate-sealed", true, true, 30 * KIB, true);
+    recreate("recreate-sealed", Events::Poll, true, 30 * KIB, true);
 }
 
 /// The new file has exactly the old size: if the filesystem hands it the
 /// freed inode number (ext4 usually does), only its content tells it apart.
 #[test]
 fn recreate_same_size_after_seal_inotify() {
-    recreate("recreate-same-size", false, true, 100 * KIB, true);
+    recreate("recreate-same-size", Events::Inotify, true, 100 * KIB, true);
 }
 
 #[test]
 fn recreate_same_size_after_seal_poll() {
-    recreate("recreate-same-size", true, true, 100 * KIB, true);
+    recreate("recreate-same-size", Events::Poll, true, 100 * KIB, true);
 }
 
 // ---------------------------------------------------------------------------
 // 3. Deletion at the source: the destination keeps the file (a transfer,
 //    not a mirror of deletions), and the watcher finishes and lets go of it.
 
-fn deletion(name: &str, poll: bool) {
-    let p = start(name, poll);
+fn deletion(name: &str, events: Events) {
+    let p = start(name, events);
     let src = p.source.join("d.dat");
     let data = content(21, 100 * KIB);
 
@@ -433,21 +468,26 @@ fn deletion(name: &str, poll: bool) {
 
 #[test]
 fn deletion_inotify() {
-    deletion("delete", false);
+    deletion("delete", Events::Inotify);
 }
 
 #[test]
 fn deletion_poll() {
-    deletion("delete", true);
+    deletion("delete", Events::Poll);
+}
+
+#[test]
+fn deletion_fanotify() {
+    deletion("delete", Events::Fanotify);
 }
 
 // ---------------------------------------------------------------------------
 // 4. Renamed while it grows, through the same open handle, then renamed to
 //    its final name (dropping the in-progress suffix), which seals it.
 
-fn rename_while_growing(name: &str, poll: bool) {
+fn rename_while_growing(name: &str, events: Events) {
     const CHUNK: usize = 64 * KIB;
-    let p = start(name, poll);
+    let p = start(name, events);
     let data = content(31, 12 * CHUNK);
     let chunks: Vec<&[u8]> = data.chunks(CHUNK).collect();
     let first = p.source.join("g.xtc2.inprogress");
@@ -511,20 +551,25 @@ fn rename_while_growing(name: &str, poll: bool) {
 
 #[test]
 fn rename_while_growing_inotify() {
-    rename_while_growing("rename-growing", false);
+    rename_while_growing("rename-growing", Events::Inotify);
 }
 
 #[test]
 fn rename_while_growing_poll() {
-    rename_while_growing("rename-growing", true);
+    rename_while_growing("rename-growing", Events::Poll);
+}
+
+#[test]
+fn rename_while_growing_fanotify() {
+    rename_while_growing("rename-growing", Events::Fanotify);
 }
 
 // ---------------------------------------------------------------------------
 // 5. A file moved into the tree from outside it, and files in directories
 //    created after the watcher started (one written at once, one later).
 
-fn arrivals(name: &str, poll: bool) {
-    let p = start(name, poll);
+fn arrivals(name: &str, events: Events) {
+    let p = start(name, events);
     // The watcher is up and watching once a first file went through.
     write_transferred(&p, "first.dat", &content(40, 10 * KIB));
 
@@ -562,12 +607,17 @@ fn arrivals(name: &str, poll: bool) {
 
 #[test]
 fn arrivals_inotify() {
-    arrivals("arrivals", false);
+    arrivals("arrivals", Events::Inotify);
 }
 
 #[test]
 fn arrivals_poll() {
-    arrivals("arrivals", true);
+    arrivals("arrivals", Events::Poll);
+}
+
+#[test]
+fn arrivals_fanotify() {
+    arrivals("arrivals", Events::Fanotify);
 }
 
 // ---------------------------------------------------------------------------
@@ -576,8 +626,8 @@ fn arrivals_poll() {
 //    watch their directory. They must still be transferred, and sealed once
 //    idle.
 
-fn directory_moved_in(name: &str, poll: bool) {
-    let p = start(name, poll);
+fn directory_moved_in(name: &str, events: Events) {
+    let p = start(name, events);
     // The watcher is up and watching once a first file went through.
     write_transferred(&p, "first.dat", &content(50, 10 * KIB));
     wait_sealed_at_least(&p, 1, "the first file sealed");
@@ -598,20 +648,25 @@ fn directory_moved_in(name: &str, poll: bool) {
 
 #[test]
 fn directory_moved_in_inotify() {
-    directory_moved_in("dir-moved-in", false);
+    directory_moved_in("dir-moved-in", Events::Inotify);
 }
 
 #[test]
 fn directory_moved_in_poll() {
-    directory_moved_in("dir-moved-in", true);
+    directory_moved_in("dir-moved-in", Events::Poll);
+}
+
+#[test]
+fn directory_moved_in_fanotify() {
+    directory_moved_in("dir-moved-in", Events::Fanotify);
 }
 
 // ---------------------------------------------------------------------------
 // 7. A sealed file renamed: it is the same file under a new path, so the
 //    destination renames it too, without sending its bytes again.
 
-fn rename_after_seal(name: &str, poll: bool) {
-    let p = start(name, poll);
+fn rename_after_seal(name: &str, events: Events) {
+    let p = start(name, events);
     let data = content(61, 120 * KIB);
     write_transferred(&p, "a.dat", &data);
     wait_sealed_at_least(&p, 1, "a.dat sealed");
@@ -633,12 +688,12 @@ fn rename_after_seal(name: &str, poll: bool) {
 
 #[test]
 fn rename_after_seal_inotify() {
-    rename_after_seal("rename-sealed", false);
+    rename_after_seal("rename-sealed", Events::Inotify);
 }
 
 #[test]
 fn rename_after_seal_poll() {
-    rename_after_seal("rename-sealed", true);
+    rename_after_seal("rename-sealed", Events::Poll);
 }
 
 // ---------------------------------------------------------------------------
@@ -647,8 +702,8 @@ fn rename_after_seal_poll() {
 //    the final name only, and the watcher lets go of the replaced file.
 
 /// `release`: also check that the watcher lets go of the replaced file.
-fn replace_by_rename(name: &str, poll: bool, after_seal: bool, release: bool) {
-    let p = start(name, poll);
+fn replace_by_rename(name: &str, events: Events, after_seal: bool, release: bool) {
+    let p = start(name, events);
     let v1 = content(71, 90 * KIB);
     let v2 = content(72, 70 * KIB);
     write_transferred(&p, "c.cfg", &v1);
@@ -679,30 +734,35 @@ fn replace_by_rename(name: &str, poll: bool, after_seal: bool, release: bool) {
 
 #[test]
 fn replace_by_rename_while_tracked_inotify() {
-    replace_by_rename("replace-tracked", false, false, false);
+    replace_by_rename("replace-tracked", Events::Inotify, false, false);
 }
 
 #[test]
 fn replace_by_rename_while_tracked_poll() {
-    replace_by_rename("replace-tracked", true, false, false);
+    replace_by_rename("replace-tracked", Events::Poll, false, false);
 }
 
 #[test]
 fn replace_by_rename_while_tracked_releases_old_file_inotify() {
-    replace_by_rename("replace-release", false, false, true);
+    replace_by_rename("replace-release", Events::Inotify, false, true);
 }
 
 #[test]
 fn replace_by_rename_while_tracked_releases_old_file_poll() {
-    replace_by_rename("replace-release", true, false, true);
+    replace_by_rename("replace-release", Events::Poll, false, true);
+}
+
+#[test]
+fn replace_by_rename_while_tracked_releases_old_file_fanotify() {
+    replace_by_rename("replace-release", Events::Fanotify, false, true);
 }
 
 #[test]
 fn replace_by_rename_after_seal_inotify() {
-    replace_by_rename("replace-sealed", false, true, true);
+    replace_by_rename("replace-sealed", Events::Inotify, true, true);
 }
 
 #[test]
 fn replace_by_rename_after_seal_poll() {
-    replace_by_rename("replace-sealed", true, true, true);
+    replace_by_rename("replace-sealed", Events::Poll, true, true);
 }

@@ -266,6 +266,22 @@ impl Observed for WatchObserved {
             "Files being followed now (sealed files are no longer followed).",
             files.len() as f64,
         );
+        let discovery = self.progress.discovery();
+        per_source(
+            "source_watched_directories",
+            "Directories whose changes raise events (inotify watches, or directories known to the fanotify mark).",
+            discovery.watched_directories as f64,
+        );
+        per_source(
+            "source_unwatched_directories",
+            "Directories no event reaches (inotify's watch limit reached, or another error): their files are polled and new files found by rescans.",
+            discovery.unwatched_directories as f64,
+        );
+        per_source(
+            "source_polled_files",
+            "Files polled because no event tells of them (all of them with --events poll).",
+            discovery.polled_files as f64,
+        );
         let by_state = m.gauges(
             "source_files",
             "Files by state (done: sealed since the start).",
@@ -417,6 +433,7 @@ impl Observed for WatchObserved {
                 "read_bytes": read,
                 "committed_bytes": acked,
                 "sealed_files": self.progress.seals(),
+                "discovery": discovery,
             }],
             "sinks": sinks.iter().zip(&owed).map(|(link, owed)| {
                 let mut value = serde_json::to_value(link).unwrap_or_default();

@@ -1,7 +1,7 @@
 //! The watcher: discovers and tails growing files under a directory tree and
 //! streams the appended ranges to one or more sinks.
 //!
-//! - `discover`: tree walks and inotify;
+//! - `discover`: tree walks, and hearing of changes (inotify, fanotify, polling);
 //! - `tail`: the tailer thread (identity, reading, batching, seals, checkpoints);
 //! - `seal_hash`: the worker that digests files for seals off the tailer thread;
 //! - [`progress`]: what the watcher reports about itself;
@@ -13,6 +13,8 @@
 //! to the sinks run on tokio. Bounded channels between them are the
 //! backpressure that keeps memory bounded.
 
+#[cfg(test)]
+mod answer_tests;
 mod discover;
 pub mod lag;
 #[cfg(test)]
@@ -35,8 +37,9 @@ use flight_server::tls::ClientTls;
 use flight_server::{ClientConfig, FlightPool, SealDigest};
 use manifest_db::WatchState;
 
+pub use discover::EventSource;
 pub use lag::{FileState, LagEvents, LagPolicy};
-pub use progress::{FileProgress, Phase, Progress, SinkLink, SourceSummary};
+pub use progress::{DiscoveryStatus, FileProgress, Phase, Progress, SinkLink, SourceSummary};
 
 use crate::stop::{Stop, StopOnDrop};
 
@@ -54,8 +57,9 @@ pub struct WatchConfig {
     pub window_bytes: u64,
     pub max_message_bytes: usize,
     pub tls: Option<ClientTls>,
-    /// Poll instead of inotify (network and parallel filesystems).
-    pub poll: bool,
+    /// How changes are heard of: inotify, fanotify, or polling (network
+    /// and parallel filesystems).
+    pub events: EventSource,
     pub poll_min: Duration,
     pub poll_max: Duration,
     pub rescan_every: Duration,
@@ -89,7 +93,7 @@ impl Default for WatchConfig {
             window_bytes: 32 << 20,
             max_message_bytes: 64 << 20,
             tls: None,
-            poll: false,
+            events: EventSource::Inotify,
             poll_min: Duration::from_millis(5),
             poll_max: Duration::from_millis(500),
             rescan_every: Duration::from_secs(5),
@@ -258,7 +262,7 @@ pub async fn run(
             let _ = done_tx.send(tailer.run());
         })
         .context("starting the tailer thread")?;
-    tracing::info!(root = %config.root.display(), source = %config.source, sinks = ?config.sinks, poll = config.poll, "watching");
+    tracing::info!(root = %config.root.display(), source = %config.source, sinks = ?config.sinks, events_asked = config.events.as_str(), "watching");
     progress.set_phase(Phase::Tailing);
     tokio::pin!(done_rx);
     tokio::select! {

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use manifest_db::WatchState;
 
-use crate::WatchConfig;
 use crate::progress::Progress;
 use crate::stop::Stop;
 use crate::tail::Tailer;
 use crate::testkit::{Dest, FakeSinks, Scratch};
+use crate::{EventSource, WatchConfig};
 
 /// The names operations pick from; a rotation moves `x` to `x.1`.
 const NAMES: [&str; 6] = ["a", "b", "c", "sub/d", "a.1", "b.1"];
@@ -223,15 +223,15 @@ fn missing(dest: &Dest, files: &[(String, Vec<u8>)]) -> Vec<String> {
 }
 
 fn run_model(seed: u64, steps: usize, seal: bool, restarts: bool) {
-    run_model_with(seed, steps, seal, restarts, false);
+    run_model_with(seed, steps, seal, restarts, EventSource::Inotify);
 }
 
-fn run_model_with(seed: u64, steps: usize, seal: bool, restarts: bool, poll: bool) {
+fn run_model_with(seed: u64, steps: usize, seal: bool, restarts: bool, events: EventSource) {
     let scratch = Scratch::new(&format!("model-{seed}"));
     let root = scratch.path().join("src");
     std::fs::create_dir_all(&root).expect("create the source root");
     let config = Arc::new(WatchConfig {
-        poll,
+        events,
         ..(*config(&root, seal)).clone()
     });
     let state = WatchState::open(&scratch.path().join("state")).expect("open the watch state");
@@ -298,7 +298,16 @@ fn random_histories_arrive_whole_and_sealed_right() {
 #[test]
 fn random_histories_arrive_whole_when_polling() {
     for seed in 301..=306 {
-        run_model_with(seed, 60, true, false, true);
+        run_model_with(seed, 60, true, false, EventSource::Poll);
+    }
+}
+
+/// fanotify instead of inotify (inotify where the process lacks
+/// CAP_SYS_ADMIN: the same histories must arrive whole either way).
+#[test]
+fn random_histories_arrive_whole_with_fanotify() {
+    for seed in 401..=404 {
+        run_model_with(seed, 60, true, false, EventSource::Fanotify);
     }
 }
 

@@ -60,6 +60,22 @@ pub struct SinkLink {
     pub connection_stats: Vec<ConnectionStats>,
 }
 
+/// How the watcher hears of changes, and what it cannot hear of.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DiscoveryStatus {
+    /// inotify, fanotify or poll: what is in use, after any fallback.
+    pub events: String,
+    pub watched_directories: u64,
+    /// Directories no event reaches (inotify's watch limit reached, or
+    /// another error): their files are polled, new files found by rescans.
+    pub unwatched_directories: u64,
+    /// Why, while any directory is unwatched.
+    pub unwatched_reason: Option<String>,
+    /// Files polled because no event tells of them (every file with
+    /// `--events poll`).
+    pub polled_files: u64,
+}
+
 /// A source's files summed up: what operators alert on.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct SourceSummary {
@@ -95,6 +111,7 @@ pub struct Progress {
     publications: AtomicU64,
     /// Seals acknowledged since the start.
     seals: AtomicU64,
+    discovery: Mutex<DiscoveryStatus>,
 }
 
 impl Progress {
@@ -156,6 +173,18 @@ impl Progress {
     /// The files still being tracked (not yet sealed).
     pub fn files(&self) -> Vec<FileProgress> {
         self.files.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Published after each walk of the tree.
+    pub(crate) fn set_discovery(&self, status: DiscoveryStatus) {
+        *self.discovery.lock().unwrap_or_else(|p| p.into_inner()) = status;
+    }
+
+    pub fn discovery(&self) -> DiscoveryStatus {
+        self.discovery
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub(crate) fn set_phase(&self, phase: Phase) {

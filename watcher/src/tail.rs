@@ -126,6 +126,10 @@ struct Tracked {
     rename_only: bool,
     /// Modification time when last sized up for a seal.
     mtime_ns: i64,
+    /// No event tells of its changes (`--events poll`, or its directory
+    /// could not be watched): it is polled, and idleness alone tells that
+    /// it is done.
+    polled: bool,
     poll_interval: Duration,
     next_poll: Instant,
     /// (size, when first seen) of recent growth, oldest first: the age of
@@ -262,6 +266,10 @@ pub(crate) struct Tailer {
     /// Largest single data row read at once.
     max_row_bytes: usize,
     discovery: Box<dyn Discovery>,
+    /// Some files are polled (see [`Tracked::polled`]).
+    polling_some: bool,
+    /// Directories left unwatched, as last told in the log.
+    unwatched_told: usize,
     /// Set while a walk (not an event) brings files under tracking.
     walking: bool,
     /// Files whose controls or seal may be able to move.
@@ -297,8 +305,9 @@ impl Tailer {
             let g = max_generation.entry(mark.key.clone()).or_default();
             *g = (*g).max(mark.generation);
         }
-        let discovery = discover::discovery(&config.root, config.poll)
+        let discovery = discover::discovery(&config.root, config.events)
             .with_context(|| format!("watching {} for changes", config.root.display()))?;
+        let polling_some = config.events == discover::EventSource::Poll;
         let batches = (0..outboxes.len())
             .map(|_| batcher::new_batch(&config))
             .collect();
@@ -328,6 +337,8 @@ impl Tailer {
             sink_last_ack,
             checkpoint_failing: None,
             progress,
+            polling_some,
+            unwatched_told: 0,
             discovery,
             walking: false,
             attention: Set::default(),
@@ -366,7 +377,7 @@ impl Tailer {
                 self.rescan()?;
                 next_rescan = now + self.config.rescan_every;
             }
-            if self.config.poll {
+            if self.polling_some {
                 self.queue_due_polls(now);
             }
             self.read_ready();
@@ -417,7 +428,7 @@ impl Tailer {
                 budget = budget.min((started + self.config.linger).saturating_duration_since(now));
             }
         }
-        if self.config.poll {
+        if self.polling_some {
             budget = budget.min(self.config.poll_min);
         }
         budget

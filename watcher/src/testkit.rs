@@ -38,6 +38,56 @@ pub struct Dest {
     /// While set, batches with a seal row are applied but not yet
     /// acknowledged (as by a slow sink), so tests can act meanwhile.
     pub hold_seal_acks: bool,
+    /// While set, every answer is garbled from this seed on, as a broken
+    /// or hostile sink's would be (see [`garble`]).
+    pub garble_answers: Option<u64>,
+}
+
+/// A sink's answer to a batch of `rows` rows, garbled: byte counts near
+/// `u64::MAX`, rejections of rows the batch does not have (or of every
+/// row, superseded or not), a refusal instead of an ack. `state` steps a
+/// xorshift generator.
+pub fn garble(ack: Ack, rows: usize, state: &mut u64) -> Result<Ack, String> {
+    let mut next = || {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    };
+    let mut ack = ack;
+    match next() % 6 {
+        0 => {
+            ack.placed = u64::MAX;
+            ack.duplicate = next();
+            ack.stale = u64::MAX;
+        }
+        1 => {
+            ack.rejected = (0..next() % 4)
+                .map(|_| flight_server::RejectedRow {
+                    row: match next() % 3 {
+                        0 => usize::MAX,
+                        1 => rows + (next() % 8) as usize,
+                        _ => (next() % rows.max(1) as u64) as usize,
+                    },
+                    error: "garbled".into(),
+                    superseded: next() % 2 == 0,
+                })
+                .collect();
+        }
+        2 => {
+            ack.rejected = (0..rows)
+                .map(|row| flight_server::RejectedRow {
+                    row,
+                    error: "every row refused".into(),
+                    superseded: next() % 3 == 0,
+                })
+                .collect();
+        }
+        3 => return Err("refused by a garbling sink".into()),
+        4 => ack.seq = next(),
+        _ => {}
+    }
+    Ok(ack)
 }
 
 impl Dest {
@@ -169,9 +219,25 @@ impl FakeSinks {
                             continue;
                         }
                     };
-                    let delivery = Delivery::Acked {
-                        token: out.token,
-                        ack,
+                    let garbling = dest
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .garble_answers
+                        .as_mut()
+                        .map(|state| garble(ack.clone(), out.batch.rows(), state));
+                    let delivery = match garbling {
+                        None => Delivery::Acked {
+                            token: out.token,
+                            ack,
+                        },
+                        Some(Ok(ack)) => Delivery::Acked {
+                            token: out.token,
+                            ack,
+                        },
+                        Some(Err(error)) => Delivery::Refused {
+                            token: out.token,
+                            error,
+                        },
                     };
                     if deliveries.send((index, delivery)).is_err() {
                         break;

@@ -59,8 +59,8 @@ mod journal_round;
 mod round;
 
 use backlog::Backlog;
-use deps::{HOLD_RECHECK, answer_ready};
 pub(crate) use deps::HOLD_WAIT;
+use deps::{HOLD_RECHECK, answer_ready};
 use journal_round::{JournalRound, journal_or_flush, reserve_journal_round};
 use round::{RoundSink, record_round};
 pub(crate) use round::{forget_flushed, sync_targets};

@@ -152,7 +152,8 @@ pub(super) fn seal_due(t: &Tracked, now: Instant, config: &WatchConfig) -> bool 
         return true;
     }
     let idle = now.duration_since(t.last_change) >= config.seal_idle;
-    let may_be_done = t.closed || t.deleted || config.poll;
+    // A polled file raises no close event: only idleness tells it is done.
+    let may_be_done = t.closed || t.deleted || t.polled;
     idle && may_be_done && !t.path.ends_with(config.inprogress_suffix.as_str())
 }
 

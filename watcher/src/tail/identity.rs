@@ -9,7 +9,7 @@ impl Tailer {
     pub(super) fn on_change(&mut self, change: Change) -> bool {
         match change {
             Change::Overflow => {
-                tracing::warn!("inotify queue overflowed; rescanning the tree");
+                tracing::warn!("the event queue overflowed; rescanning the tree");
                 return true;
             }
             Change::NewDir { path } => {
@@ -340,7 +340,10 @@ impl Tailer {
 
     pub(super) fn start_new(&mut self, found: &Found, path_override: Option<String>) {
         let key = path_override.unwrap_or_else(|| found.path.clone());
-        let generation = self.max_generation.get(&key).map_or(1, |g| g + 1);
+        let generation = self
+            .max_generation
+            .get(&key)
+            .map_or(1, |g| g.saturating_add(1));
         let mut t = self.tracked(&key, generation, found);
         if generation > 1 {
             t.open_acked = false;
@@ -384,6 +387,7 @@ impl Tailer {
             rename_only: false,
             sink_path: found.path.clone(),
             mtime_ns: found.mtime_ns,
+            polled: !self.discovery.covers(reader::directory_of(&found.path)),
             poll_interval: self.config.poll_min,
             next_poll: now,
             growth: VecDeque::new(),
@@ -410,6 +414,8 @@ impl Tailer {
         for dir in &dirs {
             self.discovery.watch_dir(dir);
         }
+        self.discovery.walked(&dirs);
+        self.review_coverage();
         let present: Set<(u64, u64)> = found.iter().map(|f| (f.dev, f.ino)).collect();
         self.walking = true;
         for f in found {
@@ -470,7 +476,7 @@ impl Tailer {
             .get(&old.key)
             .copied()
             .unwrap_or(old.generation)
-            + 1;
+            .saturating_add(1);
         let mut t = self.tracked(&old.key, generation, &found);
         t.open_acked = false;
         t.controls.push_back(Control::Open);

@@ -1,6 +1,7 @@
 //! Reading: opening and sizing up ready files, reading what was appended
 //! into the open batch of their sink, round robin and a batch's worth at a
-//! time, and keeping the number of open descriptors bounded.
+//! time, keeping the number of open descriptors bounded, and polling the
+//! files no event tells of.
 
 use super::*;
 
@@ -9,12 +10,56 @@ impl Tailer {
         let due: Vec<FileKey> = self
             .files
             .iter()
-            .filter(|(_, t)| t.next_poll <= now && !t.sealed)
+            .filter(|(_, t)| t.polled && t.next_poll <= now && !t.sealed)
             .map(|(k, _)| k.clone())
             .collect();
         for key in due {
             self.mark_ready(&key);
         }
+    }
+
+    /// After a walk: which files no event reaches (their directory could
+    /// not be watched, inotify's watch limit most likely) and are polled,
+    /// as `--events poll` polls every file; new files there are found by
+    /// the walks. Told in the log when it starts and when it ends, and
+    /// always in the status.
+    pub(super) fn review_coverage(&mut self) {
+        let coverage = self.discovery.coverage();
+        let everything_polled = coverage.events == discover::EventSource::Poll;
+        let polling_some = everything_polled || coverage.unwatched_dirs > 0;
+        if polling_some || self.polling_some {
+            for t in self.files.values_mut() {
+                t.polled = everything_polled || !self.discovery.covers(directory_of(&t.path));
+            }
+        }
+        self.polling_some = polling_some;
+        if coverage.unwatched_dirs > 0 && self.unwatched_told == 0 {
+            tracing::warn!(
+                unwatched_dirs = coverage.unwatched_dirs,
+                watched_dirs = coverage.watched_dirs,
+                "{} directories cannot be watched: {}; files under them are polled (as --events poll does) and new files there are found by rescans (every {:?})",
+                coverage.unwatched_dirs,
+                coverage
+                    .why_unwatched
+                    .as_deref()
+                    .unwrap_or("unknown reason"),
+                self.config.rescan_every,
+            );
+        } else if coverage.unwatched_dirs == 0 && self.unwatched_told > 0 {
+            tracing::info!(
+                watched_dirs = coverage.watched_dirs,
+                "every directory is watched again; files are no longer polled"
+            );
+        }
+        self.unwatched_told = coverage.unwatched_dirs;
+        self.progress
+            .set_discovery(crate::progress::DiscoveryStatus {
+                events: coverage.events.as_str().to_owned(),
+                watched_directories: coverage.watched_dirs as u64,
+                unwatched_directories: coverage.unwatched_dirs as u64,
+                unwatched_reason: coverage.why_unwatched,
+                polled_files: self.files.values().filter(|t| t.polled).count() as u64,
+            });
     }
 
     /// Closes the descriptors of idle, fully read files when too many are
@@ -187,4 +232,9 @@ impl Tailer {
             }
         }
     }
+}
+
+/// The directory of a path relative to the root ("" for the root).
+pub(super) fn directory_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(dir, _)| dir)
 }

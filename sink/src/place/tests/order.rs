@@ -154,7 +154,10 @@ fn age_holds(placer: &Placer) {
     let aged = std::time::Instant::now()
         .checked_sub(crate::commit::HOLD_WAIT + std::time::Duration::from_secs(1))
         .expect("a clock older than the hold wait");
-    for slot in lock(&placer.holders).iter().filter_map(|weak| weak.upgrade()) {
+    for slot in lock(&placer.holders)
+        .iter()
+        .filter_map(|weak| weak.upgrade())
+    {
         for held in lock(&slot.state).held.values_mut() {
             held.since = aged;
         }
@@ -184,12 +187,18 @@ fn ranges_held_for_a_gap_nobody_fills_give_their_room_back() {
     age_holds(&placer);
     let (held, _) = placer.place(&source, 4, &ahead).unwrap();
     record_placed(&held);
-    assert_eq!(placer.held_bytes(), 100, "the abandoned range gave its room");
+    assert_eq!(
+        placer.held_bytes(),
+        100,
+        "the abandoned range gave its room"
+    );
     place_and_record(&placer, &source, 5, &data_batch("b", 100, &bytes[100..200]));
     assert_eq!(placer.held_bytes(), 0);
     assert_eq!(std::fs::read(fixture.dest("s/b")).unwrap(), &bytes[..300]);
     assert!(
-        std::fs::read(fixture.dest("s/gone")).unwrap_or_default().is_empty(),
+        std::fs::read(fixture.dest("s/gone"))
+            .unwrap_or_default()
+            .is_empty(),
         "the abandoned range was never written"
     );
 }

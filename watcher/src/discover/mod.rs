@@ -1,21 +1,25 @@
 //! Finding files and hearing about changes: a recursive walk of the watched
 //! tree, and a [`Discovery`] between walks: inotify watches on its
-//! directories, or nothing but the passing of time for polling.
+//! directories (`inotify`), one fanotify mark on its filesystem
+//! (`fanotify`), or nothing but the passing of time for polling.
 //!
-//! inotify is a hint, never the truth: events can be lost (queue overflow) and
-//! writes from other nodes of a network filesystem raise none. The tailer
-//! therefore stats files itself, and a periodic walk finds whatever the
-//! events missed.
+//! Events are a hint, never the truth: they can be lost (queue overflow),
+//! writes from other nodes of a network filesystem raise none, and a
+//! directory may be left unwatched (inotify's watch limit). The tailer
+//! therefore stats files itself, polls the files of directories no event
+//! reaches, and a periodic walk finds whatever the events missed.
 
-use std::collections::HashMap;
-use std::ffi::OsStr;
+mod fanotify;
+mod inotify;
+
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
+pub use self::fanotify::FsEvents;
+pub use self::inotify::Events;
 
 /// A regular file found by a walk.
 #[derive(Clone, Debug)]
@@ -112,23 +116,78 @@ pub fn mtime_ns(meta: &std::fs::Metadata) -> i64 {
         .saturating_add(meta.mtime_nsec())
 }
 
+/// How the watcher hears about changes between walks (`--events`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EventSource {
+    /// inotify watches, one per directory.
+    #[default]
+    Inotify,
+    /// One fanotify mark on the watched tree's filesystem (needs
+    /// CAP_SYS_ADMIN; inotify is used where it cannot be had).
+    Fanotify,
+    /// No events: every file is polled (network and parallel filesystems).
+    Poll,
+}
+
+impl EventSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Inotify => "inotify",
+            Self::Fanotify => "fanotify",
+            Self::Poll => "poll",
+        }
+    }
+}
+
+/// How much of the tree a [`Discovery`] hears about.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// What is in use (after any fallback).
+    pub events: EventSource,
+    /// Directories whose changes raise events.
+    pub watched_dirs: usize,
+    /// Directories it tried and failed to watch: their files are polled.
+    pub unwatched_dirs: usize,
+    /// Why, while any directory is unwatched (a limit and how to raise it).
+    pub why_unwatched: Option<String>,
+}
+
 /// How the tailer hears about changes between walks.
 pub trait Discovery: Send {
     /// Waits up to `timeout` and returns the changes heard of meanwhile.
     fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>>;
 
     /// Starts hearing about a directory (relative to the root); doing so
-    /// twice is harmless.
+    /// twice is harmless. A directory it cannot watch is counted in
+    /// [`Discovery::coverage`] and left to polling and rescans.
     fn watch_dir(&mut self, rel: &str);
+
+    /// A walk found exactly these directories: forget any others.
+    fn walked(&mut self, _dirs: &[String]) {}
+
+    /// Whether changes in this directory (relative to the root) raise events.
+    fn covers(&self, dir: &str) -> bool;
+
+    fn coverage(&self) -> Coverage;
 }
 
-/// The discovery `poll` asks for: inotify, or polling where events do not
-/// reach (network and parallel filesystems).
-pub fn discovery(root: &Path, poll: bool) -> io::Result<Box<dyn Discovery>> {
-    Ok(if poll {
-        Box::new(Polling)
-    } else {
-        Box::new(Events::new(root)?)
+/// The discovery `wanted` asks for. fanotify falls back to inotify, with a
+/// warning saying why, where it cannot be had (no CAP_SYS_ADMIN, a
+/// filesystem without file handles).
+pub fn discovery(root: &Path, wanted: EventSource) -> io::Result<Box<dyn Discovery>> {
+    Ok(match wanted {
+        EventSource::Poll => Box::new(Polling),
+        EventSource::Inotify => Box::new(Events::new(root)?),
+        EventSource::Fanotify => match FsEvents::new(root) {
+            Ok(events) => {
+                tracing::info!(root = %root.display(), "hearing of changes through a fanotify mark on the filesystem (events of every process on it are read, those outside the tree dropped)");
+                Box::new(events)
+            }
+            Err(error) => {
+                tracing::warn!(root = %root.display(), %error, "cannot use fanotify; hearing of changes through inotify instead");
+                Box::new(Events::new(root)?)
+            }
+        },
     })
 }
 
@@ -143,19 +202,20 @@ impl Discovery for Polling {
     }
 
     fn watch_dir(&mut self, _rel: &str) {}
-}
 
-impl Discovery for Events {
-    fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>> {
-        Events::wait(self, timeout)
+    fn covers(&self, _dir: &str) -> bool {
+        false
     }
 
-    fn watch_dir(&mut self, rel: &str) {
-        Events::watch_dir(self, rel)
+    fn coverage(&self) -> Coverage {
+        Coverage {
+            events: EventSource::Poll,
+            ..Coverage::default()
+        }
     }
 }
 
-/// What an inotify event tells the tailer.
+/// What an event tells the tailer.
 #[derive(Debug)]
 pub enum Change {
     /// Something happened to this path (created, written, closed, moved here).
@@ -168,134 +228,53 @@ pub enum Change {
     Overflow,
 }
 
-/// inotify watches over a directory tree.
-pub struct Events {
-    inotify: Inotify,
-    dirs: HashMap<WatchDescriptor, String, foldhash::fast::RandomState>,
-    root: PathBuf,
-    buffer: Vec<u8>,
-}
-
-const MASK: WatchMask = WatchMask::CREATE
-    .union(WatchMask::MODIFY)
-    .union(WatchMask::CLOSE_WRITE)
-    .union(WatchMask::MOVED_FROM)
-    .union(WatchMask::MOVED_TO)
-    .union(WatchMask::DELETE)
-    .union(WatchMask::ONLYDIR)
-    .union(WatchMask::DONT_FOLLOW);
-
-impl Events {
-    pub fn new(root: &Path) -> io::Result<Self> {
-        Ok(Self {
-            inotify: Inotify::init()?,
-            dirs: HashMap::default(),
-            root: root.to_owned(),
-            buffer: vec![0; 64 << 10],
-        })
-    }
-
-    /// Watches a directory (relative to the root); watching twice is harmless.
-    pub fn watch_dir(&mut self, rel: &str) {
-        match self.inotify.watches().add(self.root.join(rel), MASK) {
-            Ok(wd) => {
-                self.dirs.insert(wd, rel.to_owned());
-            }
-            Err(e) => {
-                tracing::warn!(dir = %self.root.join(rel).display(), error = %e, "cannot watch directory; relying on rescans")
-            }
-        }
-    }
-
-    /// Waits up to `timeout` for events and returns what they say.
-    pub fn wait(&mut self, timeout: Duration) -> io::Result<Vec<Change>> {
-        let mut pollfd = libc::pollfd {
-            fd: self.inotify.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // ppoll, not poll: a sub-millisecond linger budget must neither be
-        // truncated to 0 (the loop would spin) nor rounded up to 1 ms.
-        let timeout = libc::timespec {
-            tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: one valid pollfd and a valid timespec, for the duration of the call.
-        let ready = unsafe { libc::ppoll(&mut pollfd, 1, &timeout, std::ptr::null()) };
-        if ready < 0 {
-            let error = io::Error::last_os_error();
-            return if error.kind() == io::ErrorKind::Interrupted {
-                Ok(Vec::new())
-            } else {
-                Err(error)
-            };
-        }
-        let mut changes = Vec::new();
-        loop {
-            let events = match self.inotify.read_events(&mut self.buffer) {
-                Ok(events) => events,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
-            };
-            let mut any = false;
-            for event in events {
-                any = true;
-                if event.mask.contains(EventMask::Q_OVERFLOW) {
-                    changes.push(Change::Overflow);
-                    continue;
-                }
-                if event.mask.contains(EventMask::IGNORED) {
-                    self.dirs.remove(&event.wd);
-                    continue;
-                }
-                let (Some(dir), Some(name)) =
-                    (self.dirs.get(&event.wd), event.name.and_then(OsStr::to_str))
-                else {
-                    continue;
-                };
-                let path = if dir.is_empty() {
-                    name.to_owned()
-                } else {
-                    format!("{dir}/{name}")
-                };
-                let is_dir = event.mask.contains(EventMask::ISDIR);
-                if event
-                    .mask
-                    .intersects(EventMask::DELETE | EventMask::MOVED_FROM)
-                {
-                    if !is_dir {
-                        changes.push(Change::Gone { path });
-                    }
-                } else if is_dir {
-                    if event
-                        .mask
-                        .intersects(EventMask::CREATE | EventMask::MOVED_TO)
-                    {
-                        changes.push(Change::NewDir { path });
-                    }
-                } else {
-                    // A file renamed into place was closed by whoever wrote it.
-                    let closed = event
-                        .mask
-                        .intersects(EventMask::CLOSE_WRITE | EventMask::MOVED_TO);
-                    changes.push(Change::Touched { path, closed });
-                }
-            }
-            if !any {
-                break;
-            }
-        }
-        Ok(changes)
+/// `name` in the directory `dir` (relative to the root, "" for the root).
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{dir}/{name}")
     }
 }
 
+/// Waits up to `timeout` until `fd` is readable; false on a timeout or a
+/// signal.
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut pollfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // ppoll, not poll: a sub-millisecond linger budget must neither be
+    // truncated to 0 (the loop would spin) nor rounded up to 1 ms.
+    let timeout = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd and a valid timespec, for the duration of the call.
+    let ready = unsafe { libc::ppoll(&mut pollfd, 1, &timeout, std::ptr::null()) };
+    if ready < 0 {
+        let error = io::Error::last_os_error();
+        return if error.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(error)
+        };
+    }
+    Ok(ready > 0)
+}
+
+/// Checks every [`Discovery`] that hears events must pass.
 #[cfg(test)]
-mod tests {
+pub(super) mod checks {
     use super::*;
-    use crate::testkit::Scratch;
 
-    /// Waits for events until `want` is among them (bounded); returns all seen.
-    fn changes_until(events: &mut Events, want: impl Fn(&Change) -> bool) -> Vec<Change> {
+    /// Waits for changes until `want` is among them (bounded); returns all seen.
+    pub fn changes_until(
+        events: &mut dyn Discovery,
+        want: impl Fn(&Change) -> bool,
+    ) -> Vec<Change> {
         let mut seen = Vec::new();
         for _ in 0..200 {
             let batch = events
@@ -309,6 +288,56 @@ mod tests {
         }
         panic!("no such event among {seen:?}");
     }
+
+    /// Writes, closes, renames, removals and new directories under an
+    /// empty `root`, each told with its path relative to the root.
+    pub fn tells_writes_closes_removals_and_new_dirs(events: &mut dyn Discovery, root: &Path) {
+        events.watch_dir("");
+        std::fs::write(root.join("f"), b"data").expect("write");
+        let seen = changes_until(
+            events,
+            |c| matches!(c, Change::Touched { path, closed: true } if path == "f"),
+        );
+        assert!(
+            seen.iter()
+                .all(|c| matches!(c, Change::Touched { path, .. } if path == "f")),
+            "{seen:?}"
+        );
+        std::fs::rename(root.join("f"), root.join("g")).expect("rename");
+        let seen = changes_until(
+            events,
+            |c| matches!(c, Change::Touched { path, closed: true } if path == "g"),
+        );
+        assert!(
+            seen.iter()
+                .any(|c| matches!(c, Change::Gone { path } if path == "f")),
+            "{seen:?}"
+        );
+        std::fs::remove_file(root.join("g")).expect("remove");
+        changes_until(
+            events,
+            |c| matches!(c, Change::Gone { path } if path == "g"),
+        );
+        std::fs::create_dir(root.join("sub")).expect("mkdir");
+        changes_until(
+            events,
+            |c| matches!(c, Change::NewDir { path } if path == "sub"),
+        );
+        events.watch_dir("sub");
+        std::fs::write(root.join("sub/h"), b"").expect("write");
+        changes_until(
+            events,
+            |c| matches!(c, Change::Touched { path, .. } if path == "sub/h"),
+        );
+        assert!(events.covers("sub"));
+        assert_eq!(events.coverage().unwatched_dirs, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::Scratch;
 
     #[test]
     fn a_new_file_on_a_reused_inode_is_told_apart_by_its_birth() {
@@ -366,58 +395,17 @@ mod tests {
     }
 
     #[test]
-    fn events_tell_writes_closes_removals_and_new_dirs() {
-        let scratch = Scratch::new("events");
-        let root = scratch.path();
-        let mut events = Events::new(root).expect("inotify");
-        events.watch_dir("");
-        std::fs::write(root.join("f"), b"data").expect("write");
-        let seen = changes_until(
-            &mut events,
-            |c| matches!(c, Change::Touched { path, closed: true } if path == "f"),
-        );
-        assert!(
-            seen.iter()
-                .all(|c| matches!(c, Change::Touched { path, .. } if path == "f")),
-            "{seen:?}"
-        );
-        std::fs::rename(root.join("f"), root.join("g")).expect("rename");
-        let seen = changes_until(
-            &mut events,
-            |c| matches!(c, Change::Touched { path, closed: true } if path == "g"),
-        );
-        assert!(
-            seen.iter()
-                .any(|c| matches!(c, Change::Gone { path } if path == "f")),
-            "{seen:?}"
-        );
-        std::fs::remove_file(root.join("g")).expect("remove");
-        changes_until(
-            &mut events,
-            |c| matches!(c, Change::Gone { path } if path == "g"),
-        );
-        std::fs::create_dir(root.join("sub")).expect("mkdir");
-        changes_until(
-            &mut events,
-            |c| matches!(c, Change::NewDir { path } if path == "sub"),
-        );
-        events.watch_dir("sub");
-        std::fs::write(root.join("sub/h"), b"").expect("write");
-        changes_until(
-            &mut events,
-            |c| matches!(c, Change::Touched { path, .. } if path == "sub/h"),
-        );
-    }
-
-    #[test]
     fn polling_hears_nothing_and_inotify_hears_through_the_trait() {
         let scratch = Scratch::new("discovery");
-        let mut polling = discovery(scratch.path(), true).expect("polling");
+        let mut polling = discovery(scratch.path(), EventSource::Poll).expect("polling");
         polling.watch_dir("");
+        assert!(!polling.covers(""));
         std::fs::write(scratch.path().join("p"), b"").expect("write");
         assert!(polling.wait(Duration::ZERO).expect("wait").is_empty());
-        let mut inotify = discovery(scratch.path(), false).expect("inotify");
+        let mut inotify = discovery(scratch.path(), EventSource::Inotify).expect("inotify");
         inotify.watch_dir("");
+        assert!(inotify.covers(""));
+        assert_eq!(inotify.coverage().watched_dirs, 1);
         std::fs::write(scratch.path().join("q"), b"").expect("write");
         let mut heard = Vec::new();
         for _ in 0..200 {
@@ -430,13 +418,5 @@ mod tests {
             }
         }
         panic!("inotify never told of q: {heard:?}");
-    }
-
-    #[test]
-    fn waiting_without_events_returns_nothing() {
-        let scratch = Scratch::new("events-quiet");
-        let mut events = Events::new(scratch.path()).expect("inotify");
-        events.watch_dir("");
-        assert!(events.wait(Duration::ZERO).expect("wait").is_empty());
     }
 }
