@@ -6,6 +6,7 @@
 //! - [`checksum`]: CRC-32C of each row and the whole-file digest of a seal;
 //! - [`protocol`]: what travels beside the batches (stream hello, acks, actions);
 //! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
+//! - [`stall`]: ending a DoPut stream whose message stops arriving;
 //! - [`subscription`]: live-tail tickets, the consumer schema and cursors;
 //! - [`client`]: the multi-connection DoPut client with a bounded in-flight window;
 //! - [`tls`]: rustls configuration from PEM files.
@@ -20,6 +21,7 @@ mod put_stream;
 mod read_access;
 pub mod schema;
 pub mod service;
+pub mod stall;
 pub mod subscription;
 pub mod tls;
 pub mod wire;

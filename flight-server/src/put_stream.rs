@@ -24,7 +24,7 @@ use tonic::codec::{Codec, Streaming};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-const DO_PUT_PATH: &str = "/arrow.flight.protocol.FlightService/DoPut";
+pub(crate) const DO_PUT_PATH: &str = "/arrow.flight.protocol.FlightService/DoPut";
 /// `FlightData.data_body`.
 const DATA_BODY_FIELD: u32 = 1000;
 

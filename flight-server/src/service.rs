@@ -115,6 +115,9 @@ pub struct ServerConfig {
     pub max_streams: usize,
     /// Who may subscribe and list (see [`crate::read_access`]).
     pub read_access: ReadAccess,
+    /// How long a DoPut message that has begun may go without a byte
+    /// before its stream is ended (see [`crate::stall`]).
+    pub message_stall: Duration,
 }
 
 /// Largest HTTP/2 frame peers may send. At HTTP/2's default of 16 KiB a
@@ -134,6 +137,7 @@ impl Default for ServerConfig {
             pipeline_depth: 8,
             max_streams: 256,
             read_access: ReadAccess::default(),
+            message_stall: crate::stall::MESSAGE_STALL,
         }
     }
 }
@@ -169,6 +173,18 @@ pub async fn serve<I: Ingest>(
     if let Some(tls) = &config.tls {
         builder = builder.tls_config(tls.load()?)?;
     }
+    // Each DoPut body is watched for a message that stops arriving.
+    let stall = config.message_stall;
+    let mut builder = builder.layer(tower::util::MapRequestLayer::new(
+        move |request: http::Request<tonic::body::Body>| {
+            if request.uri().path() == crate::put_stream::DO_PUT_PATH {
+                request
+                    .map(|body| tonic::body::Body::new(crate::stall::StallGuard::new(body, stall)))
+            } else {
+                request
+            }
+        },
+    ));
     let tls = config.tls.is_some();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
         .map(move |accepted| accepted.map(|stream| ServerConnection::new(stream, tls)));
