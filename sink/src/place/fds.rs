@@ -15,6 +15,7 @@ impl Placer {
             return Ok(file.clone());
         }
         self.settle_rename(source, slot, state, work)?;
+        self.descriptors.take_one().map_err(RowError::Storage)?;
         let opened = self
             .root
             .open_for_write(&state.record.dest_path)
@@ -35,6 +36,7 @@ impl Placer {
                 Some(&file),
                 opened.dirs_to_sync,
             );
+            self.awaits_flush(slot);
         }
         state.file = Some(file.clone());
         self.remember_open(slot);
@@ -71,5 +73,62 @@ impl Placer {
                 open.push_back(evicted);
             }
         }
+    }
+
+    /// Notes a slot whose new file and directories wait for their round's
+    /// flush, holding descriptors until then.
+    pub(super) fn awaits_flush(&self, slot: &Arc<Slot>) {
+        let mut awaiting = lock(&self.awaiting_flush);
+        // Forget the slots flushed since, before the list doubles.
+        if awaiting.len() >= 1024 && awaiting.len().is_power_of_two() {
+            awaiting.retain(|weak| {
+                weak.upgrade()
+                    .is_some_and(|slot| !lock(&slot.unsynced).is_empty())
+            });
+        }
+        awaiting.push(Arc::downgrade(slot));
+    }
+
+    /// Flushes, ahead of their rounds, what the files created lately still
+    /// wait for, and lets go of the descriptors held for it. A round flushes
+    /// the same targets before it records those files; flushing them
+    /// earlier costs a few fsyncs and is never wrong. Without it, a burst of
+    /// new files in many directories holds descriptors up to the limit, and
+    /// every batch sent again fails on the next new file before any round
+    /// can record (and so flush) the files its earlier attempt created.
+    /// Holds no slot's state: called where a batch starts. A failed flush
+    /// poisons the sink, as a round's does.
+    pub(super) fn flush_early(&self) -> Result<(), SinkError> {
+        let slots: Vec<Arc<Slot>> = std::mem::take(&mut *lock(&self.awaiting_flush))
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let mut flushed = 0usize;
+        for slot in &slots {
+            let pending: Vec<(u64, crate::durability::flush::SyncTarget)> = lock(&slot.unsynced)
+                .iter()
+                .map(|pending| (pending.token(), pending.target.clone()))
+                .collect();
+            for (token, target) in pending {
+                if let Err(error) = target.sync() {
+                    let reason = format!(
+                        "flushing a new file of {:?} early (descriptors ran short): {error}",
+                        slot.id.key
+                    );
+                    self.health.poison(reason.clone());
+                    return Err(SinkError::Storage(reason));
+                }
+                lock(&slot.unsynced).retain(|p| p.token() != token);
+                flushed += 1;
+            }
+        }
+        if flushed > 0 {
+            tracing::info!(
+                files = slots.len(),
+                flushed,
+                "descriptors ran short: flushed new files and directories ahead of their rounds"
+            );
+        }
+        Ok(())
     }
 }

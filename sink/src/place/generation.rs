@@ -43,11 +43,13 @@ impl Placer {
         // first: the new one must not be written into it.
         self.settle_recorded_move_from(source, files, &dest, work)?;
         self.supersede_at(source, files, &dest, work)?;
+        self.descriptors.take_one().map_err(RowError::Storage)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
         let file = Arc::new(opened.file);
         let mut unsynced = Vec::new();
-        if !opened.dirs_to_sync.is_empty() {
+        let created = !opened.dirs_to_sync.is_empty();
+        if created {
             work.request
                 .flush_before_record(&mut unsynced, Some(&file), opened.dirs_to_sync);
         }
@@ -79,6 +81,9 @@ impl Placer {
             unsynced: Mutex::new(unsynced),
         });
         lock(&slot.state).opened(&file);
+        if created {
+            self.awaits_flush(&slot);
+        }
         files
             .slots
             .insert((key.to_owned(), generation), slot.clone());

@@ -45,6 +45,7 @@ use crate::state::{CommitGate, CommitRequest, DependencyCharge, Held, Slot, Slot
 use crate::written_crc::WrittenCrc;
 
 mod data;
+mod descriptors;
 mod fds;
 mod generation;
 mod record;
@@ -144,6 +145,11 @@ pub(crate) struct Placer {
     /// Slots that held something when last looked at: where a full hold
     /// budget looks for ranges nobody waits for any more.
     holders: Mutex<Vec<std::sync::Weak<Slot>>>,
+    /// The process's descriptors, which new files awaiting their round hold.
+    descriptors: descriptors::Descriptors,
+    /// Slots whose creation left flushes pending (and descriptors held for
+    /// them): what is flushed early when descriptors run short.
+    awaiting_flush: Mutex<Vec<std::sync::Weak<Slot>>>,
     /// Ranges that batches not answered yet wait for (see [`DependencyCharge`]).
     waiting_dependencies: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -209,6 +215,17 @@ impl Placer {
         commit_gate: CommitGate,
         journal: Journal,
     ) -> Self {
+        let descriptors = descriptors::Descriptors::of_process();
+        // The cache of open files may take at most half the descriptors:
+        // the rest is for files awaiting their round, the manifest and peers.
+        let most_cached = descriptors.limit() / 2;
+        if max_open_files > most_cached {
+            tracing::warn!(
+                max_open_files,
+                most_cached,
+                "the open-file cache is larger than half the process's descriptor limit; keeping it to half"
+            );
+        }
         Self {
             journal,
             commit_gate,
@@ -218,7 +235,7 @@ impl Placer {
             superseded,
             sources: Mutex::new(HashMap::new()),
             open_files: Mutex::new(VecDeque::new()),
-            max_open_files: max_open_files.max(16),
+            max_open_files: max_open_files.min(most_cached).max(16),
             direct_min: 0,
             direct_buffers: direct::Buffers::default(),
             seal_read_back: false,
@@ -229,6 +246,8 @@ impl Placer {
             held_bytes: AtomicU64::new(0),
             hold_limit: HOLD_LIMIT,
             holders: Mutex::new(Vec::new()),
+            descriptors,
+            awaiting_flush: Mutex::new(Vec::new()),
             waiting_dependencies: Default::default(),
         }
     }
@@ -422,6 +441,10 @@ impl Placer {
         seq: u64,
         batch: &RangeBatch,
     ) -> Result<(CommitRequest, Ack), SinkError> {
+        if self.descriptors.pressed() {
+            self.flush_early()?;
+        }
+        self.descriptors.wait_to_start();
         let mut work = BatchWork::new(seq);
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
