@@ -282,6 +282,11 @@ impl Observed for WatchObserved {
             "Files polled because no event tells of them (all of them with --events poll).",
             discovery.polled_files as f64,
         );
+        per_source(
+            "source_skipped_entries",
+            "Entries the last walk did not transfer (symbolic links, names that are not UTF-8, unreadable directories, FIFOs); the status names them.",
+            discovery.skipped_entries as f64,
+        );
         let by_state = m.gauges(
             "source_files",
             "Files by state (done: sealed since the start).",

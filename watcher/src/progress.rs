@@ -74,6 +74,11 @@ pub struct DiscoveryStatus {
     /// Files polled because no event tells of them (every file with
     /// `--events poll`).
     pub polled_files: u64,
+    /// Entries the last walk passed over (symbolic links, names that are
+    /// not UTF-8, unreadable directories, FIFOs...), and a few of them
+    /// with the reason.
+    pub skipped_entries: u64,
+    pub skipped_examples: Vec<String>,
 }
 
 /// A source's files summed up: what operators alert on.

@@ -270,6 +270,8 @@ pub(crate) struct Tailer {
     polling_some: bool,
     /// Directories left unwatched, as last told in the log.
     unwatched_told: usize,
+    /// What the last walk passed over (each told in the log once).
+    skipped: std::collections::BTreeSet<discover::Skipped>,
     /// Set while a walk (not an event) brings files under tracking.
     walking: bool,
     /// Files whose controls or seal may be able to move.
@@ -339,6 +341,7 @@ impl Tailer {
             progress,
             polling_some,
             unwatched_told: 0,
+            skipped: Default::default(),
             discovery,
             walking: false,
             attention: Set::default(),

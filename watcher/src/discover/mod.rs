@@ -36,28 +36,55 @@ pub struct Found {
     pub born_ns: Option<i64>,
 }
 
+/// What a walk found, and what it passed over.
+#[derive(Debug, Default)]
+pub struct Walked {
+    pub files: Vec<Found>,
+    /// Directories, relative to the root ("" is the root).
+    pub dirs: Vec<String>,
+    /// Entries that are not transferred, and why.
+    pub skipped: Vec<Skipped>,
+}
+
+/// An entry a walk does not transfer: never silently, its watcher says so.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Skipped {
+    /// Relative to the root; a name that is not UTF-8 is shown escaped.
+    pub path: String,
+    pub why: &'static str,
+}
+
 /// Walks `root` and returns its regular files (symlinks are not followed)
 /// and its directories, both relative to `root`.
 #[cfg(test)]
-pub fn walk(root: &Path) -> io::Result<(Vec<Found>, Vec<String>)> {
+pub fn walk(root: &Path) -> io::Result<Walked> {
     walk_with(root, || {})
 }
 
 /// [`walk`], calling `each_dir` before reading each directory: a walk of a
 /// large tree on a slow filesystem takes minutes, and whoever watches the
 /// walker for signs of life sees them.
-pub fn walk_with(root: &Path, mut each_dir: impl FnMut()) -> io::Result<(Vec<Found>, Vec<String>)> {
-    let mut files = Vec::new();
-    let mut dirs = vec![String::new()];
+pub fn walk_with(root: &Path, mut each_dir: impl FnMut()) -> io::Result<Walked> {
+    let mut walked = Walked {
+        dirs: vec![String::new()],
+        ..Walked::default()
+    };
     let mut index = 0;
-    while index < dirs.len() {
+    while index < walked.dirs.len() {
         each_dir();
-        let rel = dirs[index].clone();
+        let rel = walked.dirs[index].clone();
         index += 1;
         let entries = match std::fs::read_dir(root.join(&rel)) {
             Ok(entries) => entries,
             // A directory removed between listing and reading is not an error.
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied && !rel.is_empty() => {
+                walked.skipped.push(Skipped {
+                    path: rel,
+                    why: "a directory the watcher may not read",
+                });
+                continue;
+            }
             Err(e) => {
                 return Err(io::Error::new(
                     e.kind(),
@@ -65,21 +92,29 @@ pub fn walk_with(root: &Path, mut each_dir: impl FnMut()) -> io::Result<(Vec<Fou
                 ));
             }
         };
-        for entry in entries.flatten() {
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                tracing::warn!(dir = %root.join(&rel).display(), name = ?entry.file_name(), "skipping a file whose name is not UTF-8");
-                continue;
-            };
-            let path = if rel.is_empty() {
-                name
+        let join = |name: &str| {
+            if rel.is_empty() {
+                name.to_owned()
             } else {
                 format!("{rel}/{name}")
+            }
+        };
+        for entry in entries.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                walked.skipped.push(Skipped {
+                    path: join(&format!("{:?}", entry.file_name())),
+                    why: "a name that is not UTF-8 (the wire carries UTF-8 paths)",
+                });
+                continue;
             };
+            let path = join(&name);
+            // Gone since the directory was listed: nothing to transfer.
             let Ok(meta) = entry.metadata() else { continue };
-            if meta.file_type().is_dir() {
-                dirs.push(path);
-            } else if meta.file_type().is_file() {
-                files.push(Found {
+            let kind = meta.file_type();
+            if kind.is_dir() {
+                walked.dirs.push(path);
+            } else if kind.is_file() {
+                walked.files.push(Found {
                     path,
                     dev: meta.dev(),
                     ino: meta.ino(),
@@ -87,10 +122,19 @@ pub fn walk_with(root: &Path, mut each_dir: impl FnMut()) -> io::Result<(Vec<Fou
                     mtime_ns: mtime_ns(&meta),
                     born_ns: born_ns(&meta),
                 });
+            } else {
+                walked.skipped.push(Skipped {
+                    path,
+                    why: if kind.is_symlink() {
+                        "a symbolic link (links are not followed)"
+                    } else {
+                        "not a regular file (a device, FIFO or socket)"
+                    },
+                });
             }
         }
     }
-    Ok((files, dirs))
+    Ok(walked)
 }
 
 /// Birth time (statx btime) in nanoseconds, if the filesystem records it.
@@ -338,6 +382,7 @@ pub(super) mod checks {
 mod tests {
     use super::*;
     use crate::testkit::Scratch;
+    use std::os::unix::ffi::OsStrExt;
 
     #[test]
     fn a_new_file_on_a_reused_inode_is_told_apart_by_its_birth() {
@@ -365,7 +410,7 @@ mod tests {
     }
 
     #[test]
-    fn walk_finds_files_and_dirs_and_skips_symlinks() {
+    fn walk_finds_files_and_dirs_and_names_what_it_skips() {
         let scratch = Scratch::new("walk");
         let root = scratch.path();
         std::fs::create_dir_all(root.join("run1/deep")).expect("mkdir");
@@ -373,7 +418,13 @@ mod tests {
         std::fs::write(root.join("run1/deep/x.dat"), b"x").expect("write");
         std::os::unix::fs::symlink(root.join("top.dat"), root.join("link.dat")).expect("symlink");
         std::os::unix::fs::symlink(root.join("run1"), root.join("linkdir")).expect("symlink");
-        let (files, mut dirs) = walk(root).expect("walk");
+        let odd = std::ffi::OsStr::from_bytes(b"bad-\xff.dat");
+        std::fs::write(root.join("run1").join(odd), b"?").expect("write a non-UTF-8 name");
+        let Walked {
+            files,
+            mut dirs,
+            skipped,
+        } = walk(root).expect("walk");
         let mut paths: Vec<(&str, u64)> = files.iter().map(|f| (f.path.as_str(), f.size)).collect();
         paths.sort();
         assert_eq!(paths, [("run1/deep/x.dat", 1), ("top.dat", 5)]);
@@ -383,13 +434,26 @@ mod tests {
         let meta = std::fs::metadata(root.join("top.dat")).expect("stat");
         assert_eq!((top.dev, top.ino), (meta.dev(), meta.ino()));
         assert_eq!(top.mtime_ns, mtime_ns(&meta));
+        let mut skipped: Vec<(&str, &str)> = skipped
+            .iter()
+            .map(|s| (s.path.as_str(), s.why.split(' ').nth(1).unwrap_or("")))
+            .collect();
+        skipped.sort();
+        assert_eq!(
+            skipped,
+            [
+                ("link.dat", "symbolic"),
+                ("linkdir", "symbolic"),
+                ("run1/\"bad-\\xFF.dat\"", "name")
+            ]
+        );
     }
 
     #[test]
     fn walk_of_a_missing_root_is_empty_and_of_a_file_fails() {
         let scratch = Scratch::new("walk-missing");
-        let (files, _) = walk(&scratch.path().join("nothing")).expect("walk");
-        assert!(files.is_empty());
+        let walked = walk(&scratch.path().join("nothing")).expect("walk");
+        assert!(walked.files.is_empty());
         std::fs::write(scratch.path().join("plain"), b"").expect("write");
         assert!(walk(&scratch.path().join("plain")).is_err());
     }

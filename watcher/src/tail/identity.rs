@@ -410,7 +410,12 @@ impl Tailer {
     /// events missed, and re-checks every tracked file.
     pub(super) fn rescan(&mut self) -> anyhow::Result<()> {
         let progress = self.progress.clone();
-        let (found, dirs) = discover::walk_with(&self.root, || progress.beat())?;
+        let discover::Walked {
+            files: found,
+            dirs,
+            skipped,
+        } = discover::walk_with(&self.root, || progress.beat())?;
+        self.tell_skipped(skipped);
         for dir in &dirs {
             self.discovery.watch_dir(dir);
         }

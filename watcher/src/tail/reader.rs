@@ -5,6 +5,9 @@
 
 use super::*;
 
+/// Skipped entries the status names (all are counted).
+const SKIPPED_EXAMPLES: usize = 5;
+
 impl Tailer {
     pub(super) fn queue_due_polls(&mut self, now: Instant) {
         let due: Vec<FileKey> = self
@@ -59,7 +62,25 @@ impl Tailer {
                 unwatched_directories: coverage.unwatched_dirs as u64,
                 unwatched_reason: coverage.why_unwatched,
                 polled_files: self.files.values().filter(|t| t.polled).count() as u64,
+                skipped_entries: self.skipped.len() as u64,
+                skipped_examples: self
+                    .skipped
+                    .iter()
+                    .take(SKIPPED_EXAMPLES)
+                    .map(|s| format!("{}: {}", s.path, s.why))
+                    .collect(),
             });
+    }
+
+    /// Says once per entry what a walk passes over, so that nothing is
+    /// skipped silently; the status shows the count and a few of them.
+    pub(super) fn tell_skipped(&mut self, skipped: Vec<discover::Skipped>) {
+        for entry in &skipped {
+            if !self.skipped.contains(entry) {
+                tracing::warn!(path = %entry.path, reason = entry.why, "not transferred");
+            }
+        }
+        self.skipped = skipped.into_iter().collect();
     }
 
     /// Closes the descriptors of idle, fully read files when too many are
