@@ -352,7 +352,22 @@ impl Placer {
         }
         let end = start + len;
         if state.held.is_empty() {
-            lock(&self.holders).push(Arc::downgrade(slot));
+            let mut holders = lock(&self.holders);
+            // Forget slots that hold nothing now before the list doubles
+            // (only a full budget looks at it otherwise). A slot's own
+            // state is the caller's, and locking it again would deadlock.
+            if holders.len() >= 1024 && holders.len().is_power_of_two() {
+                holders.retain(|weak| {
+                    weak.upgrade().is_some_and(|other| {
+                        Arc::ptr_eq(&other, slot)
+                            || other
+                                .state
+                                .try_lock()
+                                .map_or(true, |state| !state.held.is_empty())
+                    })
+                });
+            }
+            holders.push(Arc::downgrade(slot));
         }
         state.held.insert(
             start,

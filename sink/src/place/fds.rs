@@ -15,7 +15,7 @@ impl Placer {
             return Ok(file.clone());
         }
         self.settle_rename(source, slot, state, work)?;
-        self.descriptors.take_one().map_err(RowError::Storage)?;
+        self.take_descriptor(Some(slot))?;
         let opened = self
             .root
             .open_for_write(&state.record.dest_path)
@@ -45,18 +45,23 @@ impl Placer {
 
     /// Keeps the number of cached descriptors bounded: the oldest opened is
     /// closed first (a commit still holding it keeps it open until synced).
-    /// The caller may hold another slot's lock, so eviction never waits for
-    /// one: a busy slot is skipped and stays open a little longer.
     pub(super) fn remember_open(&self, slot: &Arc<Slot>) {
+        lock(&self.open_files).push_back(slot.clone());
+        self.trim_open_files(self.max_open_files, Some(slot));
+    }
+
+    /// Closes cached descriptors, oldest first, down to `keep`. The caller
+    /// may hold a slot's lock (`current`'s, or another's), so eviction never
+    /// waits for one: a busy slot is skipped and stays open a little longer.
+    pub(super) fn trim_open_files(&self, keep: usize, current: Option<&Arc<Slot>>) {
         let mut open = lock(&self.open_files);
-        open.push_back(slot.clone());
         let mut attempts = open.len();
-        while open.len() > self.max_open_files && attempts > 0 {
+        while open.len() > keep && attempts > 0 {
             attempts -= 1;
             let Some(evicted) = open.pop_front() else {
                 break;
             };
-            if Arc::ptr_eq(&evicted, slot) {
+            if current.is_some_and(|slot| Arc::ptr_eq(&evicted, slot)) {
                 open.push_back(evicted);
                 continue;
             }
@@ -73,6 +78,15 @@ impl Placer {
                 open.push_back(evicted);
             }
         }
+    }
+
+    /// Room for one more new destination file, or a retryable refusal:
+    /// under pressure the cache of open files is cut to a quarter first (a
+    /// row holding `slot`'s lock may ask).
+    pub(super) fn take_descriptor(&self, slot: Option<&Arc<Slot>>) -> Result<(), RowError> {
+        self.descriptors
+            .take_one(|| self.trim_open_files(self.max_open_files / 4, slot))
+            .map_err(RowError::Storage)
     }
 
     /// Notes a slot whose new file and directories wait for their round's
@@ -98,7 +112,7 @@ impl Placer {
     /// can record (and so flush) the files its earlier attempt created.
     /// Holds no slot's state: called where a batch starts. A failed flush
     /// poisons the sink, as a round's does.
-    pub(super) fn flush_early(&self) -> Result<(), SinkError> {
+    pub(super) fn flush_early(&self) -> Result<usize, SinkError> {
         let slots: Vec<Arc<Slot>> = std::mem::take(&mut *lock(&self.awaiting_flush))
             .iter()
             .filter_map(std::sync::Weak::upgrade)
@@ -129,6 +143,6 @@ impl Placer {
                 "descriptors ran short: flushed new files and directories ahead of their rounds"
             );
         }
-        Ok(())
+        Ok(flushed)
     }
 }

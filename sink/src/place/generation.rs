@@ -43,7 +43,7 @@ impl Placer {
         // first: the new one must not be written into it.
         self.settle_recorded_move_from(source, files, &dest, work)?;
         self.supersede_at(source, files, &dest, work)?;
-        self.descriptors.take_one().map_err(RowError::Storage)?;
+        self.take_descriptor(None)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
         let file = Arc::new(opened.file);

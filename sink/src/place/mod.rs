@@ -216,14 +216,16 @@ impl Placer {
         journal: Journal,
     ) -> Self {
         let descriptors = descriptors::Descriptors::of_process();
-        // The cache of open files may take at most half the descriptors:
-        // the rest is for files awaiting their round, the manifest and peers.
-        let most_cached = descriptors.limit() / 2;
+        // The cache of open files may take at most a quarter of the
+        // descriptors (a cached file may hold a second one for direct
+        // writes): the rest is for files awaiting their round, the
+        // manifest, subscriptions and peers.
+        let most_cached = descriptors.limit() / 4;
         if max_open_files > most_cached {
             tracing::warn!(
                 max_open_files,
                 most_cached,
-                "the open-file cache is larger than half the process's descriptor limit; keeping it to half"
+                "the open-file cache may take at most a quarter of the process's descriptor limit (two per file with direct writes); keeping it to that"
             );
         }
         Self {
@@ -442,9 +444,15 @@ impl Placer {
         batch: &RangeBatch,
     ) -> Result<(CommitRequest, Ack), SinkError> {
         if self.descriptors.pressed() {
-            self.flush_early()?;
+            // What lately created files hold is let go; the cache is cut;
+            // and only while a burst of new files still holds descriptors
+            // that rounds will release is there anything to wait for.
+            let flushed = self.flush_early()?;
+            self.trim_open_files(self.max_open_files / 4, None);
+            if flushed > 0 {
+                self.descriptors.wait_to_start();
+            }
         }
-        self.descriptors.wait_to_start();
         let mut work = BatchWork::new(seq);
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
