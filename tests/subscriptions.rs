@@ -384,10 +384,14 @@ fn a_pyarrow_consumer_rebuilds_the_files_exactly() {
 fn a_consumer_from_now_gets_exactly_the_bytes_after_its_start() {
     let mut pipeline = Pipeline::in_scratch("subscribe-now", PipelineOptions::default());
     let dir = pipeline.dir.clone();
+    // Chunks of 4 MiB: the consumer starts once 1 MiB is placed, with the
+    // first file of each stream well under way. With 1 MiB chunks all four
+    // files rotated together every 0.64 s, and a consumer that subscribed
+    // just then (it happened once in CI) found only new, empty files.
     let sim = simulate_in_background(
         &dir,
         &pipeline.source,
-        &common::workload("r0001", "4", "1MiB", "4s"),
+        &common::workload("r0001", "4", "4MiB", "4s"),
     );
     common::wait_until("bytes at the sink", TIMEOUT, || {
         pipeline
