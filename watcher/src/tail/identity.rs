@@ -23,14 +23,20 @@ impl Tailer {
                 }
             }
             Change::Touched { path, closed } => {
-                if let Some(key) = self.by_path.get(&path).cloned() {
+                if closed {
+                    // A close or a rename onto a tracked path may be of
+                    // another file that replaced it (a temporary renamed over
+                    // it, its own events merged or read late): the close
+                    // belongs to whatever the path holds now.
+                    self.look_at(&path, true);
+                } else if let Some(key) = self.by_path.get(&path).cloned() {
                     if let Some(t) = self.files.get_mut(&key) {
                         // Written again after a close means open again.
-                        t.closed = closed;
+                        t.closed = false;
                     }
                     self.mark_ready(&key);
-                } else if !self.finished_at.contains_key(&path) || closed {
-                    self.look_at(&path, closed);
+                } else if !self.finished_at.contains_key(&path) {
+                    self.look_at(&path, false);
                 }
             }
         }
@@ -60,12 +66,20 @@ impl Tailer {
 
     /// Stats one path and brings it under tracking (new file, rename, new generation).
     pub(super) fn look_at(&mut self, path: &str, closed: bool) {
-        let Ok(meta) = std::fs::symlink_metadata(self.root.join(path)) else {
-            return;
+        let meta = match std::fs::symlink_metadata(self.root.join(path)) {
+            Ok(meta) if meta.file_type().is_file() => meta,
+            _ => {
+                // Gone (or never a file) by now: a close still ends the
+                // writing of what was tracked there.
+                if closed && let Some(key) = self.by_path.get(path).cloned() {
+                    if let Some(t) = self.files.get_mut(&key) {
+                        t.closed = true;
+                    }
+                    self.mark_ready(&key);
+                }
+                return;
+            }
         };
-        if !meta.file_type().is_file() {
-            return;
-        }
         let found = Found {
             path: path.to_owned(),
             dev: meta.dev(),
@@ -495,4 +509,83 @@ impl Tailer {
 pub(super) fn head_crc(path: &std::path::Path, len: u64) -> Option<u32> {
     let file = File::open(path).ok()?;
     flight_server::checksum::crc32c_of_file_prefix(&file, len).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::progress::Progress;
+    use crate::stop::Stop;
+    use crate::testkit::{Dest, FakeSinks, Scratch};
+
+    fn tailer(scratch: &Scratch) -> (Tailer, FakeSinks) {
+        let root = scratch.path().join("source");
+        std::fs::create_dir_all(&root).expect("create the source");
+        let config = Arc::new(WatchConfig {
+            root,
+            source: "identity".into(),
+            sinks: vec!["one".into()],
+            ..WatchConfig::default()
+        });
+        let state = WatchState::open(&scratch.path().join("state")).expect("open the watch state");
+        let dest = Arc::new(Mutex::new(Dest::default()));
+        let (sinks, outboxes, deliveries) = FakeSinks::start(1, dest);
+        let tailer = Tailer::new(
+            config,
+            state,
+            Vec::new(),
+            outboxes,
+            deliveries,
+            Arc::new(Progress::default()),
+            Arc::new(Stop::default()),
+        )
+        .expect("start a tailer");
+        (tailer, sinks)
+    }
+
+    fn touched(path: &str, closed: bool) -> Change {
+        Change::Touched {
+            path: path.into(),
+            closed,
+        }
+    }
+
+    /// What fanotify can hand over when a new version is written to a
+    /// temporary name and renamed over a tracked file: the temporary's
+    /// write, close and move merged into one event (read after the rename),
+    /// then the move onto the tracked name. The file now at that name is
+    /// known to be closed, so it can be sealed.
+    #[test]
+    fn a_close_merged_into_a_rename_over_a_tracked_file_is_not_lost() {
+        let scratch = Scratch::new("merged-replace");
+        let (mut tailer, sinks) = tailer(&scratch);
+        let root = tailer.root.clone();
+        std::fs::write(root.join("c.cfg"), b"first version").expect("write c.cfg");
+        tailer.on_change(touched("c.cfg", true));
+        std::fs::write(root.join("c.cfg.tmp"), b"second version").expect("write c.cfg.tmp");
+        tailer.on_change(touched("c.cfg.tmp", false));
+        std::fs::rename(root.join("c.cfg.tmp"), root.join("c.cfg")).expect("rename over c.cfg");
+        let new_inode = std::fs::metadata(root.join("c.cfg"))
+            .expect("stat c.cfg")
+            .ino();
+
+        tailer.on_change(Change::Gone {
+            path: "c.cfg.tmp".into(),
+        });
+        tailer.on_change(touched("c.cfg.tmp", true));
+        tailer.on_change(touched("c.cfg", true));
+
+        let at_path = |tailer: &Tailer| {
+            let key = tailer.by_path.get("c.cfg").expect("c.cfg is tracked");
+            let t = tailer.files.get(key).expect("its file is known");
+            (t.ino, t.closed)
+        };
+        assert_eq!(at_path(&tailer), (new_inode, true));
+        tailer.rescan().expect("rescan");
+        assert_eq!(at_path(&tailer), (new_inode, true), "after a rescan");
+        drop(tailer);
+        sinks.join();
+    }
 }
