@@ -352,6 +352,9 @@ impl Relay {
         let mut backoff = BACKOFF_MIN;
         let mut idle_reported = false;
         while !stop.load(Ordering::SeqCst) {
+            // Taken before the read: what becomes durable after it is read
+            // next time, never skipped.
+            let durable = self.outbox.durable_through();
             let events = match self.outbox.read(position, BATCH_EVENTS, BATCH_BYTES) {
                 Ok(events) => events,
                 Err(error) => {
@@ -362,8 +365,8 @@ impl Relay {
             };
             let Some(last) = events.last().map(|event| event.seq) else {
                 // Events a withdrawal removed leave numbers no event has:
-                // nothing to publish up to what is durable.
-                position = position.max(self.outbox.durable_through());
+                // nothing to publish up to what was durable at the read.
+                position = position.max(durable);
                 if !idle_reported {
                     self.outbox.report(|report| {
                         report.state = "idle".into();
