@@ -99,6 +99,23 @@ impl SlotState {
 }
 
 impl SlotState {
+    /// The record to write where no event tells of it (the startup's
+    /// replay). A move made since the feed last told the file's path is
+    /// written as not made yet, so that the round that records it made
+    /// tells it: in this run, or after another crash in the next, which
+    /// finds the move made.
+    pub fn record_untold(&self) -> FileRecord {
+        let mut record = self.record.clone();
+        if record.renamed_from.is_none()
+            && let (Some(told), Some((_, inode))) = (&self.recorded_path, self.inode)
+            && *told != record.dest_path
+        {
+            record.renamed_from = Some(told.clone());
+            record.renamed_inode = Some(inode);
+        }
+        record
+    }
+
     /// Lets go of the file's descriptors (a commit still holding one keeps
     /// it open until synced).
     pub fn close_file(&mut self) {

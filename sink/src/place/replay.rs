@@ -170,7 +170,7 @@ impl Placer {
         let records: Vec<_> = request
             .touched
             .iter()
-            .map(|slot| (slot.id.clone(), lock(&slot.state).record.clone()))
+            .map(|slot| (slot.id.clone(), lock(&slot.state).record_untold()))
             .collect();
         if !withdrawn.is_empty() {
             tracing::warn!(
