@@ -80,6 +80,11 @@ pub struct FileRecord {
     /// recorded by builds that did not keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renamed_inode: Option<u64>,
+    /// A move made and recorded where no event told of it (the startup's
+    /// replay of the journal): the path the events last told. The first
+    /// round that records the file tells the move, and drops this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untold_from: Option<String>,
     /// When the commit round that last recorded it was recorded, in
     /// milliseconds since the Unix epoch (a listing's last commit).
     /// Absent in records of builds that did not keep it.

@@ -726,6 +726,7 @@ mod tests {
             kept: false,
             renamed_from: None,
             renamed_inode: None,
+            untold_from: None,
             committed_unix_ms: None,
         }
     }

@@ -100,18 +100,18 @@ impl SlotState {
 
 impl SlotState {
     /// The record to write where no event tells of it (the startup's
-    /// replay). A move made since the feed last told the file's path is
-    /// written as not made yet, so that the round that records it made
-    /// tells it: in this run, or after another crash in the next, which
-    /// finds the move made.
+    /// replay): a move made since the events last told the file's path
+    /// keeps that path, so that the first round that records the file
+    /// tells the move, in this run or after another crash in the next. (A
+    /// generation moved aside is never recorded by a round again.)
     pub fn record_untold(&self) -> FileRecord {
         let mut record = self.record.clone();
-        if record.renamed_from.is_none()
-            && let (Some(told), Some((_, inode))) = (&self.recorded_path, self.inode)
+        if !record.superseded
+            && record.renamed_from.is_none()
+            && let Some(told) = &self.recorded_path
             && *told != record.dest_path
         {
-            record.renamed_from = Some(told.clone());
-            record.renamed_inode = Some(inode);
+            record.untold_from = Some(told.clone());
         }
         record
     }

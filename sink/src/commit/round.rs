@@ -278,6 +278,8 @@ pub(super) fn record_round_under_gate(
         drop(unsynced);
         let mut record = state.record.clone();
         record.committed_unix_ms = Some(committed_unix_ms);
+        // This round tells whatever move is still untold (see describe_commit).
+        record.untold_from = None;
         if let (Some(told), Some(fed)) = (told.as_mut(), fed.as_mut()) {
             let made = fed.remove(&Arc::as_ptr(slot)).unwrap_or_default();
             let commit = describe_commit(&slot.id, &state, &record, made);
@@ -341,6 +343,7 @@ pub(super) fn record_round_under_gate(
     for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
         let mut state = lock(&slot.state);
         state.recorded_path = Some(path_on_disk(record).to_owned());
+        state.record.untold_from = None;
         state.recorded_superseded = record.superseded;
         counts.committed(&mut state, sealed);
     }

@@ -573,6 +573,7 @@ impl Placer {
                     record
                         .renamed_from
                         .clone()
+                        .or_else(|| record.untold_from.clone())
                         .unwrap_or_else(|| record.dest_path.clone()),
                 ),
                 recorded_superseded: record.superseded,

@@ -297,16 +297,13 @@ fn replay_writes_journaled_ranges_back_and_empties_the_journal() {
     );
     let manifest = &placer.manifest;
     assert!(manifest.journal().unwrap().is_empty());
-    // Made, but no event told of it yet: the manifest keeps the move as
-    // one to finish (which finds it made), so that the first round that
-    // records it made tells it, in this run or after another crash.
+    // Made, but no event told of it yet: the record keeps the path last
+    // told, so that the first round that records the file tells the move,
+    // in this run or after another crash.
     let moved = manifest.get(&id("run/old-name.dat", 1)).unwrap().unwrap();
     assert_eq!(moved.dest_path, "src/run/new-name.dat");
-    assert_eq!(moved.renamed_from.as_deref(), Some("src/run/old-name.dat"));
-    let inode = std::os::unix::fs::MetadataExt::ino(
-        &std::fs::metadata(fixture.dest("src/run/new-name.dat")).unwrap(),
-    );
-    assert_eq!(moved.renamed_inode, Some(inode));
+    assert_eq!(moved.renamed_from, None);
+    assert_eq!(moved.untold_from.as_deref(), Some("src/run/old-name.dat"));
 
     // Replaying again (a crash during the first replay) changes nothing.
     drop(placer);
