@@ -52,6 +52,18 @@ if ! command -v tmux >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; t
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends tmux chromium >/dev/null
 fi
 export TAILFLIGHT_CHROMIUM="$(command -v chromium)"
+# The fleet's tests start a real 3-member etcd cluster on loopback (Debian
+# 12's etcd-server and etcd-client, 3.4).
+if ! command -v etcd >/dev/null 2>&1 || ! command -v etcdctl >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends etcd-server etcd-client >/dev/null
+    # The package starts a system-wide member where systemd runs; the tests
+    # start their own.
+    $sudo systemctl disable --now etcd >/dev/null 2>&1 || true
+fi
+export TAILFLIGHT_ETCD="$(command -v etcd)"
 # The tests need ~2 GiB of scratch at peak (each removes its folder when it
 # passes); say what there is, so a full disk is recognised as such.
 df -h "${TMPDIR:-/tmp}" . | sed 's/^/disk: /'

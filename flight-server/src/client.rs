@@ -164,7 +164,15 @@ struct Queued {
 
 struct Shared {
     config: ClientConfig,
-    endpoint: Endpoint,
+    /// What the pool is called in logs and metrics: the sink's identity
+    /// when its endpoint is followed, else the endpoint itself.
+    name: String,
+    /// Where the sink is served now (`None`: nowhere, for the moment).
+    target: tokio::sync::watch::Receiver<Option<String>>,
+    /// Keeps a fixed target's channel open.
+    _fixed: Option<tokio::sync::watch::Sender<Option<String>>>,
+    /// The endpoint made for the current target, and its URL.
+    endpoint: Mutex<Option<(String, Endpoint)>>,
     /// Batches waiting to be sent, in hand-over order (see [`Shared::requeue`]).
     queue: Mutex<VecDeque<Queued>>,
     next_order: std::sync::atomic::AtomicU64,
@@ -217,6 +225,33 @@ impl FlightPool {
         events: Option<Arc<dyn PoolEvents>>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), ClientError> {
         let endpoint = make_endpoint(&config)?;
+        let (fixed, target) = tokio::sync::watch::channel(Some(config.endpoint.clone()));
+        let name = config.endpoint.clone();
+        Self::start_inner(config, events, name, target, Some(fixed), Some(endpoint))
+    }
+
+    /// A pool for a sink identity whose endpoint moves (a fleet's
+    /// takeovers): each connection connects to `target`'s endpoint of the
+    /// moment, waits while it is `None`, and lets go of its stream (its
+    /// batches go back to the queue) as soon as it changes. `config.endpoint`
+    /// is ignored; `name` stands for the sink in logs and metrics.
+    pub fn start_following(
+        config: ClientConfig,
+        events: Option<Arc<dyn PoolEvents>>,
+        name: String,
+        target: tokio::sync::watch::Receiver<Option<String>>,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), ClientError> {
+        Self::start_inner(config, events, name, target, None, None)
+    }
+
+    fn start_inner(
+        config: ClientConfig,
+        events: Option<Arc<dyn PoolEvents>>,
+        name: String,
+        target: tokio::sync::watch::Receiver<Option<String>>,
+        fixed: Option<tokio::sync::watch::Sender<Option<String>>>,
+        endpoint: Option<(String, Endpoint)>,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), ClientError> {
         let (deliveries, receiver) = mpsc::unbounded_channel();
         let queue_space_kib = ((config
             .window_bytes
@@ -224,7 +259,10 @@ impl FlightPool {
             >> 10)
             .clamp(1024, u32::MAX as u64 >> 4) as u32;
         let shared = Arc::new(Shared {
-            endpoint,
+            name,
+            target,
+            _fixed: fixed,
+            endpoint: Mutex::new(endpoint),
             queue: Mutex::new(VecDeque::new()),
             next_order: std::sync::atomic::AtomicU64::new(0),
             queued: Notify::new(),
@@ -273,8 +311,15 @@ impl FlightPool {
         self.shared.connected.load(Ordering::Relaxed)
     }
 
-    pub fn endpoint(&self) -> &str {
-        &self.shared.config.endpoint
+    /// The sink's name in logs and metrics: its identity when followed,
+    /// else its endpoint.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Where the sink is served now (`None`: nowhere, for the moment).
+    pub fn endpoint(&self) -> Option<String> {
+        self.shared.target.borrow().clone()
     }
 
     /// Each connection's figures now.
@@ -309,8 +354,14 @@ impl FlightPool {
     }
 
     /// Runs a Flight action on a connection of its own and returns its body.
+    /// Waits while the sink has no endpoint.
     pub async fn action(&self, name: &str, body: Vec<u8>) -> Result<Vec<u8>, ClientError> {
-        run_action(&self.shared.config, &self.shared.endpoint, name, body).await
+        let (url, endpoint) = self.shared.current_endpoint().await?;
+        let config = ClientConfig {
+            endpoint: url,
+            ..self.shared.config.clone()
+        };
+        run_action(&config, &endpoint, name, body).await
     }
 }
 
@@ -320,7 +371,7 @@ pub async fn action(
     name: &str,
     body: Vec<u8>,
 ) -> Result<Vec<u8>, ClientError> {
-    run_action(config, &make_endpoint(config)?, name, body).await
+    run_action(config, &make_endpoint(config)?.1, name, body).await
 }
 
 /// A Flight client on a connection of its own, with the message limits.
@@ -385,7 +436,7 @@ pub async fn subscribe(
     use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
     use futures::{StreamExt, TryStreamExt};
     let url = config.endpoint.clone();
-    let mut client = connect(config, &make_endpoint(config)?).await?;
+    let mut client = connect(config, &make_endpoint(config)?.1).await?;
     let refused = |status: tonic::Status| ClientError::Action {
         endpoint: url.clone(),
         action: "DoGet".into(),
@@ -437,7 +488,7 @@ pub async fn subscribe(
     Ok(batches.boxed())
 }
 
-fn make_endpoint(config: &ClientConfig) -> Result<Endpoint, ClientError> {
+fn make_endpoint(config: &ClientConfig) -> Result<(String, Endpoint), ClientError> {
     let bad = |detail: String| ClientError::Endpoint {
         endpoint: config.endpoint.clone(),
         detail,
@@ -462,10 +513,37 @@ fn make_endpoint(config: &ClientConfig) -> Result<Endpoint, ClientError> {
             "an https:// endpoint needs TLS settings (a CA certificate at least)".into(),
         ));
     }
-    Ok(endpoint)
+    Ok((config.endpoint.clone(), endpoint))
 }
 
 impl Shared {
+    /// The endpoint to connect to now, waiting while there is none. Made
+    /// once per URL (it loads the TLS files).
+    async fn current_endpoint(&self) -> Result<(String, Endpoint), ClientError> {
+        let mut target = self.target.clone();
+        let url = match target.wait_for(Option::is_some).await {
+            Ok(url) => url.clone().unwrap_or_default(),
+            // The follower is gone: the pool is being dropped.
+            Err(_) => {
+                return Err(ClientError::Endpoint {
+                    endpoint: self.name.clone(),
+                    detail: "no longer followed".into(),
+                });
+            }
+        };
+        if let Some((cached, endpoint)) = lock(&self.endpoint).as_ref()
+            && *cached == url
+        {
+            return Ok((cached.clone(), endpoint.clone()));
+        }
+        let made = make_endpoint(&ClientConfig {
+            endpoint: url,
+            ..self.config.clone()
+        })?;
+        *lock(&self.endpoint) = Some(made.clone());
+        Ok(made)
+    }
+
     fn push_back(&self, mut item: Queued) {
         let mut queue = lock(&self.queue);
         // Numbered under the lock, so the queue stays in order.
@@ -539,12 +617,12 @@ async fn run_connection(shared: Arc<Shared>, index: usize) {
             .fetch_add(count as u64, Ordering::Relaxed);
         match result {
             Ok(()) => {
-                tracing::info!(endpoint = %shared.config.endpoint, connection = index, "stream closed by the sink")
+                tracing::info!(sink = %shared.name, connection = index, "stream closed by the sink")
             }
             Err(StreamFailure::Refused(status)) => {
                 counters.refusals.fetch_add(1, Ordering::Relaxed);
                 counters.failed(&code_name(status.code()));
-                tracing::error!(endpoint = %shared.config.endpoint, connection = index, error = %status.message(), resent = count, "sink refused a batch");
+                tracing::error!(sink = %shared.name, connection = index, error = %status.message(), resent = count, "sink refused a batch");
                 let mut retry = Vec::new();
                 for mut item in unacked {
                     item.refusals += 1;
@@ -563,7 +641,7 @@ async fn run_connection(shared: Arc<Shared>, index: usize) {
             }
             Err(StreamFailure::Transport { reason, detail }) => {
                 counters.failed(&reason);
-                tracing::warn!(endpoint = %shared.config.endpoint, connection = index, error = %detail, resent = count, "connection lost; reconnecting");
+                tracing::warn!(sink = %shared.name, connection = index, error = %detail, resent = count, "connection lost; reconnecting");
             }
         }
         shared.requeue(unacked);
@@ -637,8 +715,15 @@ async fn stream_once(
     in_flight: &mut BTreeMap<u64, Queued>,
     backoff: &mut Duration,
 ) -> Result<(), StreamFailure> {
-    let endpoint = &shared.config.endpoint;
-    let channel = shared.endpoint.connect().await.map_err(|e| {
+    let mut moved = shared.target.clone();
+    let (endpoint, channel_endpoint) = shared
+        .current_endpoint()
+        .await
+        .map_err(|e| StreamFailure::transport("connect", e.to_string()))?;
+    // A change from now on ends this stream (a takeover moved the sink).
+    moved.borrow_and_update();
+    let endpoint = &endpoint;
+    let channel = channel_endpoint.connect().await.map_err(|e| {
         StreamFailure::transport(
             "connect",
             format!("cannot connect to {endpoint}: {}", error_chain(&e)),
@@ -680,6 +765,15 @@ async fn stream_once(
     let mut in_flight_bytes = 0u64;
     loop {
         tokio::select! {
+            changed = moved.changed() => {
+                let now = changed.ok().and_then(|()| moved.borrow().clone());
+                if now.as_deref() != Some(endpoint.as_str()) {
+                    return Err(StreamFailure::transport(
+                        "moved",
+                        format!("the sink moved from {endpoint} to {}", now.as_deref().unwrap_or("nowhere yet")),
+                    ));
+                }
+            }
             response = responses.message() => {
                 let Some(put) = response.map_err(classify)? else {
                     return Ok(());
@@ -696,7 +790,7 @@ async fn stream_once(
                     .fetch_add(item.out.batch.wire_len(), Ordering::Relaxed);
                 publish_oldest(in_flight);
                 if let (Some(events), Some(sent_at)) = (&shared.events, item.sent_at) {
-                    events.batch_acked(endpoint, index, item.out.batch.wire_len(), sent_at.elapsed());
+                    events.batch_acked(&shared.name, index, item.out.batch.wire_len(), sent_at.elapsed());
                 }
                 *backoff = Duration::from_millis(50);
                 let _ = shared.deliveries.send(Delivery::Acked { token: item.out.token, ack });

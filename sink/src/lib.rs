@@ -232,7 +232,14 @@ pub struct SinkStatus {
     /// The event outbox and its relay, when the sink records events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub events: Option<outbox::OutboxStatus>,
+    /// The process's place in a fleet (identity, role, epoch, lease), as
+    /// whoever runs the sink describes it (see [`Sink::describe_fleet`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<serde_json::Value>,
 }
+
+/// Describes the process's place in a fleet, for `status`.
+type FleetDescription = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// Bounds the batches placed at once. Placement blocks (it writes files and
 /// may wait for the commit gate), so each one runs on a thread of tokio's
@@ -326,6 +333,7 @@ pub struct Sink {
     feed: feed::FeedHandle,
     subscribers: Arc<subscribe::Subscribers>,
     outbox: Option<Arc<outbox::Outbox>>,
+    fleet: Arc<std::sync::OnceLock<FleetDescription>>,
 }
 
 impl Sink {
@@ -423,6 +431,7 @@ impl Sink {
             feed: feed_handle,
             subscribers: Arc::new(subscribe::Subscribers::new(config.max_open_files)),
             outbox,
+            fleet: Arc::default(),
         })
     }
 
@@ -455,6 +464,12 @@ impl Sink {
                 .map(|(id, record)| DurableFile::of(id, record))
                 .collect(),
         })
+    }
+
+    /// Makes `status` include `describe()`'s account of the process's place
+    /// in a fleet. The first description given stays.
+    pub fn describe_fleet(&self, describe: impl Fn() -> serde_json::Value + Send + Sync + 'static) {
+        let _ = self.fleet.set(Box::new(describe));
     }
 
     /// The sink's health, shared by everything in it.
@@ -492,6 +507,7 @@ impl Sink {
             subscriptions: self.subscribers.status(),
             poisoned: self.health.reason().map(|reason| reason.to_string()),
             events: self.outbox.as_ref().map(|outbox| outbox.status()),
+            fleet: self.fleet.get().map(|describe| describe()),
         })
     }
 

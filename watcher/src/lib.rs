@@ -51,8 +51,12 @@ pub struct WatchConfig {
     pub source: String,
     /// Where acknowledged offsets are checkpointed (RocksDB).
     pub state_dir: PathBuf,
-    /// Sink endpoints; files are sharded across them by rendezvous hashing.
+    /// Sink endpoints, or sink identities when `followed_sinks` is given;
+    /// files are sharded across them by rendezvous hashing.
     pub sinks: Vec<String>,
+    /// For each of `sinks` (then identities of a fleet), where it is
+    /// served now; empty when `sinks` are endpoints.
+    pub followed_sinks: Vec<tokio::sync::watch::Receiver<Option<String>>>,
     pub connections: usize,
     pub window_bytes: u64,
     pub max_message_bytes: usize,
@@ -89,6 +93,7 @@ impl Default for WatchConfig {
             source: "default".into(),
             state_dir: PathBuf::from("watch-state"),
             sinks: vec!["http://127.0.0.1:50051".into()],
+            followed_sinks: Vec::new(),
             connections: 4,
             window_bytes: 32 << 20,
             max_message_bytes: 64 << 20,
@@ -146,6 +151,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     anyhow::ensure!(!config.sinks.is_empty(), "no sink given (--to)");
     anyhow::ensure!(
+        config.followed_sinks.is_empty() || config.followed_sinks.len() == config.sinks.len(),
+        "each followed sink identity needs its endpoint"
+    );
+    anyhow::ensure!(
         !config.source.is_empty()
             && !config.source.contains(['/', '\0'])
             && config.source != "."
@@ -177,19 +186,25 @@ pub async fn run(
     let mut tasks = AbortOnDrop(Vec::new());
     let mut pools = Vec::new();
     let (delivery_tx, delivery_rx) = std::sync::mpsc::channel();
-    for endpoint in &config.sinks {
-        let (pool, mut deliveries) = FlightPool::start_with_events(
-            ClientConfig {
-                endpoint: endpoint.clone(),
-                source: config.source.clone(),
-                connections: config.connections,
-                window_bytes: config.window_bytes,
-                max_message_bytes: config.max_message_bytes,
-                tls: config.tls.clone(),
-                connect_timeout: Duration::from_secs(5),
-            },
-            progress.pool_events(),
-        )?;
+    for (index, sink) in config.sinks.iter().enumerate() {
+        let client = ClientConfig {
+            endpoint: sink.clone(),
+            source: config.source.clone(),
+            connections: config.connections,
+            window_bytes: config.window_bytes,
+            max_message_bytes: config.max_message_bytes,
+            tls: config.tls.clone(),
+            connect_timeout: Duration::from_secs(5),
+        };
+        let (pool, mut deliveries) = match config.followed_sinks.get(index) {
+            Some(target) => FlightPool::start_following(
+                client,
+                progress.pool_events(),
+                sink.clone(),
+                target.clone(),
+            )?,
+            None => FlightPool::start_with_events(client, progress.pool_events())?,
+        };
         let index = pools.len();
         let forward = delivery_tx.clone();
         tasks.0.push(tokio::spawn(async move {
@@ -211,7 +226,7 @@ pub async fn run(
                 links
                     .iter()
                     .map(|pool| SinkLink {
-                        endpoint: pool.endpoint().to_string(),
+                        endpoint: pool.name().to_string(),
                         connections: pool.connections(),
                         connected: pool.connected(),
                         connection_stats: pool.connection_stats(),

@@ -42,7 +42,7 @@ pub(crate) async fn reconcile(
             .await
             .unwrap_or_else(|_| {
                 Err(ClientError::Endpoint {
-                    endpoint: pool.endpoint().to_owned(),
+                    endpoint: pool.name().to_owned(),
                     detail: format!("no answer within {RECONCILE_ATTEMPT_TIMEOUT:?}"),
                 })
             });
@@ -56,12 +56,12 @@ pub(crate) async fn reconcile(
                         marks.retain(|mark| {
                             let believable = (1..=MAX_BELIEVABLE_GENERATION).contains(&mark.generation);
                             if !believable {
-                                tracing::error!(sink = pool.endpoint(), key = %mark.key, generation = mark.generation, "ignoring the sink's watermark: no file has that generation");
+                                tracing::error!(sink = pool.name(), key = %mark.key, generation = mark.generation, "ignoring the sink's watermark: no file has that generation");
                             }
                             believable
                         });
                         tracing::info!(
-                            sink = pool.endpoint(),
+                            sink = pool.name(),
                             files = marks.len(),
                             "reconciled with the sink"
                         );
@@ -69,12 +69,12 @@ pub(crate) async fn reconcile(
                         break;
                     }
                     Err(e) => {
-                        tracing::error!(sink = pool.endpoint(), error = %e, "unreadable watermarks; starting from scratch for this sink");
+                        tracing::error!(sink = pool.name(), error = %e, "unreadable watermarks; starting from scratch for this sink");
                         break;
                     }
                 },
                 Err(e) => {
-                    tracing::warn!(sink = pool.endpoint(), attempt, error = %e, retry_in = ?delay, "the sink does not give its watermarks; tailing waits until every sink has (Ctrl-C stops)");
+                    tracing::warn!(sink = pool.name(), attempt, error = %e, retry_in = ?delay, "the sink does not give its watermarks; tailing waits until every sink has (Ctrl-C stops)");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(RECONCILE_MAX_BACKOFF);
                 }

@@ -1,0 +1,333 @@
+//! Running a sink or a watcher as an identity of a fleet (`--coordinator`):
+//! wait as a standby, claim the identity, check and lock its state, act,
+//! and stop acting in time when the lease cannot be kept.
+//!
+//! A process that must stop acting (its fence deadline passed, or etcd
+//! says its lease is gone) cannot prove which of its threads still hold
+//! state or have work under way, so it does not try to unwind them: it
+//! replaces itself with a fresh image of the same program and arguments
+//! (`exec`), which ends every thread at once, closes every descriptor (the
+//! state directory's lock with them) and starts over as a standby.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Args;
+use fleet::lease::LeaseClock;
+use fleet::{Coordinator, CoordinatorConfig, EtcdTls, HeldLease, Kind, Member, Role, RoleStatus};
+
+use crate::parse_duration;
+
+/// What to do when etcd cannot be reached at startup.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum WhenUnreachable {
+    /// Say which endpoints failed and keep trying.
+    Wait,
+    /// Say which endpoints failed and exit.
+    Exit,
+}
+
+/// A fleet's coordinator (`[sink]`/`[watch]` keys of the same names).
+#[derive(Args, Clone)]
+pub struct FleetArgs {
+    /// Coordinate through etcd: etcd://h1:2379,h2:2379,h3:2379 (etcds://
+    /// for TLS). With --identity this process acts for that identity only
+    /// while it holds its lease, and waits as a standby otherwise; a
+    /// watcher without --identity only finds its sinks there.
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// The cluster's name: keys live under /tailflight/<cluster>/.
+    #[arg(long, default_value = "default")]
+    cluster: String,
+    /// The identity this process acts for. Its --state must be on storage
+    /// every candidate host mounts (Lustre, GPFS, NFS): a successor starts
+    /// from it.
+    #[arg(long, requires = "coordinator")]
+    identity: Option<String>,
+    /// The lease's time to live: a dead active process holds its identity
+    /// this long at most; it stops acting a fifth of it (at least 0.5 s)
+    /// before, by its own clock, when it cannot renew.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    lease_ttl: Duration,
+    /// When etcd cannot be reached at startup: wait (retry) or exit.
+    #[arg(long, value_enum, default_value = "wait")]
+    coordinator_unreachable: WhenUnreachable,
+    /// etcd user (authentication enabled); the password comes from
+    /// TAILFLIGHT_ETCD_PASSWORD.
+    #[arg(long, requires = "coordinator")]
+    etcd_user: Option<String>,
+    #[arg(
+        long,
+        env = "TAILFLIGHT_ETCD_PASSWORD",
+        hide_env_values = true,
+        hide = true
+    )]
+    etcd_password: Option<String>,
+    /// CA certificate (PEM) of etcd's TLS (with etcds://).
+    #[arg(long, requires = "coordinator")]
+    etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's mutual TLS.
+    #[arg(long, requires = "etcd_ca", requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+}
+
+impl FleetArgs {
+    pub fn coordinated(&self) -> bool {
+        self.coordinator.is_some()
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    pub fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
+    }
+
+    fn config(&self) -> anyhow::Result<CoordinatorConfig> {
+        let text = self
+            .coordinator
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("no --coordinator given"))?;
+        let endpoints = fleet::parse_endpoints(text)?;
+        if let Some(identity) = &self.identity {
+            anyhow::ensure!(
+                !identity.is_empty()
+                    && !identity.contains(['/', '\0'])
+                    && identity != "."
+                    && identity != "..",
+                "identity {identity:?} must be one plain path component"
+            );
+        }
+        anyhow::ensure!(
+            self.lease_ttl >= Duration::from_secs(2),
+            "--lease-ttl must be at least 2s (etcd counts leases in seconds)"
+        );
+        let user = match (&self.etcd_user, &self.etcd_password) {
+            (Some(user), Some(password)) => Some((user.clone(), password.clone())),
+            (Some(_), None) => anyhow::bail!("--etcd-user needs TAILFLIGHT_ETCD_PASSWORD"),
+            _ => None,
+        };
+        Ok(CoordinatorConfig {
+            endpoints,
+            cluster: self.cluster.clone(),
+            ttl: self.lease_ttl,
+            user,
+            tls: self.etcd_ca.as_ref().map(|ca| EtcdTls {
+                ca: ca.clone(),
+                cert: self.etcd_cert.clone(),
+                key: self.etcd_key.clone(),
+            }),
+        })
+    }
+
+    /// Connects to etcd, retrying or not as `--coordinator-unreachable`
+    /// says; `None` if `stop` resolved first.
+    pub async fn connect(
+        &self,
+        role: Option<&RoleStatus>,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<Option<Coordinator>> {
+        let config = self.config()?;
+        tokio::pin!(stop);
+        loop {
+            match Coordinator::connect(config.clone()).await {
+                Ok(coordinator) => return Ok(Some(coordinator)),
+                Err(e @ fleet::FleetError::Config(_)) => return Err(e.into()),
+                Err(e) => match self.coordinator_unreachable {
+                    WhenUnreachable::Exit => {
+                        return Err(anyhow::Error::new(e).context("the coordinator is unreachable"));
+                    }
+                    WhenUnreachable::Wait => {
+                        tracing::warn!(error = %e, "the coordinator is unreachable; retrying");
+                        if let Some(role) = role {
+                            role.set(Role::Connecting, Some(e.to_string()));
+                        }
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            () = &mut stop => return Ok(None),
+                        }
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// An identity this process holds: its lease, and the thread that stops
+/// the process in time if the lease cannot be kept.
+pub struct ActiveIdentity {
+    lease: HeldLease,
+    coordinator: Coordinator,
+    member: Member,
+    stopping: Arc<FenceGuard>,
+}
+
+/// What the fence thread does when the lease's clock says stop.
+#[derive(Default)]
+struct FenceGuard {
+    /// A planned stop is under way: exit instead of starting over.
+    stopping: AtomicBool,
+    /// The lease was given up: nothing left to guard.
+    released: AtomicBool,
+}
+
+impl ActiveIdentity {
+    /// Says where the identity is served (a sink's endpoint, once it listens).
+    pub async fn publish_endpoint(&self, endpoint: String) {
+        let member = Member {
+            endpoint: Some(endpoint),
+            ..self.member.clone()
+        };
+        if let Err(e) = self.lease.publish(&member.encode()).await {
+            tracing::error!(error = %e, "cannot publish this process's endpoint; clients will not find it until a retry");
+        }
+    }
+
+    pub fn coordinator(&self) -> &Coordinator {
+        &self.coordinator
+    }
+
+    /// A planned stop: from now on a lost lease ends the process instead
+    /// of restarting it; then the lease is released so a standby takes
+    /// over at once.
+    pub async fn release(self) {
+        self.stopping.stopping.store(true, Ordering::SeqCst);
+        self.lease.release().await;
+        self.stopping.released.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Waits as a standby until this process holds `identity`, checks that
+/// `state_dir` is the identity's and waits for its lock. `None` if `stop`
+/// resolved first. From the moment the lease is held, a thread watches its
+/// fence deadline (see the module's doc).
+pub async fn become_active(
+    args: &FleetArgs,
+    kind: Kind,
+    state_dir: &Path,
+    role: &RoleStatus,
+    stop: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+) -> anyhow::Result<Option<ActiveIdentity>> {
+    let identity = args
+        .identity()
+        .ok_or_else(|| anyhow::anyhow!("--identity is needed"))?;
+    let Some(coordinator) = args.connect(Some(role), stop()).await? else {
+        return Ok(None);
+    };
+    let host = host_name();
+    let member = Member {
+        host: host.clone(),
+        pid: std::process::id(),
+        endpoint: None,
+        state_dir: state_dir.display().to_string(),
+        since_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64,
+    };
+    role.set(Role::Standby, Some("claiming the identity".into()));
+    let Some(lease) = fleet::campaign(&coordinator, kind, identity, &member, role, stop()).await
+    else {
+        return Ok(None);
+    };
+    role.holding(lease.epoch(), lease.clock());
+    let stopping = Arc::new(FenceGuard::default());
+    guard_fence(lease.clock(), role.clone(), stopping.clone())?;
+    let active = ActiveIdentity {
+        lease,
+        coordinator,
+        member,
+        stopping,
+    };
+    if let Err(e) =
+        fleet::register_state(&active.coordinator, kind, identity, state_dir, &host).await
+    {
+        // Refused for good: let a correctly configured standby have it.
+        active.release().await;
+        return Err(anyhow::Error::new(e).context(format!(
+            "the state directory {} is not identity {identity}'s",
+            state_dir.display()
+        )));
+    }
+    let mut said = false;
+    let mut stopped = stop();
+    loop {
+        match fleet::state_lock::lock_holder(state_dir) {
+            Ok(None) => break,
+            Ok(Some(pid)) => {
+                if !said {
+                    tracing::warn!(pid, dir = %state_dir.display(), "holding the lease; waiting for the previous process to let go of the state directory's lock");
+                    said = true;
+                }
+                role.set(
+                    Role::WaitingForLock,
+                    Some(format!(
+                        "the lock of {} (held by pid {pid})",
+                        state_dir.display()
+                    )),
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %state_dir.display(), "cannot check the state directory's lock; retrying");
+                role.set(
+                    Role::WaitingForLock,
+                    Some(format!("checking the lock: {e}")),
+                );
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = &mut stopped => {
+                active.release().await;
+                return Ok(None);
+            }
+        }
+    }
+    Ok(Some(active))
+}
+
+/// Starts the thread that stops this process's acting for its identity
+/// once the lease's clock says so: by starting over as a standby, or, if
+/// the process is stopping anyway, by exiting.
+fn guard_fence(clock: LeaseClock, role: RoleStatus, guard: Arc<FenceGuard>) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("fence".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(20));
+                if guard.released.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Some(reason) = clock.must_fence() else {
+                    continue;
+                };
+                role.set(Role::Fenced, Some(reason.to_string()));
+                if guard.stopping.load(Ordering::SeqCst) {
+                    tracing::error!(%reason, "fenced while stopping: exiting at once");
+                    std::process::exit(75);
+                }
+                tracing::error!(%reason, "fenced: this process stops acting for its identity and starts over as a standby");
+                let error = std::process::Command::new("/proc/self/exe")
+                    .args(std::env::args_os().skip(1))
+                    .env(fleet::role::FENCED_ENV, fleet::role::next_fenced_env(&reason.to_string()))
+                    .exec();
+                // Only reached if exec failed: stop acting all the same.
+                eprintln!("tailflight: fenced ({reason}) and cannot start over: {error}");
+                std::process::exit(75);
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("cannot start the fence thread: {e}"))
+}

@@ -1,0 +1,441 @@
+//! A fleet with failover: sink and watcher identities leased through a
+//! real 3-member etcd cluster, their state in one shared directory (the
+//! tests' parallel filesystem), taken over by a standby when the active
+//! process dies, freezes or loses its lease.
+//!
+//! Every test ends with every file identical at the destination and every
+//! identity's manifest auditing clean (no range recorded twice).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::etcd::EtcdCluster;
+use common::*;
+
+const CLUSTER: &str = "test";
+
+/// A fleet under one test folder: etcd, a shared directory, the sink
+/// processes of each identity, watchers and simulators.
+struct Fleet {
+    dir: PathBuf,
+    etcd: EtcdCluster,
+    ttl: &'static str,
+    /// (identity, "host" name, process).
+    sinks: Vec<(String, String, Proc)>,
+    watchers: Vec<Proc>,
+}
+
+impl Fleet {
+    fn start(dir: &Path, ttl: &'static str) -> Self {
+        let etcd = EtcdCluster::start(&dir.join("etcd"), 3);
+        std::fs::create_dir_all(dir.join("shared/dest")).unwrap();
+        Self {
+            dir: dir.to_path_buf(),
+            etcd,
+            ttl,
+            sinks: Vec::new(),
+            watchers: Vec::new(),
+        }
+    }
+
+    fn shared(&self) -> PathBuf {
+        self.dir.join("shared")
+    }
+
+    fn state_of(&self, identity: &str) -> PathBuf {
+        self.shared().join(format!("state-{identity}"))
+    }
+
+    fn dest(&self) -> PathBuf {
+        self.shared().join("dest")
+    }
+
+    fn sink_args(&self, identity: &str, port: u16, extra: &[&str]) -> Vec<String> {
+        let mut args = strings(&["sink", "--identity", identity, "--cluster", CLUSTER]);
+        args.extend(["--coordinator".into(), self.etcd.url()]);
+        args.extend(["--lease-ttl".into(), self.ttl.into()]);
+        args.extend(["--root".into(), self.dest().display().to_string()]);
+        args.extend([
+            "--state".into(),
+            self.state_of(identity).display().to_string(),
+        ]);
+        args.extend(["--listen".into(), format!("127.0.0.1:{port}")]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    }
+
+    /// Starts a sink process for `identity` on `host` (a name for the
+    /// logs: the tests' hosts share this machine and the shared directory).
+    fn start_sink(&mut self, identity: &str, host: &str) -> usize {
+        let port = free_port();
+        let args = self.sink_args(identity, port, &[]);
+        let name = format!("sink-{identity}-{host}");
+        let proc = Proc::spawn(&self.dir, &name, &args);
+        self.sinks.push((identity.into(), host.into(), proc));
+        self.sinks.len() - 1
+    }
+
+    /// What etcd says of `identity`'s active process.
+    fn active_member(&self, identity: &str) -> Option<serde_json::Value> {
+        self.etcd
+            .get(&format!("/tailflight/{CLUSTER}/sinks/{identity}"))
+            .and_then(|text| serde_json::from_str(&text).ok())
+    }
+
+    /// The endpoint `identity` is served at now, once it serves.
+    fn endpoint_of(&self, identity: &str) -> Option<String> {
+        self.active_member(identity)?
+            .get("endpoint")?
+            .as_str()
+            .map(String::from)
+    }
+
+    /// Waits until process `index` is the one serving its identity.
+    fn wait_serving(&mut self, index: usize) {
+        let identity = self.sinks[index].0.clone();
+        let pid = self.sinks[index].2.pid();
+        wait_until(
+            &format!("{} to serve {identity}", self.sinks[index].2.name),
+            Duration::from_secs(60),
+            || {
+                self.active_member(&identity).is_some_and(|member| {
+                    member["pid"].as_i64().map(|p| p as i32) == pid
+                        && member["endpoint"].is_string()
+                })
+            },
+        );
+    }
+
+    fn start_watcher(&mut self, source: &str, extra: &[&str]) -> PathBuf {
+        let dir = self.dir.join(format!("source-{source}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut args = strings(&[
+            "watch",
+            "--source",
+            source,
+            "--seal-idle",
+            "1s",
+            "--rescan",
+            "1s",
+        ]);
+        args.extend(["--dir".into(), dir.display().to_string()]);
+        args.extend([
+            "--state".into(),
+            self.dir
+                .join(format!("watch-state-{source}"))
+                .display()
+                .to_string(),
+        ]);
+        args.extend(["--coordinator".into(), self.etcd.url()]);
+        args.extend(["--cluster".into(), CLUSTER.into()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let proc = Proc::spawn(&self.dir, &format!("watcher-{source}"), &args);
+        self.watchers.push(proc);
+        dir
+    }
+
+    /// Files sealed by every identity's active process.
+    fn sealed_files(&self, identities: &[&str]) -> u64 {
+        identities
+            .iter()
+            .filter_map(|identity| self.endpoint_of(identity))
+            .filter_map(|endpoint| sink_status(&endpoint, &[]))
+            .map(|status| status_u64(&status, "sealed_files"))
+            .sum()
+    }
+
+    fn logs(&self) -> String {
+        let mut text = String::new();
+        for (_, _, proc) in &self.sinks {
+            text.push_str(&format!(
+                "--- {} ---\n{}\n",
+                proc.name,
+                last_lines(&proc.log_text())
+            ));
+        }
+        for proc in &self.watchers {
+            text.push_str(&format!(
+                "--- {} ---\n{}\n",
+                proc.name,
+                last_lines(&proc.log_text())
+            ));
+        }
+        text
+    }
+
+    /// Waits until every source is identical at the destination and every
+    /// file sealed, then stops everything and audits every identity.
+    fn finish(&mut self, sources: &[(&str, &Path, &str)], identities: &[&str]) {
+        let mut files = 0;
+        for (_, dir, run) in sources {
+            files += files_of_run(dir, run);
+        }
+        for (source, dir, _) in sources {
+            let dest = self.dest().join(source);
+            let deadline = std::time::Instant::now() + Duration::from_secs(180);
+            loop {
+                let (ok, text) = verify(dir, &dest);
+                if ok {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{source} never became identical: {text}\n{}",
+                    self.logs()
+                );
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while self.sealed_files(identities) < files {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not every file was sealed ({} of {files})\n{}",
+                self.sealed_files(identities),
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        for watcher in &mut self.watchers {
+            watcher.stop();
+        }
+        for (_, _, sink) in &mut self.sinks {
+            sink.stop();
+        }
+        for identity in identities {
+            assert_clean_audit(&self.state_of(identity));
+        }
+    }
+}
+
+fn last_lines(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(25)..].join("\n")
+}
+
+/// Waits until something of `source` has arrived at the destination.
+fn wait_some_bytes(fleet: &Fleet, source: &str) {
+    let dest = fleet.dest().join(source);
+    wait_until(
+        &format!("bytes of {source} at the destination"),
+        Duration::from_secs(60),
+        || tree_bytes(&dest) > 256 << 10,
+    );
+}
+
+/// Test 1: two hosts, four sink identities (each host active for two and
+/// standby for the other two), three watchers; `kill -9` of an active sink
+/// mid-transfer: its standby takes over and nothing is lost or doubled.
+#[test]
+fn a_standby_takes_over_a_killed_active_sink() {
+    let dir = scratch("fleet-kill");
+    let mut fleet = Fleet::start(&dir, "3s");
+    let identities = ["a", "b", "c", "d"];
+    // Host 1 is active for a and b, host 2 for c and d.
+    let mut actives = Vec::new();
+    for (identity, host) in [("a", "h1"), ("b", "h1"), ("c", "h2"), ("d", "h2")] {
+        let index = fleet.start_sink(identity, host);
+        fleet.wait_serving(index);
+        actives.push(index);
+    }
+    let mut standbys = Vec::new();
+    for (identity, host) in [("a", "h2"), ("b", "h2"), ("c", "h1"), ("d", "h1")] {
+        standbys.push(fleet.start_sink(identity, host));
+    }
+    for &index in &standbys {
+        let name = fleet.sinks[index].2.name.clone();
+        wait_until(
+            &format!("{name} to be a standby"),
+            Duration::from_secs(30),
+            || fleet.sinks[index].2.log_text().contains("standby"),
+        );
+    }
+    let mut sources = Vec::new();
+    let mut sims = Vec::new();
+    for source in ["s1", "s2", "s3"] {
+        let dir = fleet.start_watcher(source, &[]);
+        sims.push(simulate_in_background(
+            &fleet.dir,
+            &dir,
+            &workload("run1", "2", "256KiB", "6s"),
+        ));
+        sources.push((source, dir));
+    }
+    wait_some_bytes(&fleet, "s1");
+    // kill -9 the active process of identity a, mid-transfer.
+    let victim = actives[0];
+    let old_endpoint = fleet.endpoint_of("a");
+    fleet.sinks[victim].2.kill9();
+    let successor = standbys[0];
+    fleet.wait_serving(successor);
+    assert_ne!(
+        fleet.endpoint_of("a"),
+        old_endpoint,
+        "a is served elsewhere"
+    );
+    for sim in &mut sims {
+        sim.stop();
+    }
+    let sources: Vec<(&str, &Path, &str)> = sources
+        .iter()
+        .map(|(source, dir)| (*source, dir.as_path(), "run1"))
+        .collect();
+    fleet.finish(&sources, &identities);
+    // The successor resumed identity a's state: it did not start empty.
+    let audit = audit(&fleet.state_of("a"));
+    assert!(audit["files"].as_u64().unwrap_or(0) > 0, "{audit}");
+}
+
+/// Test 3: an active frozen (SIGSTOP) for longer than its TTL: the standby
+/// takes the lease but waits for the state directory's lock; once the
+/// frozen process resumes, it finds its lease gone, fences, and the
+/// standby completes the handover. Nothing lost or doubled.
+#[test]
+fn a_frozen_active_is_fenced_when_it_resumes_and_its_standby_takes_over() {
+    let dir = scratch("fleet-frozen");
+    let mut fleet = Fleet::start(&dir, "2s");
+    let first = fleet.start_sink("a", "h1");
+    fleet.wait_serving(first);
+    let second = fleet.start_sink("a", "h2");
+    wait_until(
+        "the second to be a standby",
+        Duration::from_secs(30),
+        || fleet.sinks[second].2.log_text().contains("standby"),
+    );
+    let source_dir = fleet.start_watcher("s1", &[]);
+    let mut sim = simulate_in_background(
+        &fleet.dir,
+        &source_dir,
+        &workload("run1", "2", "256KiB", "6s"),
+    );
+    wait_some_bytes(&fleet, "s1");
+    let frozen_pid = fleet.sinks[first].2.pid();
+    signal(frozen_pid, libc::SIGSTOP);
+    // The standby wins the lease once it expires, but the frozen process
+    // still holds the manifest's lock.
+    wait_until(
+        "the standby to wait for the lock",
+        Duration::from_secs(30),
+        || {
+            fleet.sinks[second]
+                .2
+                .log_text()
+                .contains("waiting for the previous process to let go")
+        },
+    );
+    assert!(
+        fleet.endpoint_of("a").is_none(),
+        "no endpoint is published while the lock is held"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    signal(frozen_pid, libc::SIGCONT);
+    fleet.wait_serving(second);
+    wait_until(
+        "the frozen process to fence itself",
+        Duration::from_secs(30),
+        || fleet.sinks[first].2.log_text().contains("fenced"),
+    );
+    // It started over as a standby (same pid, a new image).
+    assert!(fleet.sinks[first].2.is_running(), "{}", fleet.logs());
+    sim.stop();
+    fleet.finish(&[("s1", &source_dir, "run1")], &["a"]);
+}
+
+/// Test 5: two watcher processes for one watcher identity, its state in
+/// the shared directory; `kill -9` of the active: the standby resumes
+/// from the shared checkpoint.
+#[test]
+fn a_standby_watcher_resumes_from_the_shared_checkpoint() {
+    let dir = scratch("fleet-watcher");
+    let mut fleet = Fleet::start(&dir, "2s");
+    let sink = fleet.start_sink("a", "h1");
+    fleet.wait_serving(sink);
+    let shared_state = fleet.shared().join("watch-state-w");
+    let state_arg = shared_state.display().to_string();
+    let extra = [
+        "--identity",
+        "w",
+        "--lease-ttl",
+        "2s",
+        "--state",
+        state_arg.as_str(),
+    ];
+    let source_dir = fleet.start_watcher("s1", &extra);
+    let active = fleet.watchers.len() - 1;
+    let mut sim = simulate_in_background(
+        &fleet.dir,
+        &source_dir,
+        &workload("run1", "2", "256KiB", "6s"),
+    );
+    wait_some_bytes(&fleet, "s1");
+    // The standby, on the other host, with the same identity and state.
+    let mut args = fleet.watchers[active].args().to_vec();
+    args.extend(strings(&["--log", "info"]));
+    let standby = Proc::spawn(&fleet.dir, "watcher-s1-h2", &args);
+    wait_until(
+        "the second watcher to be a standby",
+        Duration::from_secs(30),
+        || standby.log_text().contains("standby"),
+    );
+    fleet.watchers[active].kill9();
+    wait_until(
+        "the standby watcher to take over",
+        Duration::from_secs(30),
+        || standby.log_text().contains("now active for the identity"),
+    );
+    fleet.watchers.push(standby);
+    sim.stop();
+    fleet.finish(&[("s1", &source_dir, "run1")], &["a"]);
+}
+
+/// A process given another state directory than the identity's is
+/// refused before it opens or creates anything, with both directories named.
+#[test]
+fn a_state_directory_that_is_not_the_identitys_is_refused() {
+    let dir = scratch("fleet-wrong-state");
+    let mut fleet = Fleet::start(&dir, "2s");
+    let first = fleet.start_sink("a", "h1");
+    fleet.wait_serving(first);
+    fleet.sinks[first].2.stop();
+    // The same identity on a "host" where the shared directory is not mounted.
+    let local = dir.join("not-shared");
+    let mut args = fleet.sink_args("a", free_port(), &[]);
+    let at = args.iter().position(|a| a == "--state").unwrap();
+    args[at + 1] = local.display().to_string();
+    let (ok, text) = run(&args);
+    assert!(!ok, "refused: {text}");
+    assert!(text.contains("is not identity a's"), "{text}");
+    assert!(
+        text.contains(&fleet.state_of("a").display().to_string()),
+        "{text}"
+    );
+    assert!(
+        !local.join("CURRENT").exists(),
+        "nothing was created in the wrong directory"
+    );
+}
+
+/// Without etcd at startup, `--coordinator-unreachable exit` names the
+/// endpoints it tried and exits; `wait` (the default) keeps trying.
+#[test]
+fn an_unreachable_coordinator_is_named() {
+    let dir = scratch("fleet-unreachable");
+    let port = free_port();
+    let mut args = strings(&["sink", "--identity", "a", "--coordinator"]);
+    args.push(format!("etcd://127.0.0.1:{port}"));
+    args.extend(strings(&[
+        "--coordinator-unreachable",
+        "exit",
+        "--lease-ttl",
+        "2s",
+    ]));
+    args.extend(["--root".into(), dir.join("dest").display().to_string()]);
+    args.extend(["--state".into(), dir.join("state").display().to_string()]);
+    args.extend(["--listen".into(), format!("127.0.0.1:{}", free_port())]);
+    let (ok, text) = run(&args);
+    assert!(!ok, "{text}");
+    assert!(text.contains("unreachable"), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+}
