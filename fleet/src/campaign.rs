@@ -167,7 +167,8 @@ async fn wait_for_delete(coordinator: &Coordinator, key: &str, revision: i64, tt
             )
             .await
         else {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            coordinator.next_member();
+            tokio::time::sleep(Duration::from_millis(250)).await;
             return;
         };
         loop {
@@ -185,7 +186,8 @@ async fn wait_for_delete(coordinator: &Coordinator, key: &str, revision: i64, tt
                     }
                 }
                 _ => {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    coordinator.next_member();
+                    tokio::time::sleep(Duration::from_millis(250)).await;
                     return;
                 }
             }

@@ -9,6 +9,8 @@
 //!   identity with no active process is still known.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
@@ -98,10 +100,16 @@ pub fn parse_endpoints(text: &str) -> Result<Vec<String>, FleetError> {
     Ok(endpoints)
 }
 
-/// A connected etcd client and the cluster's key layout.
+/// Clients of the etcd members and the cluster's key layout.
+///
+/// One client per member, used one at a time: a call that fails moves
+/// every later call to the next member. etcd-client's own balancing over
+/// several endpoints kept sending requests to a member that had died
+/// (each one timing out), long enough to cost a lease.
 #[derive(Clone)]
 pub struct Coordinator {
-    client: Client,
+    clients: Arc<Vec<Client>>,
+    current: Arc<AtomicUsize>,
     config: CoordinatorConfig,
 }
 
@@ -116,9 +124,11 @@ impl Coordinator {
             )));
         }
         let timeout = config.call_timeout();
+        // No per-request timeout here: it becomes the gRPC deadline of
+        // watches too, which etcd then ends. Unary calls are bounded where
+        // they are made.
         let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
-            .with_timeout(timeout)
             .with_keep_alive(Duration::from_secs(2), timeout)
             .with_keep_alive_while_idle(true)
             // A member cut off from its quorum refuses at once instead of
@@ -130,35 +140,53 @@ impl Coordinator {
         if let Some(tls) = &config.tls {
             options = options.with_tls(load_tls(tls)?);
         }
-        let unreachable = |e: etcd_client::Error| FleetError::Unreachable {
-            endpoints: config.endpoints.join(","),
-            detail: e.to_string(),
-        };
-        let client = tokio::time::timeout(
-            timeout * 2,
-            Client::connect(config.endpoints.clone(), Some(options)),
-        )
-        .await
-        .map_err(|_| FleetError::Unreachable {
-            endpoints: config.endpoints.join(","),
-            detail: format!("no answer within {timeout:?}"),
-        })?
-        .map_err(unreachable)?;
-        let coordinator = Self { client, config };
-        // The connection is lazy: one read proves a member with a leader answers.
-        coordinator
-            .get_prefix(&coordinator.prefix())
+        let mut clients = Vec::new();
+        for endpoint in &config.endpoints {
+            let client = tokio::time::timeout(
+                timeout * 2,
+                Client::connect([endpoint.as_str()], Some(options.clone())),
+            )
             .await
-            .map(|_| ())?;
-        Ok(coordinator)
+            .map_err(|_| FleetError::Unreachable {
+                endpoints: endpoint.clone(),
+                detail: format!("no answer within {timeout:?}"),
+            })?
+            .map_err(|e| FleetError::Unreachable {
+                endpoints: endpoint.clone(),
+                detail: e.to_string(),
+            })?;
+            clients.push(client);
+        }
+        let coordinator = Self {
+            clients: Arc::new(clients),
+            current: Arc::default(),
+            config,
+        };
+        // Connections are lazy: one read proves a member with a leader
+        // answers (each member is tried once).
+        let mut last = None;
+        for _ in 0..coordinator.clients.len() {
+            match coordinator.get_prefix(&coordinator.prefix()).await {
+                Ok(_) => return Ok(coordinator),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| FleetError::Config("no etcd endpoint".into())))
+    }
+
+    /// Moves later calls to the next member (after a failed call).
+    pub fn next_member(&self) {
+        self.current.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn config(&self) -> &CoordinatorConfig {
         &self.config
     }
 
+    /// The client of the member calls go to now.
     pub fn client(&self) -> Client {
-        self.client.clone()
+        let at = self.current.load(Ordering::Relaxed) % self.clients.len().max(1);
+        self.clients[at].clone()
     }
 
     /// `/tailflight/<cluster>/`.
@@ -180,7 +208,9 @@ impl Coordinator {
         self.config.endpoints.join(",")
     }
 
+    /// The error of a failed call; later calls go to the next member.
     pub(crate) fn unreachable(&self, what: &str, e: impl std::fmt::Display) -> FleetError {
+        self.next_member();
         FleetError::Unreachable {
             endpoints: self.endpoints_text(),
             detail: format!("{what}: {e}"),
@@ -192,7 +222,7 @@ impl Coordinator {
         &self,
         prefix: &str,
     ) -> Result<(i64, Vec<etcd_client::KeyValue>), FleetError> {
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let mut response = tokio::time::timeout(
             self.config.call_timeout(),
             client.get(prefix, Some(GetOptions::new().with_prefix())),

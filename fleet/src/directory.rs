@@ -147,8 +147,9 @@ async fn follow(
         {
             Ok(stream) => stream,
             Err(e) => {
+                coordinator.next_member();
                 tracing::warn!(error = %e, "cannot watch the sinks' endpoints; keeping the last ones");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(Duration::from_millis(250)).await;
                 continue;
             }
         };
@@ -169,9 +170,15 @@ async fn follow(
                         }
                     }
                 }
-                _ => {
-                    tracing::warn!("the watch on the sinks' endpoints ended; reading them again");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                ended => {
+                    coordinator.next_member();
+                    let why = match ended {
+                        Ok(Some(_)) => "cancelled by etcd".to_string(),
+                        Ok(None) => "closed".to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    tracing::warn!(%why, "the watch on the sinks' endpoints ended; reading them again");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
                     break;
                 }
             }

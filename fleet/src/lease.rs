@@ -260,7 +260,10 @@ impl HeldLease {
 async fn renew(coordinator: Coordinator, id: i64, key: String, epoch: i64, clock: LeaseClock) {
     let ttl = clock.ttl();
     let every = ttl / 3;
-    let timeout = coordinator.config().call_timeout();
+    // Short: a renewal that hangs (a member electing a leader, or cut
+    // off) is better abandoned and tried on the next member while the
+    // deadline leaves room for several more.
+    let timeout = (ttl / 6).max(Duration::from_millis(300));
     let mut wait = every;
     loop {
         tokio::time::sleep(wait).await;
@@ -273,14 +276,21 @@ async fn renew(coordinator: Coordinator, id: i64, key: String, epoch: i64, clock
                 clock.lose(FenceReason::Expired);
                 return;
             }
+            Ok(Err(e)) if e.to_string().contains("lease not found") => {
+                tracing::error!(%key, error = %e, "etcd no longer knows the lease");
+                clock.lose(FenceReason::Expired);
+                return;
+            }
             Ok(Err(e)) => {
-                tracing::warn!(%key, error = %e, left_ms = clock.time_left().as_millis() as u64, "renewing the lease failed; retrying");
-                wait = Duration::from_millis(250);
+                coordinator.next_member();
+                tracing::warn!(%key, error = %e, left_ms = clock.time_left().as_millis() as u64, "renewing the lease failed; retrying on the next member");
+                wait = Duration::from_millis(100);
                 continue;
             }
             Err(_) => {
-                tracing::warn!(%key, left_ms = clock.time_left().as_millis() as u64, "renewing the lease timed out; retrying");
-                wait = Duration::from_millis(250);
+                coordinator.next_member();
+                tracing::warn!(%key, left_ms = clock.time_left().as_millis() as u64, "renewing the lease timed out; retrying on the next member");
+                wait = Duration::from_millis(100);
                 continue;
             }
         }
@@ -304,8 +314,9 @@ async fn renew(coordinator: Coordinator, id: i64, key: String, epoch: i64, clock
             _ => {
                 // The renewal itself went through; count it and check the
                 // key at the next one.
+                coordinator.next_member();
                 clock.renewed(sent_at);
-                wait = Duration::from_millis(250);
+                wait = Duration::from_millis(100);
             }
         }
     }

@@ -59,6 +59,14 @@ impl NetNs {
         Some(made)
     }
 
+    /// The host's address on the veth pair, as seen from inside.
+    pub fn host_address(&self) -> String {
+        match self.address.rsplit_once('.') {
+            Some((subnet, _)) => format!("{subnet}.1"),
+            None => self.address.clone(),
+        }
+    }
+
     /// Takes the host's end of the link down (`false`) or up again.
     pub fn link(&self, up: bool) {
         let state = if up { "up" } else { "down" };

@@ -509,10 +509,12 @@ class Pipeline:
         self.sink.start()
 
     def start_watcher(self, to=None):
+        """to: the sink's endpoint (by default this pipeline's); "" gives no --to."""
         self.watch_start_ns = now_ns()
+        target = [] if to == "" else ["--to", to or self.endpoint]
         self.watcher = Proc("watcher", nofile=self.nofile, argv=[
             self.b.bin, "watch", "--dir", self.src, "--source", SOURCE,
-            "--to", to or self.endpoint, "--state", self.d / "watch-state",
+            *target, "--state", self.d / "watch-state",
             *self.tls_client, *self.watch_extra, *self.b.watch_args], logdir=self.logdir, env=self.b.env)
         return self.watcher
 

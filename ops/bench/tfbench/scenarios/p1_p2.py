@@ -15,15 +15,17 @@ from ..harness import (Bench, BenchError, Pipeline, dir_bytes, now_ns, rmtree, s
                        wait_commits)
 
 
-def throughput_run(b: Bench, name: str, tls: bool, watch_extra=(), sink_extra=(), total_mib=None) -> dict:
-    """One P1 run: `total_mib` (by default P1's) in 16 files written as fast as the simulator can."""
+def throughput_run(b: Bench, name: str, tls: bool, watch_extra=(), sink_extra=(), total_mib=None,
+                   watch_to=None) -> dict:
+    """One P1 run: `total_mib` (by default P1's) in 16 files written as fast as the simulator can.
+    `watch_to=""` starts the watcher without --to (it finds its sink through a coordinator)."""
     total_mib = b.p["p1_total_mib"] if total_mib is None else total_mib
     d = b.fresh("p1", name)
     src = b.fresh_src("p1", name)
     os.sync()
     pl = Pipeline(b, d, src, tls=tls, watch_extra=watch_extra, sink_extra=sink_extra)
     try:
-        pl.start_watcher()
+        pl.start_watcher(to=watch_to)
         time.sleep(0.5)
         t0 = now_ns()
         # The simulator is the only child reaped while it runs: the change in
