@@ -233,9 +233,18 @@ impl Placer {
             work.request.touched.push(slot.clone());
             return Ok(false);
         };
-        self.record_durably(intent, || {
+        if let Err(error) = self.record_durably(intent, || {
             format!("recording the move of {from} aside to {to}")
-        })?;
+        }) {
+            // Nothing moved: memory goes back to what the disk holds (see
+            // `Moving::abandon`).
+            {
+                let mut state = lock(&slot.state);
+                (state.record.superseded, state.record.kept) = before;
+            }
+            moving.abandon(slot);
+            return Err(error);
+        }
         let dirs = match self.root.rename(from, to) {
             Ok(dirs) => dirs,
             Err(error) => {

@@ -119,7 +119,12 @@ impl Placer {
         intent.push(slot.clone());
         #[cfg(test)]
         crate::fault::hit(crate::fault::Point::MoveIntent, &slot.id.source);
-        self.record_durably(intent, || format!("recording the rename to {new_dest}"))?;
+        if let Err(error) =
+            self.record_durably(intent, || format!("recording the rename to {new_dest}"))
+        {
+            moving.abandon(&slot);
+            return Err(error);
+        }
         let dirs = match self.root.rename(&old_dest, &new_dest) {
             Ok(dirs) => dirs,
             Err(error) => {
@@ -276,7 +281,14 @@ impl Placer {
             intent.push(m.slot.clone());
         }
         let count = moves.len();
-        self.record_durably(intent, || format!("recording the renames of {count} files"))?;
+        if let Err(error) =
+            self.record_durably(intent, || format!("recording the renames of {count} files"))
+        {
+            for (m, moving) in moves.iter().zip(marked) {
+                moving.abandon(&m.slot);
+            }
+            return Err(error);
+        }
         let mut first_failure = None;
         let mut not_moved = Vec::new();
         for (m, moving) in moves.into_iter().zip(marked) {
@@ -474,6 +486,20 @@ impl Moving {
     pub(super) fn made(mut self, state: &mut SlotState) {
         state.moving = false;
         self.0 = None;
+    }
+
+    /// The move's intent could not be recorded (a failed or refused
+    /// commit: the sink stopping, a full state directory) and nothing
+    /// moved: the record goes back to naming the file where it is, before
+    /// the mark is lifted. Left as it was, the record would say "recorded,
+    /// not yet moved", and the next batch to touch the file would make the
+    /// move behind a manifest that never heard of it (a restart's journal
+    /// replay then recreated the old name, and the renamed file was
+    /// replaced by that empty-headed copy).
+    pub(super) fn abandon(self, slot: &Arc<Slot>) {
+        let mut state = lock(&slot.state);
+        state.record.undo_move();
+        self.made(&mut state);
     }
 }
 

@@ -574,3 +574,49 @@ fn a_rename_leaves_the_batchs_small_ranges_journaled() {
     assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), b"first more");
     assert_eq!(std::fs::read(fixture.dest("s/b")).unwrap(), b"first more");
 }
+
+/// A run of renames whose intents cannot be recorded (the sink stopping,
+/// a full state directory) moves nothing, then or later: the records go
+/// back to naming the files where they are. Left saying "recorded, not yet
+/// moved", the next delivery of the run made the moves behind a manifest
+/// that never heard of them, and after a restart the journal's replay
+/// recreated the old names and the renamed files were replaced by those
+/// copies (a rolling restart of a fleet's sinks lost the head of two files).
+#[test]
+fn a_run_whose_intents_cannot_be_recorded_moves_nothing_later() {
+    let fixture = Fixture::new("run-intent-fails");
+    let placer = fixture.placer();
+    let source = placer.source("s").unwrap();
+    place_and_record(
+        &placer,
+        &source,
+        1,
+        &rows(|b| {
+            b.push_data("a.tmp", 1, 0, b"bytes of a");
+            b.push_data("b.tmp", 1, 0, b"bytes of b");
+        }),
+    );
+    placer.health.poison("the manifest cannot be written");
+    let run = rows(|b| {
+        b.push_rename("a.tmp", 1, "a");
+        b.push_rename("b.tmp", 1, "b");
+    });
+    assert!(placer.place(&source, 2, &run).is_err());
+    for key in ["a.tmp", "b.tmp"] {
+        let slot = lock(&source.files).slots[&(key.to_string(), 1)].clone();
+        let state = lock(&slot.state);
+        assert_eq!(state.record.dest_path, format!("s/{key}"));
+        assert!(state.record.renamed_from.is_none(), "{key}");
+        assert!(!state.moving, "{key}");
+    }
+    let _ = placer.place(&source, 3, &run);
+    let files = tree(&fixture);
+    assert!(
+        files.contains_key("s/a.tmp") && files.contains_key("s/b.tmp"),
+        "{files:?}"
+    );
+    assert!(
+        !files.contains_key("s/a") && !files.contains_key("s/b"),
+        "{files:?}"
+    );
+}
