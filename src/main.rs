@@ -715,7 +715,7 @@ async fn serve_sink(
     listening: impl FnOnce() + Send,
 ) -> anyhow::Result<()> {
     let sink = Arc::new(sink::Sink::open(config)?);
-    if let Some(role) = role {
+    if let Some(role) = role.clone() {
         sink.describe_fleet(move || serde_json::to_value(role.report()).unwrap_or_default());
     }
     // Listeners of the feed, each on a thread it ends once the
@@ -731,7 +731,7 @@ async fn serve_sink(
         )?;
         listeners.push(thread);
         exporters = observe::export(
-            Arc::new(observed),
+            Arc::new(observed.with_role(role)),
             args.export.metrics_listen,
             args.export.otlp("tailflight-sink", None),
             stop(),
@@ -815,15 +815,47 @@ async fn run_sink_identity(
     };
     let identity = args.fleet.identity().unwrap_or_default();
     let role = fleet::RoleStatus::new(fleet::Kind::Sink, identity, args.fleet.cluster());
-    let Some(active) = identity::become_active(
+    // Until it is active, the process shows its role alone; that listener
+    // is let go of (its port with it) before the sink's own starts.
+    let (standby_over, standby_ends) = tokio::sync::oneshot::channel::<()>();
+    let mut standby_exporters = Vec::new();
+    if args.export.wanted() {
+        let stopping = stop();
+        standby_exporters = observe::export(
+            Arc::new(observe::fleet::StandbyObserved::new(
+                role.clone(),
+                problems.clone(),
+            )),
+            args.export.metrics_listen,
+            args.export.otlp("tailflight-sink", None),
+            async move {
+                tokio::select! {
+                    _ = standby_ends => {}
+                    () = stopping => {}
+                }
+            },
+        )
+        .await?;
+    }
+    let became = identity::become_active(
         &args.fleet,
         fleet::Kind::Sink,
         &config.state_dir,
         &role,
         stop,
     )
-    .await?
-    else {
+    .await;
+    let _ = standby_over.send(());
+    for mut exporter in standby_exporters {
+        if tokio::time::timeout(Duration::from_secs(2), &mut exporter)
+            .await
+            .is_err()
+        {
+            exporter.abort();
+            let _ = exporter.await;
+        }
+    }
+    let Some(active) = became? else {
         return Ok(());
     };
     role.activated();
@@ -855,16 +887,12 @@ async fn run_sink_identity(
 async fn run_watcher(
     args: &WatchArgs,
     progress: Arc<watcher::Progress>,
+    role: Option<fleet::RoleStatus>,
     stop: &StopMaker,
 ) -> anyhow::Result<()> {
     let mut config = watch_config(args);
     let mut active = None;
-    if args.fleet.identity().is_some() {
-        let role = fleet::RoleStatus::new(
-            fleet::Kind::Watcher,
-            args.fleet.identity().unwrap_or_default(),
-            args.fleet.cluster(),
-        );
+    if let Some(role) = role {
         match identity::become_active(
             &args.fleet,
             fleet::Kind::Watcher,
@@ -954,6 +982,9 @@ fn run(
             runtime()?.block_on(async {
                 let stop = stop_signal();
                 let mut exporters = Vec::new();
+                let role = args.fleet.identity().map(|identity| {
+                    fleet::RoleStatus::new(fleet::Kind::Watcher, identity, args.fleet.cluster())
+                });
                 if args.export.wanted() {
                     let observed = observe::WatchObserved::new(
                         args.source.clone(),
@@ -962,7 +993,7 @@ fn run(
                         problems,
                     )?;
                     exporters = observe::export(
-                        Arc::new(observed),
+                        Arc::new(observed.with_role(role.clone())),
                         args.export.metrics_listen,
                         args.export.otlp("tailflight-watch", Some(&args.source)),
                         stop(),
@@ -995,7 +1026,7 @@ fn run(
                     })
                     .await;
                 });
-                let watched = run_watcher(&args, progress.clone(), &stop).await;
+                let watched = run_watcher(&args, progress.clone(), role, &stop).await;
                 service.abort();
                 for exporter in exporters {
                     exporter.abort();

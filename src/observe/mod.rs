@@ -8,6 +8,7 @@
 //! feed): they know nothing of HTTP or Prometheus, and the metrics, the
 //! JSON and the page cannot disagree about one moment.
 
+pub mod fleet;
 mod history;
 mod metrics;
 pub mod otlp;

@@ -24,6 +24,8 @@ pub struct SinkObserved {
     started: Instant,
     feed: Arc<FeedCounts>,
     history: History,
+    /// The process's role for its identity, in a fleet.
+    role: Option<fleet::RoleStatus>,
 }
 
 /// What the feed listener counts.
@@ -108,9 +110,16 @@ impl SinkObserved {
                 started: Instant::now(),
                 feed,
                 history: History::default(),
+                role: None,
             },
             thread,
         ))
+    }
+
+    /// Shows the process's role for its identity too (a fleet's member).
+    pub fn with_role(mut self, role: Option<fleet::RoleStatus>) -> Self {
+        self.role = role;
+        self
     }
 
     fn committed_total(&self) -> u64 {
@@ -205,6 +214,9 @@ impl Observed for SinkObserved {
         let m = Families::new();
         m.build_info("sink");
         m.process();
+        if let Some(role) = &self.role {
+            super::fleet::role_metrics(&m, &role.report());
+        }
         let poisoned = self.sink.health().reason().map(|r| r.to_string());
         m.gauge(
             "sink_ready",
@@ -354,6 +366,7 @@ impl Observed for SinkObserved {
             "commit_rounds": self.feed.rounds.load(Ordering::Relaxed),
             "disk": disks,
             "sink": status_json,
+            "fleet": self.role.as_ref().map(|role| role.report()),
             "history": self.history.points(),
             "problems": self.problems.list(),
         });

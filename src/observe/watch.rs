@@ -92,6 +92,8 @@ pub struct WatchObserved {
     started: Instant,
     history: History,
     ack_latency: Arc<AckLatency>,
+    /// The process's role for its identity, in a fleet.
+    role: Option<fleet::RoleStatus>,
 }
 
 /// Latency distributions the watcher's parts tell as things happen: batch
@@ -160,7 +162,14 @@ impl WatchObserved {
             started: Instant::now(),
             history: History::default(),
             ack_latency,
+            role: None,
         })
+    }
+
+    /// Shows the process's role for its identity too (a fleet's member).
+    pub fn with_role(mut self, role: Option<fleet::RoleStatus>) -> Self {
+        self.role = role;
+        self
     }
 }
 
@@ -206,6 +215,10 @@ impl Observed for WatchObserved {
         let m = Families::new();
         m.build_info("watcher");
         m.process();
+        let role = self.role.as_ref().map(|role| role.report());
+        if let Some(report) = &role {
+            super::fleet::role_metrics(&m, report);
+        }
         m.gauge(
             "ready",
             "1 once the watcher tails (after reconciling with its sinks), else 0.",
@@ -417,6 +430,7 @@ impl Observed for WatchObserved {
             Phase::Stopped => Some("stopping".to_string()),
         };
         let status = json!({
+            "fleet": role,
             "role": "watcher",
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_seconds": self.started.elapsed().as_secs_f64(),
