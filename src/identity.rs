@@ -138,7 +138,9 @@ impl FleetArgs {
         loop {
             match Coordinator::connect(config.clone()).await {
                 Ok(coordinator) => return Ok(Some(coordinator)),
-                Err(e @ fleet::FleetError::Config(_)) => return Err(e.into()),
+                Err(e @ (fleet::FleetError::Config(_) | fleet::FleetError::Refused { .. })) => {
+                    return Err(e.into());
+                }
                 Err(e) => match self.coordinator_unreachable {
                     WhenUnreachable::Exit => {
                         return Err(anyhow::Error::new(e).context("the coordinator is unreachable"));

@@ -128,6 +128,27 @@ impl Fleet {
         );
     }
 
+    /// Waits until process `index` says it is a standby.
+    fn wait_standby(&self, index: usize) {
+        let proc = &self.sinks[index].2;
+        wait_until(
+            &format!("{} to be a standby", proc.name),
+            Duration::from_secs(30),
+            || proc.log_text().contains("standby"),
+        );
+    }
+
+    /// A watcher of `source` and a simulator writing into it for
+    /// `duration`, once bytes have arrived: (the source's folder, the
+    /// simulator).
+    fn start_load(&mut self, source: &str, duration: &str, extra: &[&str]) -> (PathBuf, Proc) {
+        let dir = self.start_watcher(source, extra);
+        let sim =
+            simulate_in_background(&self.dir, &dir, &workload("run1", "2", "256KiB", duration));
+        wait_some_bytes(self, source);
+        (dir, sim)
+    }
+
     fn start_watcher(&mut self, source: &str, extra: &[&str]) -> PathBuf {
         let dir = self.dir.join(format!("source-{source}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -322,11 +343,7 @@ fn a_frozen_active_is_fenced_when_it_resumes_and_its_standby_takes_over() {
     let metrics_port = free_port();
     let listen = format!("127.0.0.1:{metrics_port}");
     let second = fleet.start_sink_with("a", "h2", &["--metrics-listen", listen.as_str()]);
-    wait_until(
-        "the second to be a standby",
-        Duration::from_secs(30),
-        || fleet.sinks[second].2.log_text().contains("standby"),
-    );
+    fleet.wait_standby(second);
     let role_of = |port: u16| {
         http_get(port, "/api/status")
             .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
@@ -337,13 +354,7 @@ fn a_frozen_active_is_fenced_when_it_resumes_and_its_standby_takes_over() {
         Duration::from_secs(30),
         || role_of(metrics_port).as_deref() == Some("standby"),
     );
-    let source_dir = fleet.start_watcher("s1", &[]);
-    let mut sim = simulate_in_background(
-        &fleet.dir,
-        &source_dir,
-        &workload("run1", "2", "256KiB", "6s"),
-    );
-    wait_some_bytes(&fleet, "s1");
+    let (source_dir, mut sim) = fleet.start_load("s1", "6s", &[]);
     let frozen_pid = fleet.sinks[first].2.pid();
     signal(frozen_pid, libc::SIGSTOP);
     // The standby wins the lease once it expires, but the frozen process
@@ -416,14 +427,8 @@ fn a_standby_watcher_resumes_from_the_shared_checkpoint() {
         "--state",
         state_arg.as_str(),
     ];
-    let source_dir = fleet.start_watcher("s1", &extra);
+    let (source_dir, mut sim) = fleet.start_load("s1", "6s", &extra);
     let active = fleet.watchers.len() - 1;
-    let mut sim = simulate_in_background(
-        &fleet.dir,
-        &source_dir,
-        &workload("run1", "2", "256KiB", "6s"),
-    );
-    wait_some_bytes(&fleet, "s1");
     // The standby, on the other host, with the same identity and state.
     let mut args = fleet.watchers[active].args().to_vec();
     args.extend(strings(&["--log", "info"]));
@@ -549,18 +554,8 @@ fn a_cut_off_active_fences_before_its_standby_takes_over() {
     let zombie = fleet.start_sink_in("a", &ns);
     fleet.wait_serving(zombie);
     let standby = fleet.start_sink("a", "h2");
-    wait_until(
-        "the second to be a standby",
-        Duration::from_secs(30),
-        || fleet.sinks[standby].2.log_text().contains("standby"),
-    );
-    let source_dir = fleet.start_watcher("s1", &[]);
-    let mut sim = simulate_in_background(
-        &fleet.dir,
-        &source_dir,
-        &workload("run1", "2", "256KiB", "8s"),
-    );
-    wait_some_bytes(&fleet, "s1");
+    fleet.wait_standby(standby);
+    let (source_dir, mut sim) = fleet.start_load("s1", "8s", &[]);
     ns.link(false);
     fleet.wait_serving(standby);
     let zombie_log = fleet.sinks[zombie].2.log_text();
@@ -610,18 +605,8 @@ fn etcd_losing_a_member_changes_nothing_and_losing_quorum_fences_until_it_return
     let first = fleet.start_sink("a", "h1");
     fleet.wait_serving(first);
     let second = fleet.start_sink("a", "h2");
-    wait_until(
-        "the second to be a standby",
-        Duration::from_secs(30),
-        || fleet.sinks[second].2.log_text().contains("standby"),
-    );
-    let source_dir = fleet.start_watcher("s1", &[]);
-    let mut sim = simulate_in_background(
-        &fleet.dir,
-        &source_dir,
-        &workload("run1", "2", "256KiB", "10s"),
-    );
-    wait_some_bytes(&fleet, "s1");
+    fleet.wait_standby(second);
+    let (source_dir, mut sim) = fleet.start_load("s1", "10s", &[]);
     let pid = fleet.sinks[first].2.pid();
     fleet.etcd.kill(0);
     // Several TTLs with one member gone: the same process stays active.
@@ -726,4 +711,139 @@ fn a_rolling_restart_of_every_sink_host_loses_nothing() {
     }
     sim.stop();
     fleet.finish(&[("s1", &source_dir, "run1")], &identities);
+}
+
+/// etcd with TLS (client certificates required) and authentication: a
+/// sink given the CA, its certificate and the user's password holds its
+/// identity; a wrong password is refused with etcd's reason, and the
+/// endpoints named.
+#[test]
+fn etcd_with_tls_and_authentication() {
+    let dir = scratch("fleet-etcd-tls");
+    let certs = dir.join("certs");
+    let (ok, text) = run(&strings(&["certs", "--out", &certs.display().to_string()]));
+    assert!(ok, "certs: {text}");
+    let pem = |name: &str| certs.join(name).display().to_string();
+    let binary = common::etcd::etcd_binary().expect("etcd is installed by ops/test.sh");
+    let (client_port, peer_port) = (free_port(), free_port());
+    let log = std::fs::File::create(dir.join("etcd.log")).unwrap();
+    let mut etcd = std::process::Command::new(binary)
+        .args([
+            "--name",
+            "e1",
+            "--data-dir",
+            &dir.join("e1").display().to_string(),
+        ])
+        .args([
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+        ])
+        .args([
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer_port}"),
+        ])
+        .args([
+            "--initial-cluster",
+            &format!("e1=http://127.0.0.1:{peer_port}"),
+        ])
+        .args([
+            "--listen-client-urls",
+            &format!("https://127.0.0.1:{client_port}"),
+        ])
+        .args([
+            "--advertise-client-urls",
+            &format!("https://127.0.0.1:{client_port}"),
+        ])
+        .args([
+            "--cert-file",
+            &pem("server.pem"),
+            "--key-file",
+            &pem("server.key"),
+        ])
+        .args(["--trusted-ca-file", &pem("ca.pem"), "--client-cert-auth"])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start etcd");
+    let ctl = |args: &[&str]| {
+        let output = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=https://127.0.0.1:{client_port}"))
+            .args(["--cacert", &pem("ca.pem"), "--cert", &pem("client.pem")])
+            .args(["--key", &pem("client.key"), "--command-timeout=3s"])
+            .args(args)
+            .output()
+            .expect("run etcdctl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    };
+    wait_until("etcd with TLS to answer", Duration::from_secs(60), || {
+        ctl(&["endpoint", "health"]).0
+    });
+    for step in [
+        vec!["user", "add", "root:secret-pw"],
+        vec!["auth", "enable"],
+    ] {
+        let (ok, text) = ctl(&step);
+        assert!(ok, "etcdctl {step:?}: {text}");
+    }
+    let sink_args = |password_ok: bool| {
+        let mut args = strings(&["sink", "--identity", "a", "--cluster", CLUSTER]);
+        args.push("--coordinator".into());
+        args.push(format!("etcds://127.0.0.1:{client_port}"));
+        args.extend(["--etcd-ca".into(), pem("ca.pem")]);
+        args.extend(["--etcd-cert".into(), pem("client.pem")]);
+        args.extend(["--etcd-key".into(), pem("client.key")]);
+        args.extend(strings(&["--etcd-user", "root", "--lease-ttl", "3s"]));
+        args.extend(strings(&["--coordinator-unreachable", "exit"]));
+        args.extend(["--root".into(), dir.join("dest").display().to_string()]);
+        args.extend(["--state".into(), dir.join("state").display().to_string()]);
+        args.extend(["--listen".into(), format!("127.0.0.1:{}", free_port())]);
+        let password = if password_ok { "secret-pw" } else { "wrong" };
+        (args, password)
+    };
+    let (args, password) = sink_args(false);
+    let mut refused = Proc::spawn_with_env(
+        &dir,
+        "sink-wrong-password",
+        &[],
+        &args,
+        &[("TAILFLIGHT_ETCD_PASSWORD", password)],
+    );
+    wait_until(
+        "the wrong password to be refused",
+        Duration::from_secs(30),
+        || !refused.is_running(),
+    );
+    let text = refused.log_text();
+    assert!(text.contains("authentication failed"), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{client_port}")), "{text}");
+    let (args, password) = sink_args(true);
+    let sink = Proc::spawn_with_env(
+        &dir,
+        "sink",
+        &[],
+        &args,
+        &[("TAILFLIGHT_ETCD_PASSWORD", password)],
+    );
+    wait_until(
+        "the sink to serve its identity",
+        Duration::from_secs(30),
+        || sink.log_text().contains("sink serving"),
+    );
+    let (ok, text) = ctl(&[
+        "--user",
+        "root:secret-pw",
+        "get",
+        &format!("/tailflight/{CLUSTER}/sinks/a"),
+        "--print-value-only",
+    ]);
+    assert!(ok && text.contains("\"endpoint\""), "{text}");
+    drop(sink);
+    let _ = etcd.kill();
+    let _ = etcd.wait();
 }

@@ -151,10 +151,7 @@ impl Coordinator {
                 endpoints: endpoint.clone(),
                 detail: format!("no answer within {timeout:?}"),
             })?
-            .map_err(|e| FleetError::Unreachable {
-                endpoints: endpoint.clone(),
-                detail: e.to_string(),
-            })?;
+            .map_err(|e| classify(endpoint, e))?;
             clients.push(client);
         }
         let coordinator = Self {
@@ -232,6 +229,28 @@ impl Coordinator {
         .map_err(|e| self.unreachable(&format!("reading {prefix}"), e))?;
         let revision = response.header().map_or(0, |h| h.revision());
         Ok((revision, response.take_kvs()))
+    }
+}
+
+/// A refusal (authentication, permission) apart from a failure to reach.
+fn classify(endpoint: &str, error: etcd_client::Error) -> FleetError {
+    let refused = matches!(
+        &error,
+        etcd_client::Error::GRpcStatus(status) if matches!(
+            status.code(),
+            tonic::Code::InvalidArgument | tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+        )
+    );
+    if refused {
+        FleetError::Refused {
+            endpoints: endpoint.to_string(),
+            detail: error.to_string(),
+        }
+    } else {
+        FleetError::Unreachable {
+            endpoints: endpoint.to_string(),
+            detail: error.to_string(),
+        }
     }
 }
 

@@ -44,6 +44,10 @@ pub enum FleetError {
     /// or the network's fault); retried by callers that can wait.
     #[error("etcd at {endpoints}: {detail}")]
     Unreachable { endpoints: String, detail: String },
+    /// etcd refused this client (wrong user or password, no permission on
+    /// the cluster's keys): the operator's fault; retrying cannot help.
+    #[error("etcd at {endpoints} refused us: {detail}")]
+    Refused { endpoints: String, detail: String },
     /// Two processes disagree about what an identity owns (the operator's
     /// fault: a wrong --state, or a state directory that is not shared).
     #[error("identity {identity}: {detail}")]

@@ -56,12 +56,27 @@ impl Drop for Scratch {
     }
 }
 
+/// A loopback port free now and never handed out before by this test
+/// process. Tests of one binary run side by side: a broker stopped for an
+/// outage must find its ports again when it restarts, and the kernel hands
+/// a released port to the next caller readily.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if GIVEN
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 /// A child process that is killed when dropped. Its stderr goes to `<dir>/<name>.log`.
@@ -71,6 +86,8 @@ pub struct Proc {
     args: Vec<String>,
     /// Runs the binary through this command (e.g. `ip netns exec NS`).
     prefix: Vec<String>,
+    /// Environment variables set for it (secrets that flags do not carry).
+    env: Vec<(String, String)>,
     log: PathBuf,
 }
 
@@ -81,12 +98,27 @@ impl Proc {
 
     /// [`Self::spawn`] through `prefix` (`ip netns exec NS`).
     pub fn spawn_through(dir: &Path, name: &str, prefix: &[String], args: &[String]) -> Self {
+        Self::spawn_with_env(dir, name, prefix, args, &[])
+    }
+
+    /// [`Self::spawn_through`] with environment variables `env` set.
+    pub fn spawn_with_env(
+        dir: &Path,
+        name: &str,
+        prefix: &[String],
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = dir.join(format!("{name}.log"));
         let mut proc = Self {
             name: name.into(),
             child: None,
             args: args.to_vec(),
             prefix: prefix.to_vec(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             log,
         };
         proc.start();
@@ -121,6 +153,7 @@ impl Proc {
         };
         let child = command
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env(
                 "TAILFLIGHT_LOG",
                 std::env::var("TAILFLIGHT_LOG").unwrap_or_else(|_| "info".into()),
