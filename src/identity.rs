@@ -256,12 +256,19 @@ pub async fn become_active(
     if let Err(e) =
         fleet::register_state(&active.coordinator, kind, identity, state_dir, &host).await
     {
-        // Refused for good: let a correctly configured standby have it.
+        // Let a correctly configured (or better connected) standby have it.
         active.release().await;
-        return Err(anyhow::Error::new(e).context(format!(
-            "the state directory {} is not identity {identity}'s",
-            state_dir.display()
-        )));
+        let context = match e {
+            fleet::FleetError::Conflict { .. } => format!(
+                "the state directory {} is not identity {identity}'s",
+                state_dir.display()
+            ),
+            _ => format!(
+                "cannot check the state directory {} against identity {identity}'s record",
+                state_dir.display()
+            ),
+        };
+        return Err(anyhow::Error::new(e).context(context));
     }
     let mut said = false;
     let mut stopped = stop();
