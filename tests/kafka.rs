@@ -9,49 +9,15 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::kafka::KafkaBroker;
+use common::kafka::{KafkaBroker, check_events, consume};
 use common::{
     Pipeline, PipelineOptions, assert_clean_audit, files_of_run, scratch, simulate,
     simulate_in_background, status_u64, strings, workload,
 };
 
 const TOPIC: &str = "tailflight.events";
-
-fn python() -> String {
-    std::env::var("TAILFLIGHT_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-/// Every record of the topic, as `tests/tools/kafka_consume.py` prints them.
-fn consume(bootstrap: &str) -> Vec<serde_json::Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/kafka_consume.py");
-    let out = Command::new(python())
-        .arg(&script)
-        .args(["--bootstrap", bootstrap, "--topic", TOPIC])
-        .args([
-            "--min-events",
-            "1",
-            "--idle-seconds",
-            "3",
-            "--timeout",
-            "120",
-        ])
-        .output()
-        .expect("run the Kafka consumer");
-    assert!(
-        out.status.success(),
-        "consumer failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("consumer line is JSON"))
-        .collect()
-}
 
 fn events_pipeline(name: &str, brokers: &str) -> Pipeline {
     Pipeline::in_scratch(
@@ -90,153 +56,6 @@ fn wait_published(pipeline: &Pipeline, timeout: Duration) -> serde_json::Value {
     );
 }
 
-/// What the events say, checked against the destination. Returns the
-/// number of events.
-fn check_events(events: &[serde_json::Value], pipeline: &Pipeline, files: u64) -> usize {
-    // Unique ids: each event is in the topic once.
-    let mut ids: HashMap<&str, usize> = HashMap::new();
-    for event in events {
-        *ids.entry(event["value"]["id"].as_str().expect("id"))
-            .or_default() += 1;
-    }
-    let duplicates: Vec<_> = ids.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        duplicates.is_empty(),
-        "events in the topic more than once: {duplicates:?}"
-    );
-
-    let mut by_file: BTreeMap<(String, String, u64), Vec<&serde_json::Value>> = BTreeMap::new();
-    for event in events {
-        let value = &event["value"];
-        assert_eq!(value["specversion"], "1.0");
-        assert_eq!(
-            event["headers"]["content-type"],
-            "application/cloudevents+json; charset=UTF-8"
-        );
-        let data = &value["data"];
-        let file = (
-            data["source"].as_str().expect("source").to_owned(),
-            data["file_key"].as_str().expect("file_key").to_owned(),
-            data["generation"].as_u64().expect("generation"),
-        );
-        let key: (String, String) =
-            serde_json::from_str(event["key"].as_str().expect("key")).expect("key is a pair");
-        assert_eq!(
-            (&key.0, &key.1),
-            (&file.0, &file.1),
-            "record key of {event}"
-        );
-        by_file.entry(file).or_default().push(event);
-    }
-    assert_eq!(
-        by_file.len() as u64,
-        files,
-        "files with events: {:?}",
-        by_file.keys().collect::<Vec<_>>()
-    );
-    for (file, told) in &by_file {
-        let partition = &told[0]["partition"];
-        let mut offset = -1;
-        // Every committed range, to be [0, size) exactly once; rounds may
-        // commit a later range before an earlier one (their batches' commits
-        // race), the watermark says how far the file is readable.
-        let mut committed = Vec::new();
-        let mut watermark = 0;
-        let mut renamed = false;
-        let kinds: Vec<&str> = told
-            .iter()
-            .map(|e| e["value"]["type"].as_str().expect("type"))
-            .collect();
-        assert_eq!(
-            kinds[0], "org.tailflight.file.opened.v1",
-            "{file:?}: {kinds:?}"
-        );
-        assert_eq!(
-            *kinds.last().expect("events"),
-            "org.tailflight.file.sealed.v1",
-            "{file:?}: {kinds:?}"
-        );
-        for event in told {
-            assert_eq!(&event["partition"], partition, "{file:?} in two partitions");
-            let at = event["offset"].as_i64().expect("offset");
-            assert!(at > offset, "{file:?}: offsets out of order");
-            offset = at;
-            let data = &event["value"]["data"];
-            match event["value"]["type"].as_str().expect("type") {
-                "org.tailflight.range.committed.v1" => {
-                    for range in data["ranges"].as_array().expect("ranges") {
-                        let start = range[0].as_u64().expect("start");
-                        let end = range[1].as_u64().expect("end");
-                        assert!(end > start, "{file:?}: empty range {range}");
-                        committed.push((start, end));
-                    }
-                    let end = data["contiguous_end"].as_u64().expect("contiguous_end");
-                    assert!(end >= watermark, "{file:?}: watermark went back");
-                    assert_eq!(
-                        end,
-                        contiguous(&committed),
-                        "{file:?}: watermark is not where the committed ranges stop"
-                    );
-                    watermark = end;
-                }
-                "org.tailflight.file.renamed.v1" => {
-                    let from = data["from"].as_str().expect("from");
-                    let to = data["path"].as_str().expect("path");
-                    assert_eq!(from.strip_suffix(".inprogress"), Some(to), "{file:?}");
-                    renamed = true;
-                }
-                "org.tailflight.file.sealed.v1" => {
-                    let size = data["size"].as_u64().expect("size");
-                    committed.sort_unstable();
-                    let mut covered = 0;
-                    for &(start, end) in &committed {
-                        assert_eq!(start, covered, "{file:?}: a gap or an overlap at {start}");
-                        covered = end;
-                    }
-                    assert_eq!(
-                        size, covered,
-                        "{file:?}: sealed at {size}, covered {covered}"
-                    );
-                    let path = pipeline
-                        .dest_root
-                        .join(data["path"].as_str().expect("path"));
-                    let digest = data["digest"].as_str().expect("digest");
-                    let kind =
-                        flight_server::SealDigest::of_digest(digest).expect("a known digest");
-                    let dest = std::fs::File::open(&path)
-                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                    let actual = kind
-                        .of_file_prefix(&dest, size)
-                        .expect("digest of the file");
-                    assert_eq!(actual, digest, "{}", path.display());
-                }
-                "org.tailflight.file.opened.v1" => {}
-                other => panic!("{file:?}: unexpected {other}"),
-            }
-        }
-        assert_eq!(
-            renamed,
-            file.1.ends_with(".inprogress"),
-            "{file:?}: rename told {renamed}: {kinds:?}"
-        );
-    }
-    events.len()
-}
-
-/// Where the ranges stop covering the file from 0.
-fn contiguous(ranges: &[(u64, u64)]) -> u64 {
-    let mut sorted = ranges.to_vec();
-    sorted.sort_unstable();
-    let mut end = 0;
-    for (start, stop) in sorted {
-        if start > end {
-            break;
-        }
-        end = end.max(stop);
-    }
-    end
-}
-
 #[test]
 fn events_cover_each_file_once_in_order() {
     let dir = scratch("kafka-events");
@@ -247,8 +66,8 @@ fn events_cover_each_file_once_in_order() {
     pipeline.wait_sealed(files, Duration::from_secs(120));
     pipeline.wait_identical(Duration::from_secs(60));
     let published = wait_published(&pipeline, Duration::from_secs(120));
-    let events = consume(&broker.bootstrap());
-    let count = check_events(&events, &pipeline, files);
+    let events = consume(&broker.bootstrap(), TOPIC);
+    let count = check_events(&events, &pipeline.dest_root, files);
     assert_eq!(count as u64, status_u64(&published, "recorded_through"));
     println!("{count} events for {files} files: {published}");
 }
@@ -285,8 +104,8 @@ fn kill_nine_of_the_sink_publishes_each_event_once() {
     pipeline.wait_sealed(files, Duration::from_secs(180));
     pipeline.wait_identical(Duration::from_secs(120));
     wait_published(&pipeline, Duration::from_secs(120));
-    let events = consume(&broker.bootstrap());
-    let count = check_events(&events, &pipeline, files);
+    let events = consume(&broker.bootstrap(), TOPIC);
+    let count = check_events(&events, &pipeline.dest_root, files);
     println!("{count} events for {files} files across 12 kills of the sink");
     pipeline.watcher.stop();
     pipeline.sink.stop();
@@ -332,8 +151,8 @@ fn a_broker_outage_does_not_stop_ingest_and_loses_nothing() {
     pipeline.wait_sealed(files, Duration::from_secs(120));
     pipeline.wait_identical(Duration::from_secs(60));
     wait_published(&pipeline, Duration::from_secs(180));
-    let told = consume(&broker.bootstrap());
-    let count = check_events(&told, &pipeline, files);
+    let told = consume(&broker.bootstrap(), TOPIC);
+    let count = check_events(&told, &pipeline.dest_root, files);
     println!("{count} events for {files} files across a broker outage");
 }
 
@@ -360,8 +179,8 @@ fn no_broker_until_the_run_is_over() {
     );
     let broker = KafkaBroker::start_on(&dir.join("kafka"), 4, port);
     wait_published(&pipeline, Duration::from_secs(180));
-    let told = consume(&broker.bootstrap());
-    let count = check_events(&told, &pipeline, files);
+    let told = consume(&broker.bootstrap(), TOPIC);
+    let count = check_events(&told, &pipeline.dest_root, files);
     println!("{count} events for {files} files, published once a broker started");
 }
 
@@ -412,8 +231,8 @@ fn a_full_outbox_holds_ingest_back_until_the_relay_drains_it() {
     pipeline.wait_sealed(files, Duration::from_secs(180));
     pipeline.wait_identical(Duration::from_secs(120));
     wait_published(&pipeline, Duration::from_secs(120));
-    let told = consume(&broker.bootstrap());
-    let count = check_events(&told, &pipeline, files);
+    let told = consume(&broker.bootstrap(), TOPIC);
+    let count = check_events(&told, &pipeline.dest_root, files);
     println!("{count} events for {files} files through a 16 KiB outbox");
 }
 
@@ -453,15 +272,15 @@ fn a_missing_topic_is_named_in_status_and_nothing_is_lost() {
          [f.result(60) for f in futures.values()]\n",
         broker.bootstrap()
     );
-    let made = Command::new(python())
+    let made = std::process::Command::new(common::kafka::python())
         .args(["-c", &create])
         .status()
         .expect("run python");
     assert!(made.success(), "creating the topic failed");
     pipeline.wait_identical(Duration::from_secs(60));
     wait_published(&pipeline, Duration::from_secs(120));
-    let told = consume(&broker.bootstrap());
-    check_events(&told, &pipeline, files);
+    let told = consume(&broker.bootstrap(), TOPIC);
+    check_events(&told, &pipeline.dest_root, files);
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::browser::headless;
 use common::{Pipeline, PipelineOptions, free_port, signal, strings, wait_until, workload};
 
 /// Waits until a metrics listener answers (its process may still start).
@@ -556,49 +557,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Debian's Chromium, named by TAILFLIGHT_CHROMIUM (ops/test.sh installs it).
-fn chromium() -> std::path::PathBuf {
-    std::env::var_os("TAILFLIGHT_CHROMIUM")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            panic!("TAILFLIGHT_CHROMIUM names no Chromium: run the suite with ops/test.sh")
-        })
-}
-
-/// The page's DOM after its scripts ran (headless Chromium), or a screenshot.
-fn headless(url: &str, extra: &[String]) -> String {
-    let profile = std::env::temp_dir().join(format!("tf-chromium-{}", std::process::id()));
-    let out_path = profile.with_extension("out");
-    let out = std::fs::File::create(&out_path).expect("chromium's output file");
-    let mut browser = KillOnDrop(
-        std::process::Command::new(chromium())
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-            ])
-            .arg(format!("--user-data-dir={}", profile.display()))
-            .arg("--virtual-time-budget=5000")
-            .args(extra)
-            .arg(url)
-            .stdout(out)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("run chromium"),
-    );
-    let mut status = None;
-    wait_until("chromium exits", Duration::from_secs(120), || {
-        status = browser.0.try_wait().ok().flatten();
-        status.is_some()
-    });
-    let _ = std::fs::remove_dir_all(&profile);
-    let text = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_path);
-    assert!(status.is_some_and(|s| s.success()), "chromium: {status:?}");
-    text
 }
 
 #[test]

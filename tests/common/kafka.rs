@@ -6,7 +6,12 @@
 //! `<dir>/broker.log`), its two loopback ports and the `java` child process,
 //! which it kills when dropped. `ops/kafka/broker.sh` writes the same config
 //! for humans and the benchmark.
+//!
+//! `consume` reads a topic back with a read_committed consumer and
+//! `check_events` checks, per file, what the events say against the
+//! destination: shared by the Kafka tests and the fleet's takeover test.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -244,4 +249,181 @@ impl Drop for KafkaBroker {
             let _ = child.wait();
         }
     }
+}
+
+/// The Python with confluent-kafka that ops/test.sh prepares.
+pub fn python() -> String {
+    std::env::var("TAILFLIGHT_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Every record of the topic, as `tests/tools/kafka_consume.py` prints them.
+pub fn consume(bootstrap: &str, topic: &str) -> Vec<serde_json::Value> {
+    let script = repo().join("tests/tools/kafka_consume.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .args(["--bootstrap", bootstrap, "--topic", topic])
+        .args([
+            "--min-events",
+            "1",
+            "--idle-seconds",
+            "3",
+            "--timeout",
+            "120",
+        ])
+        .output()
+        .expect("run the Kafka consumer");
+    assert!(
+        out.status.success(),
+        "consumer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("consumer line is JSON"))
+        .collect()
+}
+
+/// What the events say, checked against the destination under `dest_root`. Returns the
+/// number of events.
+pub fn check_events(events: &[serde_json::Value], dest_root: &Path, files: u64) -> usize {
+    // Unique ids: each event is in the topic once.
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    for event in events {
+        *ids.entry(event["value"]["id"].as_str().expect("id"))
+            .or_default() += 1;
+    }
+    let duplicates: Vec<_> = ids.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        duplicates.is_empty(),
+        "events in the topic more than once: {duplicates:?}"
+    );
+
+    let mut by_file: BTreeMap<(String, String, u64), Vec<&serde_json::Value>> = BTreeMap::new();
+    for event in events {
+        let value = &event["value"];
+        assert_eq!(value["specversion"], "1.0");
+        assert_eq!(
+            event["headers"]["content-type"],
+            "application/cloudevents+json; charset=UTF-8"
+        );
+        let data = &value["data"];
+        let file = (
+            data["source"].as_str().expect("source").to_owned(),
+            data["file_key"].as_str().expect("file_key").to_owned(),
+            data["generation"].as_u64().expect("generation"),
+        );
+        let key: (String, String) =
+            serde_json::from_str(event["key"].as_str().expect("key")).expect("key is a pair");
+        assert_eq!(
+            (&key.0, &key.1),
+            (&file.0, &file.1),
+            "record key of {event}"
+        );
+        by_file.entry(file).or_default().push(event);
+    }
+    assert_eq!(
+        by_file.len() as u64,
+        files,
+        "files with events: {:?}",
+        by_file.keys().collect::<Vec<_>>()
+    );
+    for (file, told) in &by_file {
+        let partition = &told[0]["partition"];
+        let mut offset = -1;
+        // Every committed range, to be [0, size) exactly once; rounds may
+        // commit a later range before an earlier one (their batches' commits
+        // race), the watermark says how far the file is readable.
+        let mut committed = Vec::new();
+        let mut watermark = 0;
+        let mut renamed = false;
+        let kinds: Vec<&str> = told
+            .iter()
+            .map(|e| e["value"]["type"].as_str().expect("type"))
+            .collect();
+        assert_eq!(
+            kinds[0], "org.tailflight.file.opened.v1",
+            "{file:?}: {kinds:?}"
+        );
+        assert_eq!(
+            *kinds.last().expect("events"),
+            "org.tailflight.file.sealed.v1",
+            "{file:?}: {kinds:?}"
+        );
+        for event in told {
+            assert_eq!(&event["partition"], partition, "{file:?} in two partitions");
+            let at = event["offset"].as_i64().expect("offset");
+            assert!(at > offset, "{file:?}: offsets out of order");
+            offset = at;
+            let data = &event["value"]["data"];
+            match event["value"]["type"].as_str().expect("type") {
+                "org.tailflight.range.committed.v1" => {
+                    for range in data["ranges"].as_array().expect("ranges") {
+                        let start = range[0].as_u64().expect("start");
+                        let end = range[1].as_u64().expect("end");
+                        assert!(end > start, "{file:?}: empty range {range}");
+                        committed.push((start, end));
+                    }
+                    let end = data["contiguous_end"].as_u64().expect("contiguous_end");
+                    assert!(end >= watermark, "{file:?}: watermark went back");
+                    assert_eq!(
+                        end,
+                        contiguous(&committed),
+                        "{file:?}: watermark is not where the committed ranges stop"
+                    );
+                    watermark = end;
+                }
+                "org.tailflight.file.renamed.v1" => {
+                    let from = data["from"].as_str().expect("from");
+                    let to = data["path"].as_str().expect("path");
+                    assert_eq!(from.strip_suffix(".inprogress"), Some(to), "{file:?}");
+                    renamed = true;
+                }
+                "org.tailflight.file.sealed.v1" => {
+                    let size = data["size"].as_u64().expect("size");
+                    committed.sort_unstable();
+                    let mut covered = 0;
+                    for &(start, end) in &committed {
+                        assert_eq!(start, covered, "{file:?}: a gap or an overlap at {start}");
+                        covered = end;
+                    }
+                    assert_eq!(
+                        size, covered,
+                        "{file:?}: sealed at {size}, covered {covered}"
+                    );
+                    let path = dest_root.join(data["path"].as_str().expect("path"));
+                    let digest = data["digest"].as_str().expect("digest");
+                    let kind =
+                        flight_server::SealDigest::of_digest(digest).expect("a known digest");
+                    let dest = std::fs::File::open(&path)
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    let actual = kind
+                        .of_file_prefix(&dest, size)
+                        .expect("digest of the file");
+                    assert_eq!(actual, digest, "{}", path.display());
+                }
+                "org.tailflight.file.opened.v1" => {}
+                other => panic!("{file:?}: unexpected {other}"),
+            }
+        }
+        assert_eq!(
+            renamed,
+            file.1.ends_with(".inprogress"),
+            "{file:?}: rename told {renamed}: {kinds:?}"
+        );
+    }
+    events.len()
+}
+
+/// Where the ranges stop covering the file from 0.
+fn contiguous(ranges: &[(u64, u64)]) -> u64 {
+    let mut sorted = ranges.to_vec();
+    sorted.sort_unstable();
+    let mut end = 0;
+    for (start, stop) in sorted {
+        if start > end {
+            break;
+        }
+        end = end.max(stop);
+    }
+    end
 }
