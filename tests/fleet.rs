@@ -4,7 +4,8 @@
 //! process dies, freezes or loses its lease.
 //!
 //! Every test ends with every file identical at the destination and every
-//! identity's manifest auditing clean (no range recorded twice).
+//! identity's manifest auditing clean (no range recorded twice); where the
+//! Kafka relay is on, a read_committed consumer sees each event once.
 
 mod common;
 
@@ -12,9 +13,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::etcd::EtcdCluster;
+use common::kafka::{KafkaBroker, check_events, consume};
 use common::*;
 
 const CLUSTER: &str = "test";
+const TOPIC: &str = "tailflight.events";
 
 /// A fleet under one test folder: etcd, a shared directory, the sink
 /// processes of each identity, watchers and simulators.
@@ -209,6 +212,14 @@ impl Fleet {
     /// Waits until every source is identical at the destination and every
     /// file sealed, then stops everything and audits every identity.
     fn finish(&mut self, sources: &[(&str, &Path, &str)], identities: &[&str]) {
+        self.wait_complete(sources, identities);
+        self.stop_and_audit(identities);
+    }
+
+    /// Waits until every source is identical at the destination and every
+    /// file sealed by its identity's active process. Returns the number of
+    /// files.
+    fn wait_complete(&self, sources: &[(&str, &Path, &str)], identities: &[&str]) -> u64 {
         let mut files = 0;
         for (_, dir, run) in sources {
             files += files_of_run(dir, run);
@@ -239,6 +250,11 @@ impl Fleet {
             );
             std::thread::sleep(Duration::from_millis(500));
         }
+        files
+    }
+
+    /// Stops every process and audits every identity's manifest.
+    fn stop_and_audit(&mut self, identities: &[&str]) {
         for watcher in &mut self.watchers {
             watcher.stop();
         }
@@ -327,6 +343,103 @@ fn a_standby_takes_over_a_killed_active_sink() {
     // The successor resumed identity a's state: it did not start empty.
     let audit = audit(&fleet.state_of("a"));
     assert!(audit["files"].as_u64().unwrap_or(0) > 0, "{audit}");
+}
+
+/// The relay across takeovers: identity a's commit events, published by
+/// its first active process and then by each standby that took it over
+/// after a `kill -9`, reach a read_committed consumer exactly once, and per
+/// file they cover the file once and in order and end with a seal whose
+/// digest matches the destination. The relay's transactional id is the
+/// identity's sink id, which lives in the shared state: each successor's
+/// producer fences its predecessor's open transaction.
+#[test]
+fn takeovers_publish_each_kafka_event_once() {
+    let dir = scratch("fleet-kafka");
+    let broker = KafkaBroker::start(&dir.join("kafka"), 4);
+    let mut fleet = Fleet::start(&dir, "3s");
+    let bootstrap = broker.bootstrap();
+    let kafka = [
+        "--kafka-brokers",
+        bootstrap.as_str(),
+        "--kafka-topic",
+        TOPIC,
+    ];
+    let first = fleet.start_sink_with("a", "h1", &kafka);
+    fleet.wait_serving(first);
+    let second = fleet.start_sink_with("a", "h2", &kafka);
+    fleet.wait_standby(second);
+    let dir_s1 = fleet.start_watcher("s1", &[]);
+    let mut sim = simulate_in_background(
+        &fleet.dir,
+        &dir_s1,
+        &workload("run1", "3", "256KiB", "600s"),
+    );
+    wait_some_bytes(&fleet, "s1");
+    // Two takeovers while events flow: h1 → h2, then h2 → h1 (h1's
+    // process restarted as the standby in between).
+    fleet.sinks[first].2.kill9();
+    fleet.wait_serving(second);
+    fleet.sinks[first].2.start();
+    fleet.wait_standby(first);
+    wait_published_more(&fleet, "a");
+    fleet.sinks[second].2.kill9();
+    fleet.wait_serving(first);
+    wait_published_more(&fleet, "a");
+    sim.stop();
+    let files = fleet.wait_complete(&[("s1", &dir_s1, "run1")], &["a"]);
+    let published = wait_all_published(&fleet, "a");
+    let events = consume(&bootstrap, TOPIC);
+    let count = check_events(&events, &fleet.dest(), files);
+    assert_eq!(count as u64, status_u64(&published, "recorded_through"));
+    println!("{count} events for {files} files across two takeovers");
+    fleet.stop_and_audit(&["a"]);
+}
+
+/// The events section of `identity`'s active process's status.
+fn events_of(fleet: &Fleet, identity: &str) -> Option<serde_json::Value> {
+    let endpoint = fleet.endpoint_of(identity)?;
+    sink_status(&endpoint, &[])?.get("events").cloned()
+}
+
+/// Waits until `identity`'s active process has published an event that
+/// it recorded itself (past what was recorded when it took over).
+fn wait_published_more(fleet: &Fleet, identity: &str) {
+    let mut first_seen = None;
+    wait_until(
+        &format!("the relay of {identity}'s new active process to publish"),
+        Duration::from_secs(60),
+        || {
+            let Some(events) = events_of(fleet, identity) else {
+                return false;
+            };
+            let recorded = status_u64(&events, "recorded_through");
+            let published = status_u64(&events, "published_through");
+            let start = *first_seen.get_or_insert(recorded);
+            published > start
+        },
+    );
+}
+
+/// Waits until `identity`'s relay has published everything it recorded;
+/// returns its events status.
+fn wait_all_published(fleet: &Fleet, identity: &str) -> serde_json::Value {
+    let mut last = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while std::time::Instant::now() < deadline {
+        if let Some(events) = events_of(fleet, identity) {
+            if status_u64(&events, "depth_events") == 0
+                && status_u64(&events, "recorded_through") > 0
+            {
+                return events;
+            }
+            last = Some(events);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!(
+        "{identity}'s relay never published everything: {last:?}\n{}",
+        fleet.logs()
+    );
 }
 
 /// Test 3: an active frozen (SIGSTOP) for longer than its TTL: the standby
@@ -431,12 +544,47 @@ fn a_standby_watcher_resumes_from_the_shared_checkpoint() {
     let active = fleet.watchers.len() - 1;
     // The standby, on the other host, with the same identity and state.
     let mut args = fleet.watchers[active].args().to_vec();
-    args.extend(strings(&["--log", "info"]));
+    let metrics_port = free_port();
+    args.extend(strings(&["--log", "info", "--metrics-listen"]));
+    args.push(format!("127.0.0.1:{metrics_port}"));
     let standby = Proc::spawn(&fleet.dir, "watcher-s1-h2", &args);
     wait_until(
         "the second watcher to be a standby",
         Duration::from_secs(30),
         || standby.log_text().contains("standby"),
+    );
+    // Its status says it stands by, and for which process: not an empty,
+    // stalled watcher.
+    let status_of_standby = || {
+        http_get(metrics_port, "/api/status")
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+    };
+    let active_pid = fleet.watchers[active].pid();
+    wait_until(
+        "the standby's status to name the active watcher",
+        Duration::from_secs(30),
+        || {
+            status_of_standby().is_some_and(|status| {
+                status["fleet"]["active"]["pid"].as_i64().map(|p| p as i32) == active_pid
+            })
+        },
+    );
+    let status = status_of_standby().expect("the standby's status");
+    assert_eq!(status["phase"], "standby", "{status}");
+    assert_eq!(status["ready"], false, "{status}");
+    assert_eq!(status["fleet"]["identity"], "w", "{status}");
+    assert!(status.get("sources").is_none(), "{status}");
+    let dom = common::browser::headless(
+        &format!("http://127.0.0.1:{metrics_port}/"),
+        &strings(&["--dump-dom"]),
+    );
+    assert!(
+        dom.contains("data-loaded=\"1\""),
+        "the page's script ran: {dom}"
+    );
+    assert!(
+        dom.contains("data-identity=\"w\" data-fleet-role=\"standby\""),
+        "the page shows the standby: {dom}"
     );
     fleet.watchers[active].kill9();
     wait_until(

@@ -1,6 +1,7 @@
 //! What operators see of a process's place in a fleet: its role for its
 //! identity as metrics (beside the sink's or the watcher's own), and the
-//! whole view of a sink that is not active, which has nothing else to show.
+//! whole view of a sink or watcher that is not active, which has nothing
+//! else to show.
 
 use std::time::Instant;
 
@@ -81,23 +82,36 @@ impl StandbyObserved {
 
 impl Observed for StandbyObserved {
     fn snapshot(&self) -> Snapshot {
-        let report = self.role.report();
-        let m = Families::new();
-        m.build_info("sink");
-        m.process();
-        role_metrics(&m, &report);
-        let not_ready = format!("{} for identity {}", report.role.as_str(), report.identity);
-        Snapshot {
-            status: json!({
-                "role": "sink",
-                "version": env!("CARGO_PKG_VERSION"),
-                "uptime_seconds": self.started.elapsed().as_secs_f64(),
-                "ready": false,
-                "fleet": report,
-                "problems": self.problems.list(),
-            }),
-            metrics: m.gather(),
-            not_ready: Some(not_ready),
-        }
+        not_active_snapshot("sink", &self.role.report(), &self.problems, self.started)
+    }
+}
+
+/// The whole view of a `kind` process (sink or watcher) that is not active
+/// for its identity: its role, who is active instead, and its problems. A
+/// standby has no files, connections or rates of its own to show, and
+/// showing the empty ones would read as a stalled process.
+pub fn not_active_snapshot(
+    kind: &str,
+    report: &RoleReport,
+    problems: &RecentProblems,
+    started: Instant,
+) -> Snapshot {
+    let m = Families::new();
+    m.build_info(kind);
+    m.process();
+    role_metrics(&m, report);
+    let not_ready = format!("{} for identity {}", report.role.as_str(), report.identity);
+    Snapshot {
+        status: json!({
+            "role": kind,
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": started.elapsed().as_secs_f64(),
+            "phase": report.role.as_str(),
+            "ready": false,
+            "fleet": report,
+            "problems": problems.list(),
+        }),
+        metrics: m.gather(),
+        not_ready: Some(not_ready),
     }
 }

@@ -200,6 +200,16 @@ fn file_json(f: &FileProgress) -> serde_json::Value {
 
 impl Observed for WatchObserved {
     fn snapshot(&self) -> Snapshot {
+        if let Some(report) = self.role.as_ref().map(|role| role.report())
+            && report.role != fleet::Role::Active
+        {
+            return super::fleet::not_active_snapshot(
+                "watcher",
+                &report,
+                &self.problems,
+                self.started,
+            );
+        }
         let mut files = self.progress.files();
         let summary = self.progress.summary(&files);
         by_lag(&mut files);
