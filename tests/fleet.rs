@@ -624,6 +624,41 @@ fn a_state_directory_that_is_not_the_identitys_is_refused() {
     );
 }
 
+/// A process for the identity on a "host" that mounts another directory
+/// as the destination root (the shared root not mounted: an empty stand-in)
+/// is refused once it holds the identity, before it places or replays
+/// anything: it would go on writing the identity's files there after holes
+/// where their placed bytes were.
+#[test]
+fn a_root_that_is_not_the_identitys_is_refused() {
+    let dir = scratch("fleet-wrong-root");
+    let mut fleet = Fleet::start(&dir, "2s");
+    let first = fleet.start_sink("a", "h1");
+    fleet.wait_serving(first);
+    let (source_dir, mut sim) = fleet.start_load("s1", "2s", &[]);
+    sim.stop();
+    fleet.wait_complete(&[("s1", &source_dir, "run1")], &["a"]);
+    fleet.sinks[first].2.stop();
+    let stand_in = dir.join("not-mounted");
+    std::fs::create_dir_all(&stand_in).unwrap();
+    let mut args = fleet.sink_args("a", free_port(), &[]);
+    let at = args.iter().position(|a| a == "--root").unwrap();
+    args[at + 1] = stand_in.display().to_string();
+    let (ok, text) = run(&args);
+    assert!(!ok, "refused: {text}");
+    assert!(text.contains("is the shared root mounted"), "{text}");
+    assert!(text.contains(&stand_in.display().to_string()), "{text}");
+    assert_eq!(
+        list_files(&stand_in),
+        Vec::<String>::new(),
+        "nothing was written into the stand-in"
+    );
+    assert!(
+        !stand_in.join(ROOT_MARK).exists(),
+        "the stand-in was not marked"
+    );
+}
+
 /// Without etcd at startup, `--coordinator-unreachable exit` names the
 /// endpoints it tried and exits; `wait` (the default) keeps trying.
 #[test]

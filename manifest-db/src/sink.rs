@@ -50,6 +50,7 @@ pub(crate) const KEY_OUTBOX_LAST: &[u8] = b"outbox_last";
 /// This manifest's identity (random, made at its first open): what names
 /// the sink to consumers of its events when no name is configured.
 const KEY_MANIFEST_ID: &[u8] = b"manifest_id";
+const KEY_ROOT_ID: &[u8] = b"root_id";
 
 /// What the manifest knows of the journal file's rounds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -390,6 +391,23 @@ impl SinkManifest {
         );
         self.store().write(batch, true, "store the manifest id")?;
         Ok(id)
+    }
+
+    /// The mark of the destination root this manifest's files were placed
+    /// under, once recorded.
+    pub fn root_id(&self) -> Result<Option<String>> {
+        Ok(self
+            .store()
+            .get(CF_COUNTERS, KEY_ROOT_ID, "read the root's mark")?
+            .map(|id| String::from_utf8_lossy(&id).into_owned()))
+    }
+
+    /// Records the mark of the destination root (durably).
+    pub fn record_root_id(&self, id: &str) -> Result<()> {
+        let _guard = self.commit_guard();
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.store().cf(CF_COUNTERS)?, KEY_ROOT_ID, id.as_bytes());
+        self.store().write(batch, true, "record the root's mark")
     }
 
     /// Writes a commit that a crash may have lost before it was durable,

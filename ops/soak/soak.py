@@ -675,8 +675,9 @@ class Soak:
                 problems.append(f"{name}: not sealed")
             elif size is not None and sealed["size"] != size:
                 problems.append(f"{name}: sealed at {sealed['size']} bytes, the file holds {size}")
+        # The root's mark (which root the manifest was written with) is the sink's own.
         unrecorded = [str(p.relative_to(dest_root)) for p in dest_root.rglob("*")
-                      if p.is_file() and p not in recorded]
+                      if p.is_file() and p not in recorded and p != dest_root / ".tailflight-root-id"]
         problems += [f"{p}: a destination file without a record" for p in unrecorded[:20]]
         self.results["audit"] = {
             "exit": result.returncode,

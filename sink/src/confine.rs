@@ -69,6 +69,19 @@ pub fn components(path: &str) -> Result<Vec<&str>, ConfineError> {
     Ok(parts)
 }
 
+/// Checks a path under the root: [`components`], and not the root's mark,
+/// which is the sink's own.
+fn under_root(path: &str) -> Result<Vec<&str>, ConfineError> {
+    let parts = components(path)?;
+    if parts == [crate::root_mark::ROOT_MARK] {
+        return Err(ConfineError::Refused {
+            path: path.to_owned(),
+            reason: "the root's mark is the sink's own",
+        });
+    }
+    Ok(parts)
+}
+
 /// The sink's root directory, held open.
 pub struct Root {
     dir: OwnedFd,
@@ -160,7 +173,7 @@ impl Root {
 
     /// Opens `path` for writing, creating it (and its directories) if missing.
     pub fn open_for_write(&self, path: &str) -> Result<Opened, ConfineError> {
-        let parts = components(path)?;
+        let parts = under_root(path)?;
         let mut dirs_to_sync = Vec::new();
         let dir = self.parent(path, &parts, true, &mut dirs_to_sync)?;
         let name = parts[parts.len() - 1];
@@ -187,7 +200,7 @@ impl Root {
 
     /// Opens `path` read-only, refusing symlinks anywhere on the way.
     pub fn open_for_read(&self, path: &str) -> Result<File, ConfineError> {
-        let parts = components(path)?;
+        let parts = under_root(path)?;
         let dir = self.parent(path, &parts, false, &mut Vec::new())?;
         let name = parts[parts.len() - 1];
         let fd = rustix::fs::openat(
@@ -204,8 +217,8 @@ impl Root {
     /// fsync. A rename already done (only `to` exists) is not an error, so a
     /// re-delivered rename after a crash completes cleanly.
     pub fn rename(&self, from: &str, to: &str) -> Result<Vec<OwnedFd>, ConfineError> {
-        let from_parts = components(from)?;
-        let to_parts = components(to)?;
+        let from_parts = under_root(from)?;
+        let to_parts = under_root(to)?;
         let mut dirs = Vec::new();
         let from_dir = self.parent(from, &from_parts, false, &mut dirs)?;
         let to_dir = self.parent(to, &to_parts, true, &mut dirs)?;
@@ -237,7 +250,7 @@ impl Root {
 
     /// The inode of the regular file at `path`, if one is there.
     pub fn inode_at(&self, path: &str) -> Result<Option<u64>, ConfineError> {
-        let parts = components(path)?;
+        let parts = under_root(path)?;
         let dir = match self.parent(path, &parts, false, &mut Vec::new()) {
             Ok(dir) => dir,
             Err(ConfineError::NotADirectory { .. }) => return Ok(None),
@@ -276,14 +289,14 @@ impl Root {
             // Made, perhaps not durably yet (a process crash): every
             // directory on the way to `to` (the move may have made some)
             // and the one it left are flushed.
-            let to_parts = components(to)?;
+            let to_parts = under_root(to)?;
             let mut dirs = Vec::with_capacity(to_parts.len() + 1);
             // The directory holding each component, from the root down.
             for depth in 0..to_parts.len() {
                 let parts = &to_parts[..=depth];
                 dirs.push(self.parent(&parts.join("/"), parts, false, &mut Vec::new())?);
             }
-            let from_parts = components(from)?;
+            let from_parts = under_root(from)?;
             match self.parent(from, &from_parts, false, &mut Vec::new()) {
                 Ok(dir) => dirs.push(dir),
                 Err(ConfineError::NotADirectory { .. }) => {}
@@ -302,7 +315,7 @@ impl Root {
     /// Whether a rename to `path` needs no new directory and finds no
     /// directory in its way (nothing there, or a file it would replace).
     pub fn can_move_to(&self, path: &str) -> bool {
-        let Ok(parts) = components(path) else {
+        let Ok(parts) = under_root(path) else {
             return false;
         };
         let Ok(dir) = self.parent(path, &parts, false, &mut Vec::new()) else {
@@ -318,7 +331,7 @@ impl Root {
 
     /// Removes `path` if it exists; returns its directory to fsync.
     pub fn remove(&self, path: &str) -> Result<Option<OwnedFd>, ConfineError> {
-        let parts = components(path)?;
+        let parts = under_root(path)?;
         let dir = match self.parent(path, &parts, false, &mut Vec::new()) {
             Ok(dir) => dir,
             Err(ConfineError::Io { source, .. })
@@ -381,6 +394,21 @@ mod tests {
             assert!(components(bad).is_err(), "{bad:?} was accepted");
         }
         assert_eq!(components("run1/a.xtc2").unwrap(), vec!["run1", "a.xtc2"]);
+    }
+
+    #[test]
+    fn the_roots_mark_is_no_destination() {
+        let base = scratch("confine-mark");
+        let root = Root::open(&base.join("root")).unwrap();
+        let mark = crate::root_mark::ROOT_MARK;
+        assert!(matches!(
+            root.open_for_write(mark),
+            Err(ConfineError::Refused { .. })
+        ));
+        assert!(root.rename("a", mark).is_err());
+        assert!(root.remove(mark).is_err());
+        // Deeper down, the name is an ordinary file's.
+        root.open_for_write(&format!("run1/{mark}")).unwrap();
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod feed;
 pub mod health;
 pub mod outbox;
 mod place;
+pub mod root_mark;
 mod service;
 mod stage_cpu;
 mod state;
@@ -353,6 +354,7 @@ impl Sink {
             "ranges with at least this many aligned bytes in the middle write them with O_DIRECT (0: none)"
         );
         let manifest = SinkManifest::open(&config.state_dir)?;
+        root_mark::check(&config.root, &manifest)?;
         let gate = state::CommitGate::default();
         let journal_backlog = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let placer = Placer::new(

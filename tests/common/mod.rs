@@ -315,7 +315,12 @@ pub fn assert_clean_audit(state: &Path) -> serde_json::Value {
     report
 }
 
-/// Every regular file under `dir` (relative paths), sorted.
+/// The mark a sink keeps in its root (which root its manifest was written
+/// with): the sink's own, not a file anyone sent.
+pub const ROOT_MARK: &str = ".tailflight-root-id";
+
+/// Every regular file under `dir` (relative paths), sorted, a sink root's
+/// mark left out.
 pub fn list_files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -327,7 +332,7 @@ pub fn list_files(dir: &Path) -> Vec<String> {
             let path = entry.path();
             if path.is_dir() {
                 stack.push(path);
-            } else {
+            } else if entry.file_name() != ROOT_MARK {
                 out.push(path.strip_prefix(dir).unwrap().display().to_string());
             }
         }
