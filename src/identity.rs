@@ -192,8 +192,36 @@ impl ActiveIdentity {
             endpoint: Some(endpoint),
             ..self.member.clone()
         };
-        if let Err(e) = self.lease.publish(&member.encode()).await {
-            tracing::error!(error = %e, "cannot publish this process's endpoint; clients will not find it until a retry");
+        let value = member.encode();
+        let clock = self.lease.clock();
+        let mut pause = Duration::from_millis(250);
+        let mut said = false;
+        // Until it is published: watchers wait for it. A lost lease ends
+        // the attempts (and the process acting for the identity).
+        while clock.must_fence().is_none() {
+            match self.lease.publish(&value).await {
+                Ok(()) => {
+                    if said {
+                        tracing::info!("published this process's endpoint");
+                    }
+                    return;
+                }
+                Err(e @ fleet::FleetError::Conflict { .. }) => {
+                    tracing::error!(error = %e, "cannot publish this process's endpoint: the identity is no longer this process's");
+                    return;
+                }
+                Err(e) => {
+                    if !said {
+                        tracing::warn!(error = %e, "cannot publish this process's endpoint yet; clients wait for it; retrying");
+                        said = true;
+                    }
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                _ = clock.fenced() => return,
+            }
+            pause = (pause * 2).min(Duration::from_secs(2));
         }
     }
 
@@ -225,6 +253,11 @@ pub async fn become_active(
     let identity = args
         .identity()
         .ok_or_else(|| anyhow::anyhow!("--identity is needed"))?;
+    // Said by this image: the fenced one wrote nothing that could block.
+    let report = role.report();
+    if let Some(reason) = &report.last_fence {
+        tracing::error!(%reason, times = report.fenced_before, "fenced: this process stopped acting for its identity and started over as a standby");
+    }
     let Some(coordinator) = args.connect(Some(role), stop()).await? else {
         return Ok(None);
     };
@@ -246,7 +279,18 @@ pub async fn become_active(
     };
     role.holding(lease.epoch(), lease.clock());
     let stopping = Arc::new(FenceGuard::default());
-    guard_fence(lease.clock(), role.clone(), stopping.clone())?;
+    // A stop heard from now on makes a fence exit instead of starting over
+    // (the operator's stop must not be lost to a fence during the drain).
+    let hearing = stop();
+    let heard = stopping.clone();
+    tokio::spawn(async move {
+        hearing.await;
+        heard.stopping.store(true, Ordering::SeqCst);
+    });
+    if let Err(e) = guard_fence(lease.clock(), role.clone(), stopping.clone(), state_dir) {
+        lease.release().await;
+        return Err(e);
+    }
     let active = ActiveIdentity {
         lease,
         coordinator,
@@ -309,8 +353,30 @@ pub async fn become_active(
 
 /// Starts the thread that stops this process's acting for its identity
 /// once the lease's clock says so: by starting over as a standby, or, if
-/// the process is stopping anyway, by exiting.
-fn guard_fence(clock: LeaseClock, role: RoleStatus, guard: Arc<FenceGuard>) -> anyhow::Result<()> {
+/// the process is stopping anyway, by exiting. It does nothing that could
+/// block on the way (its log line is written by the next image), except
+/// flushing the state directory's filesystem: on NFS or Lustre, closing
+/// the descriptors at `exec` may release the state's lock before the
+/// writes of the other descriptors reach the server, and a successor must
+/// not open the state before them.
+fn guard_fence(
+    clock: LeaseClock,
+    role: RoleStatus,
+    guard: Arc<FenceGuard>,
+    state_dir: &Path,
+) -> anyhow::Result<()> {
+    // Any directory of the state's filesystem does for syncfs: the state
+    // directory itself may not exist before its first start.
+    let on_state_filesystem = state_dir
+        .ancestors()
+        .find(|dir| dir.is_dir())
+        .unwrap_or(state_dir);
+    let state = std::fs::File::open(on_state_filesystem).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot open {} (the state directory's filesystem) for the fence: {e}",
+            on_state_filesystem.display()
+        )
+    })?;
     std::thread::Builder::new()
         .name("fence".into())
         .spawn(move || {
@@ -323,18 +389,24 @@ fn guard_fence(clock: LeaseClock, role: RoleStatus, guard: Arc<FenceGuard>) -> a
                     continue;
                 };
                 role.set(Role::Fenced, Some(reason.to_string()));
+                let _ = rustix::fs::syncfs(&state);
                 if guard.stopping.load(Ordering::SeqCst) {
-                    tracing::error!(%reason, "fenced while stopping: exiting at once");
-                    std::process::exit(75);
+                    // No atexit handlers or destructors while other threads
+                    // still run.
+                    // SAFETY: _exit only ends the process.
+                    unsafe { libc::_exit(75) };
                 }
-                tracing::error!(%reason, "fenced: this process stops acting for its identity and starts over as a standby");
                 let error = std::process::Command::new("/proc/self/exe")
                     .args(std::env::args_os().skip(1))
-                    .env(fleet::role::FENCED_ENV, fleet::role::next_fenced_env(&reason.to_string()))
+                    .env(
+                        fleet::role::FENCED_ENV,
+                        fleet::role::next_fenced_env(&reason.to_string()),
+                    )
                     .exec();
                 // Only reached if exec failed: stop acting all the same.
                 eprintln!("tailflight: fenced ({reason}) and cannot start over: {error}");
-                std::process::exit(75);
+                // SAFETY: as above.
+                unsafe { libc::_exit(75) };
             }
         })
         .map(|_| ())

@@ -228,7 +228,16 @@ pub async fn run_watcher(
         let Some(coordinator) = coordinator else {
             return Ok(());
         };
-        let directory = fleet::follow_sinks(&coordinator, args.sinks_patience).await?;
+        let directory = match fleet::follow_sinks(&coordinator, args.sinks_patience).await {
+            Ok(directory) => directory,
+            Err(e) => {
+                // A standby may do better: let it have the identity now.
+                if let Some(active) = active {
+                    active.release().await;
+                }
+                return Err(e.into());
+            }
+        };
         config.sinks = directory.identities().to_vec();
         config.followed_sinks = config
             .sinks

@@ -127,13 +127,17 @@ async fn claim_once(
     let response = match tokio::time::timeout(timeout, client.txn(txn)).await {
         Ok(Ok(response)) => response,
         failed => {
-            // Whether or not it went through, a standby must not keep a
-            // lease nobody renews attached to the key: revoking deletes it.
-            let _ = tokio::time::timeout(timeout, client.lease_revoke(lease_id)).await;
-            return Err(match failed {
+            // Naming the failure moves on to the next member.
+            let error = match failed {
                 Ok(Err(e)) => coordinator.unreachable("claiming the identity", e),
                 _ => coordinator.unreachable("claiming the identity", "timed out"),
-            });
+            };
+            // Whether or not it went through, a standby must not keep a
+            // lease nobody renews attached to the key: revoking deletes it.
+            // Through the next member, as the one that failed may not answer.
+            let _ =
+                tokio::time::timeout(timeout, coordinator.client().lease_revoke(lease_id)).await;
+            return Err(error);
         }
     };
     let revision = response.header().map_or(0, |h| h.revision());

@@ -55,8 +55,22 @@ pub async fn follow_sinks(
     let registry_prefix = coordinator.registry_key(Kind::Sink, "");
     let active_prefix = coordinator.active_key(Kind::Sink, "");
     let started = std::time::Instant::now();
+    let mut said_unreachable = false;
     let identities: Vec<String> = loop {
-        let (_, kvs) = coordinator.get_prefix(&registry_prefix).await?;
+        // An outage right after connecting is waited out within the same
+        // patience as an empty registry.
+        let kvs = match coordinator.get_prefix(&registry_prefix).await {
+            Ok((_, kvs)) => kvs,
+            Err(e @ FleetError::Unreachable { .. }) if started.elapsed() < patience => {
+                if !said_unreachable {
+                    tracing::warn!(error = %e, "cannot read the sink identities yet; retrying");
+                    said_unreachable = true;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let names: Vec<String> = kvs
             .iter()
             .filter_map(|kv| identity_of(kv.key(), &registry_prefix).map(String::from))

@@ -720,8 +720,18 @@ async fn stream_once(
         .current_endpoint()
         .await
         .map_err(|e| StreamFailure::transport("connect", e.to_string()))?;
-    // A change from now on ends this stream (a takeover moved the sink).
-    moved.borrow_and_update();
+    // A change from now on ends this stream (a takeover moved the sink);
+    // one since the endpoint was read ends it at once.
+    let target_now = moved.borrow_and_update().clone();
+    if target_now.as_deref() != Some(endpoint.as_str()) {
+        return Err(StreamFailure::transport(
+            "moved",
+            format!(
+                "the sink moved from {endpoint} to {} before the stream started",
+                target_now.as_deref().unwrap_or("nowhere yet")
+            ),
+        ));
+    }
     let endpoint = &endpoint;
     let channel = channel_endpoint.connect().await.map_err(|e| {
         StreamFailure::transport(
