@@ -184,6 +184,10 @@ impl Target {
             let kind = entry
                 .file_type()
                 .map_err(|e| Violation(format!("{}: {e}", entry.path().display())))?;
+            // The sink's own mark of its root is the only file it keeps there.
+            if kind.is_file() && entry.file_name() == sink::root_mark::ROOT_MARK {
+                continue;
+            }
             if !kind.is_dir() {
                 return Err(Violation(format!(
                     "{} was written into the root, outside every source's directory",
