@@ -242,10 +242,22 @@ impl Backlog {
             .space
             .clone()
             .map(|space| (space, self.last_round_start));
-        self.flushing = Some(tokio::spawn(async move {
+        let flushing = async move {
+            #[cfg(test)]
+            for target in &targets {
+                if let SyncTarget::File(file) = target
+                    && crate::fault::io(
+                        crate::fault::Point::BackgroundFlush,
+                        crate::durability::flush::describe(file.as_ref()),
+                    )
+                    .is_err()
+                {
+                    panic!("a panic injected into the background flush");
+                }
+            }
             // Few flushes at a time: this one is in no hurry, and the
             // commit rounds' manifest flushes must not queue behind it.
-            let result = match flusher
+            match flusher
                 .flush_in_background(targets, BACKGROUND_SYNC_PARALLELISM)
                 .await
             {
@@ -263,7 +275,21 @@ impl Backlog {
                 .await
                 .unwrap_or_else(|e| Err(format!("the journal flush panicked: {e}"))),
                 Err(e) => Err(e),
-            };
+            }
+        };
+        self.flushing = Some(tokio::spawn(async move {
+            // A panic (a bug) is a failure like any other: it poisons the
+            // sink with its reason, and the entries stay for the replay.
+            use futures::FutureExt;
+            let result = std::panic::AssertUnwindSafe(flushing)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    Err(format!(
+                        "the background flush panicked: {}",
+                        panic_message(panic.as_ref())
+                    ))
+                });
             match result {
                 Ok(()) => {
                     shared_bytes.fetch_sub(bytes, Ordering::Relaxed);

@@ -454,7 +454,8 @@ async fn run(rounds: Rounds) {
 async fn flush_ended(flushing: &mut Option<tokio::task::JoinHandle<()>>) {
     match flushing {
         Some(task) => {
-            // A panic in it was logged by the runtime; the entries stay.
+            // Its own failures and panics poisoned the sink (the entries
+            // stay); it is never aborted.
             let _ = task.await;
         }
         None => std::future::pending().await,

@@ -114,7 +114,7 @@ fn fdatasync(file: &File) -> std::io::Result<()> {
 }
 
 /// The path an open descriptor refers to, for error messages.
-fn describe(fd: &impl AsRawFd) -> String {
+pub(crate) fn describe(fd: &impl AsRawFd) -> String {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .map_or_else(|_| "an open file".to_string(), |p| p.display().to_string())
 }

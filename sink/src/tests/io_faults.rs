@@ -54,6 +54,52 @@ fn assert_recorded_once(dir: &std::path::Path, bytes: u64) {
     assert_eq!(report.record_mismatches, 0, "{report:?}");
 }
 
+/// A panic in the asynchronous part of the background flush of journaled
+/// files (a bug there, not a disk's failure) poisons the sink with its
+/// reason like a failed flush does, instead of being logged by the runtime
+/// alone while the sink goes on and the flushed rounds' journal space is
+/// never given back; after a restart nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_the_background_flush_poisons_the_sink() {
+    const SOURCE: &str = "background-flush-panics";
+    let dir = test_support::scratch("background-flush-panics");
+    let sink = open_flushing_files(&dir);
+    let source = || Arc::<str>::from(SOURCE);
+    let whole = content(2 * 4096, 5);
+    sink.ingest_batch(source(), 1, data_batch("p", 0, &whole[..4096]))
+        .await
+        .unwrap();
+    crate::fault::fail_io(crate::fault::Point::BackgroundFlush, SOURCE);
+    let ack = sink
+        .ingest_batch(source(), 2, data_batch("p", 4096, &whole[4096..]))
+        .await
+        .expect("a journaled range is acknowledged before its file is flushed");
+    assert_eq!(ack.placed, 4096);
+    assert!(
+        sink.status().unwrap().journal_backlog_bytes >= 4096,
+        "the range was not journaled: the test proves nothing"
+    );
+    let reason = poisoned_reason(&sink).await;
+    assert!(
+        reason.contains("background flush") && reason.contains("panicked"),
+        "{reason}"
+    );
+    sink.shutdown().await;
+    drop(sink);
+    let sink = open_flushing_files(&dir);
+    let file = dir.join("root").join(SOURCE).join("p");
+    assert!(std::fs::read(&file).unwrap() == whole, "p differs");
+    let again = sink
+        .ingest_batch(source(), 2, data_batch("p", 4096, &whole[4096..]))
+        .await
+        .unwrap();
+    assert_eq!((again.placed, again.duplicate), (0, 4096), "recorded once");
+    sink.shutdown().await;
+    drop(sink);
+    assert_recorded_once(&dir, whole.len() as u64);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The fdatasync of a round's file fails: that batch is not acknowledged
 /// (a retryable refusal naming the poison), the sink is poisoned with the
 /// file and the error, `status` says so, every later batch and the
