@@ -823,3 +823,79 @@ fn a_refused_stream_does_not_strand_the_batches_before_it() {
     assert_eq!(audit["overlapping_placements"], 0, "{audit}");
     assert_eq!(audit["record_mismatches"], 0, "{audit}");
 }
+
+/// Runs tailflight with `args`; returns its exit code and what it printed.
+fn exit_of(args: &[String]) -> (Option<i32>, String) {
+    let output = std::process::Command::new(common::bin())
+        .args(args)
+        .output()
+        .expect("run tailflight");
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.code(), text)
+}
+
+/// Size and count flags the wire cannot carry, the memory cannot hold or
+/// that would make a loop spin are refused at startup, each with its flag,
+/// the value and the bound, as the caller's mistake (exit 2), before
+/// anything is opened; a message size over 2 GiB used to reach an
+/// `expect` in the wire's batch builder.
+#[test]
+fn size_and_count_flags_out_of_bounds_are_refused_at_startup() {
+    let dir = common::scratch("bad-flags");
+    let sink = common::sink_command(
+        &dir,
+        common::free_port(),
+        &[
+            "--max-message-bytes",
+            "3221225472",
+            "--journal-max-range",
+            "1GiB",
+            "--hold-limit",
+            "1TiB",
+        ],
+    );
+    let (code, text) = exit_of(&sink);
+    assert_eq!(code, Some(2), "{text}");
+    for said in [
+        "--max-message-bytes 3GiB is outside 64KiB..=2147483647",
+        "--journal-max-range 1GiB is outside 0..=16MiB",
+        "--hold-limit 1TiB is outside 0..=64GiB",
+    ] {
+        assert!(text.contains(said), "{said:?} in {text}");
+    }
+    assert!(!dir.join("state").exists(), "nothing was opened: {text}");
+
+    let source = dir.join("source");
+    std::fs::create_dir_all(&source).unwrap();
+    let mut watch = common::strings(&["watch", "--source", "s", "--to", "http://127.0.0.1:1"]);
+    watch.extend(["--dir".into(), source.display().to_string()]);
+    watch.extend([
+        "--state".into(),
+        dir.join("watch-state").display().to_string(),
+    ]);
+    watch.extend(common::strings(&[
+        "--batch-bytes",
+        "3GiB",
+        "--connections",
+        "0",
+        "--poll-min",
+        "1s",
+        "--poll-max",
+        "10ms",
+    ]));
+    let (code, text) = exit_of(&watch);
+    assert_eq!(code, Some(2), "{text}");
+    for said in [
+        "--batch-bytes 3GiB is outside 4KiB..=2147483647",
+        "--connections 0 is outside 1..=256",
+        "--max-message-bytes 64MiB cannot carry a batch of --batch-bytes 3GiB",
+        "--poll-min 1s is longer than --poll-max 10ms",
+    ] {
+        assert!(text.contains(said), "{said:?} in {text}");
+    }
+    assert!(
+        !dir.join("watch-state").exists(),
+        "nothing was opened: {text}"
+    );
+}
