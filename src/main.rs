@@ -9,6 +9,7 @@ mod demo;
 mod feed_log;
 mod identity;
 mod kafka;
+mod limits;
 mod observe;
 mod serve;
 mod service_manager;
@@ -531,6 +532,9 @@ fn main() -> std::process::ExitCode {
         }
     };
     let cli = Cli::parse_from(args);
+    // A panic while a sink's placement thread holds its locks poisons the
+    // sink before the locks go (the hook is the program's to set).
+    sink::health::install_panic_hook();
     // Warnings and errors are also kept for the status page.
     let problems = observe::RecentProblems::default();
     {
@@ -567,10 +571,17 @@ fn main() -> std::process::ExitCode {
     }
     match run(cli.command, problems) {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("tailflight: error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<limits::FlagsRefused>() {
+            // As clap refuses what it cannot parse: the caller's mistake.
+            Some(refused) => {
+                eprintln!("tailflight: {refused}");
+                std::process::ExitCode::from(2)
+            }
+            None => {
+                eprintln!("tailflight: error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -729,6 +740,7 @@ fn run(
     use std::process::ExitCode;
     match command {
         Command::Sink(args) => {
+            limits::check_sink(&args)?;
             raise_fd_limit();
             let config = sink_config(&args);
             runtime()?.block_on(async {
@@ -741,6 +753,7 @@ fn run(
             })?;
         }
         Command::Watch(args) => {
+            limits::check_watch(&args)?;
             raise_fd_limit();
             let progress = Arc::new(watcher::Progress::default());
             runtime()?.block_on(async {

@@ -115,21 +115,37 @@ impl Drop for ThreadGuard {
     }
 }
 
+/// What the process's panic hook calls for a panic on a guarded thread to
+/// poison its sink before unwinding lets go of the thread's locks. The
+/// hook is the program's to set (a library must not replace a process-wide
+/// hook behind its back): [`install_panic_hook`] sets one that calls this,
+/// and a program with a hook of its own calls this from it. Without either,
+/// a panic while placing still poisons the sink, once it has unwound.
+pub fn poison_on_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let guarded =
+        GUARDED.with(|guarded| guarded.try_borrow().ok().and_then(|health| health.clone()));
+    if let Some(health) = guarded {
+        health.poison(format!("a panic in the sink: {info}"));
+    }
+}
+
+/// Sets a process-wide panic hook that calls [`poison_on_panic`], then the
+/// hook that was set before. Once per process; later calls do nothing.
+pub fn install_panic_hook() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let next = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            poison_on_panic(info);
+            next(info);
+        }));
+    });
+}
+
 impl Health {
-    /// Makes a panic on this thread poison this health (see [`ThreadGuard`]).
+    /// Makes a panic on this thread poison this health (see [`ThreadGuard`]
+    /// and [`poison_on_panic`]).
     pub(crate) fn guard_thread(&self) -> ThreadGuard {
-        static HOOK: std::sync::Once = std::sync::Once::new();
-        HOOK.call_once(|| {
-            let next = std::panic::take_hook();
-            std::panic::set_hook(Box::new(move |info| {
-                let guarded = GUARDED
-                    .with(|guarded| guarded.try_borrow().ok().and_then(|health| health.clone()));
-                if let Some(health) = guarded {
-                    health.poison(format!("a panic in the sink: {info}"));
-                }
-                next(info);
-            }));
-        });
         let previous = GUARDED.with(|guarded| {
             guarded
                 .try_borrow_mut()
@@ -165,8 +181,41 @@ mod tests {
 
     /// A panic on a guarded thread poisons the health before the lock it
     /// held is let go: whoever takes the lock next finds the sink poisoned.
+    /// The process's panic hook, which these tests set, is one for the
+    /// whole test binary: they take turns.
+    static HOOK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Guarding a thread (as every placement does) leaves the process's
+    /// panic hook as the program set it: the hook is the program's.
+    #[test]
+    fn guarding_a_thread_leaves_the_programs_panic_hook_alone() {
+        let _turn = HOOK_TESTS.lock();
+        let before = std::panic::take_hook();
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counting = calls.clone();
+        let hook: Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send> = Box::new(move |_| {
+            counting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let set_at = std::ptr::from_ref(hook.as_ref()).cast::<()>();
+        std::panic::set_hook(hook);
+        {
+            let _guard = Health::default().guard_thread();
+        }
+        let now = std::panic::take_hook();
+        let unchanged = std::ptr::from_ref(now.as_ref()).cast::<()>() == set_at;
+        std::panic::set_hook(before);
+        assert!(
+            unchanged,
+            "guarding a thread replaced the program's panic hook"
+        );
+        drop(now);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
     #[test]
     fn a_panic_on_a_guarded_thread_poisons_before_its_locks_go() {
+        let _turn = HOOK_TESTS.lock();
+        install_panic_hook();
         let health = Health::default();
         let state = std::sync::Arc::new(std::sync::Mutex::new(0));
         let (locked, seen) = (state.clone(), health.clone());

@@ -72,6 +72,9 @@ pub(crate) mod fault {
         JournalSync,
         /// Instead of writing a range into its destination file.
         FileWrite,
+        /// In the background flush of journaled files, before it flushes a
+        /// file (armed with [`fail_io`]; it panics instead of failing).
+        BackgroundFlush,
     }
 
     static ARMED: Mutex<Vec<(Point, String)>> = Mutex::new(Vec::new());
@@ -363,16 +366,18 @@ impl Sink {
             config.layout,
             config.superseded,
             config.max_open_files,
-            gate.clone(),
-            place::Journal {
-                max_range: config.journal_max_range,
-                backlog: journal_backlog.clone(),
+            place::Shared {
+                commit_gate: gate.clone(),
+                journal: place::Journal {
+                    max_range: config.journal_max_range,
+                    backlog: journal_backlog.clone(),
+                },
+                health: health.clone(),
             },
         )
         .with_direct_writes(direct_min)
         .with_seal_read_back(config.seal_read_back)
-        .with_hold_limit(config.hold_limit)
-        .with_health(health.clone());
+        .with_hold_limit(config.hold_limit);
         let journal_path = config.state_dir.join(journal::JOURNAL_FILE_NAME);
         let replayed = placer.replay_journal(&journal_path)?;
         if replayed > 0 {

@@ -166,6 +166,15 @@ const MAX_WAITING_DEPENDENCIES: usize = 1 << 20;
 /// of one late batch, as the sink's own default (`SinkConfig`).
 pub(crate) const HOLD_LIMIT: u64 = 256 << 20;
 
+/// What placement shares with the rest of the sink, given at construction.
+pub(crate) struct Shared {
+    pub commit_gate: CommitGate,
+    pub journal: Journal,
+    /// The sink's health (and with it the flusher's: after a failed flush,
+    /// the background flush must not trust a later successful one).
+    pub health: Health,
+}
+
 /// Which ranges go to the manifest's journal.
 pub(crate) struct Journal {
     /// Largest range journaled; bigger ones are flushed in place, so bulk
@@ -212,9 +221,13 @@ impl Placer {
         layout: Layout,
         superseded: SupersededPolicy,
         max_open_files: usize,
-        commit_gate: CommitGate,
-        journal: Journal,
+        shared: Shared,
     ) -> Self {
+        let Shared {
+            commit_gate,
+            journal,
+            health,
+        } = shared;
         let descriptors = descriptors::Descriptors::of_process();
         // The cache of open files may take at most a quarter of the
         // descriptors (a cached file may hold a second one for direct
@@ -241,7 +254,7 @@ impl Placer {
             direct_min: 0,
             direct_buffers: direct::Buffers::default(),
             seal_read_back: false,
-            health: Health::default(),
+            health,
             flat_source: Mutex::new(None),
             max_sources: MAX_SOURCES,
             committer: std::sync::OnceLock::new(),
@@ -278,13 +291,6 @@ impl Placer {
     /// O_DIRECT (0: never); see [`crate::durability::direct`].
     pub fn with_direct_writes(mut self, min: u64) -> Self {
         self.direct_min = min;
-        self
-    }
-
-    /// Shares the sink's health (and with it the flusher's: after a failed
-    /// flush, the background flush must not trust a later successful one).
-    pub fn with_health(mut self, health: Health) -> Self {
-        self.health = health;
         self
     }
 

@@ -41,10 +41,13 @@ impl Fixture {
             layout,
             superseded,
             64,
-            CommitGate::default(),
-            Journal {
-                max_range: journal_max_range,
-                backlog: Arc::default(),
+            Shared {
+                commit_gate: CommitGate::default(),
+                journal: Journal {
+                    max_range: journal_max_range,
+                    backlog: Arc::default(),
+                },
+                health: Health::default(),
             },
         )
     }
