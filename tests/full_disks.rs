@@ -37,10 +37,10 @@ impl Tmpfs {
             .status()
             .is_ok_and(|status| status.success());
         if !mounted {
-            println!(
-                "skipped: cannot mount a tmpfs at {} (needs root)",
+            common::cannot_run(&format!(
+                "cannot mount a tmpfs at {} (needs root)",
                 at.display()
-            );
+            ));
             return None;
         }
         Some(Self(at.to_path_buf()))

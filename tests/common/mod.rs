@@ -315,6 +315,20 @@ pub fn assert_clean_audit(state: &Path) -> serde_json::Value {
     report
 }
 
+/// A test that cannot run on this machine (it needs root, say): says so
+/// where a reader of the output sees it, past the harness's capture of
+/// `println!`, or fails where every test must run (`TAILFLIGHT_NO_SKIPS`,
+/// which `ops/test.sh` sets when it runs as root, as CI does).
+pub fn cannot_run(why: &str) {
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    assert!(
+        std::env::var_os("TAILFLIGHT_NO_SKIPS").is_none(),
+        "{test} cannot run: {why}; TAILFLIGHT_NO_SKIPS says every test must run here"
+    );
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
 /// The mark a sink keeps in its root (which root its manifest was written
 /// with): the sink's own, not a file anyone sent.
 pub const ROOT_MARK: &str = ".tailflight-root-id";

@@ -34,7 +34,7 @@ impl NetNs {
         let subnet = format!("10.252.{}", (id % 50) * 5 + n + 1);
         let _ = Command::new("ip").args(["netns", "del", &name]).status();
         if !ip(&["netns", "add", &name]) {
-            println!("skipped: cannot make a network namespace (needs root)");
+            super::cannot_run("cannot make a network namespace (needs root)");
             return None;
         }
         let made = Self {
