@@ -67,7 +67,17 @@ fn replay_restores_acknowledged_ranges_lost_from_the_files() {
     let mut lost = 0;
     let mut crashes = 0;
     while crashes < 5 || (lost == 0 && crashes < 30) {
-        std::thread::sleep(Duration::from_millis(600));
+        // Killed while the sink says journaled ranges wait for their
+        // files' flush (not after some time and hoping so).
+        common::wait_until(
+            "journaled ranges waiting for their files' flush",
+            Duration::from_secs(60),
+            || {
+                pipeline
+                    .status()
+                    .is_some_and(|status| common::status_u64(&status, "journal_backlog_bytes") > 0)
+            },
+        );
         pipeline.sink.kill9();
         lost += lose_journaled_ranges(&pipeline);
         crashes += 1;

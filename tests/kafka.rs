@@ -207,10 +207,21 @@ fn a_full_outbox_holds_ingest_back_until_the_relay_drains_it() {
     common::wait_until("the outbox is full", Duration::from_secs(60), || {
         events_status(&pipeline).is_some_and(|e| status_u64(&e, "depth_bytes") >= 16 << 10)
     });
-    // Held back: the watcher keeps what the sink refuses and sends it again.
-    std::thread::sleep(Duration::from_secs(1));
+    // Held back: the watcher keeps what the sink refuses and sends it
+    // again; between two refusals after this, nothing was placed.
+    let refused = || events_status(&pipeline).map_or(0, |e| status_u64(&e, "refused_batches"));
+    // Two first: the rounds under way when the outbox filled are placed
+    // by then.
+    common::wait_until("batches refused", Duration::from_secs(60), || {
+        refused() >= 2
+    });
     let placed = status_u64(&pipeline.status().expect("status"), "placed_bytes");
-    std::thread::sleep(Duration::from_secs(2));
+    let refused_then = refused();
+    common::wait_until(
+        "two more refusals of the batches sent again",
+        Duration::from_secs(60),
+        || refused() >= refused_then + 2,
+    );
     let status = pipeline.status().expect("status");
     assert_eq!(
         status_u64(&status, "placed_bytes"),

@@ -18,10 +18,39 @@ fn total_bytes(dir: &std::path::Path) -> u64 {
         .sum()
 }
 
+/// Whether the watcher on `port` is tailing, has walked its tree, and owes
+/// its sinks no byte.
+fn watcher_owes_nothing(port: u16) -> bool {
+    let Some((200, body)) = common::http_get(port, "/api/status") else {
+        return false;
+    };
+    let Ok(status) = serde_json::from_str::<serde_json::Value>(&body) else {
+        return false;
+    };
+    let source = &status["sources"][0];
+    // Two heartbeats: the first walk's, and one more after it, by which
+    // anything that walk found owing was counted as lag.
+    status["phase"] == "tailing"
+        && status["tailer_heartbeats"].as_u64() >= Some(2)
+        && source["lag_bytes"].as_u64() == Some(0)
+        && status["files"].as_array().is_some_and(|files| {
+            files
+                .iter()
+                .all(|file| file["lag_bytes"].as_u64() == Some(0))
+        })
+}
+
 #[test]
 fn nothing_placed_is_written_again() {
     let dir = scratch("lost-state");
-    let mut pipeline = Pipeline::start(&dir, PipelineOptions::default());
+    let watch_port = common::free_port();
+    let mut pipeline = Pipeline::start(
+        &dir,
+        PipelineOptions {
+            extra_watch_args: vec!["--metrics-listen".into(), format!("127.0.0.1:{watch_port}")],
+            ..PipelineOptions::default()
+        },
+    );
 
     // First run: complete files.
     simulate(&pipeline.source, &workload("r1", "2", "1MiB", "2s"));
@@ -48,7 +77,13 @@ fn nothing_placed_is_written_again() {
     std::fs::remove_dir_all(&pipeline.watch_state).unwrap();
     let before = pipeline.status().expect("status");
     pipeline.watcher.start();
-    std::thread::sleep(Duration::from_secs(4));
+    // Not a quiet spell of some seconds: the watcher itself says it has
+    // reconciled, walked its tree and owes the sink nothing.
+    common::wait_until(
+        "the restarted watcher to owe nothing after its first walk",
+        Duration::from_secs(60),
+        || watcher_owes_nothing(watch_port),
+    );
     let after = pipeline.status().expect("status");
 
     let total = total_bytes(&pipeline.source);

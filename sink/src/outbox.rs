@@ -80,6 +80,9 @@ pub struct OutboxStatus {
     pub depth_events: u64,
     pub depth_bytes: u64,
     pub limit_bytes: u64,
+    /// Batches refused since the start because the outbox was full.
+    #[serde(default)]
+    pub refused_batches: u64,
     /// How long the oldest unpublished event has waited.
     pub oldest_age_ms: Option<u64>,
     pub relay: RelayReport,
@@ -101,6 +104,8 @@ pub struct Outbox {
     published: AtomicU64,
     /// Bytes of the events between the two.
     bytes: AtomicU64,
+    /// Batches refused because the outbox was full.
+    refused: AtomicU64,
     changed: tokio::sync::Notify,
     relay: Mutex<RelayReport>,
 }
@@ -131,6 +136,7 @@ impl Outbox {
             durable: AtomicU64::new(last),
             published: AtomicU64::new(first.map_or(last, |first| first - 1)),
             bytes: AtomicU64::new(depth.bytes),
+            refused: AtomicU64::new(0),
             changed: tokio::sync::Notify::new(),
             relay: Mutex::new(RelayReport {
                 state: "starting".into(),
@@ -236,6 +242,7 @@ impl Outbox {
             depth_events: recorded_through.saturating_sub(published_through),
             depth_bytes: self.bytes.load(Ordering::Relaxed),
             limit_bytes: self.limit_bytes,
+            refused_batches: self.refused.load(Ordering::Relaxed),
             oldest_age_ms,
             relay: self.relay_report(),
         }
@@ -263,6 +270,7 @@ impl Outbox {
         if bytes < self.limit_bytes {
             return Ok(());
         }
+        self.refused.fetch_add(1, Ordering::Relaxed);
         let relay = self.relay_report();
         Err(SinkError::Storage(format!(
             "the event outbox holds {bytes} bytes of unpublished events (limit {}); new data waits until the relay publishes them (relay: {}{})",

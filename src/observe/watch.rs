@@ -446,6 +446,9 @@ impl Observed for WatchObserved {
             "uptime_seconds": self.started.elapsed().as_secs_f64(),
             "phase": phase,
             "ready": not_ready.is_none(),
+            // The tailer's heartbeat (progress published, walks made): the
+            // first comes after its first walk.
+            "tailer_heartbeats": self.progress.publications(),
             "sources": [{
                 "source": source,
                 "verdict": summary.verdict,
