@@ -43,6 +43,8 @@ RUN = "r0001"
 # --workdir must not delete someone's files.
 MARKER = ".tailflight-soak"
 NETNS_PREFIX = "tfsoak"
+# The sink's own counts of what it holds in memory, recorded per cycle.
+HELD_FIELDS = ("held_bytes", "placements_waiting", "placements_running", "journal_backlog_bytes")
 # Quarters of fewer than two cycles each say nothing about growth.
 MIN_CYCLES_TO_JUDGE = 8
 
@@ -406,6 +408,8 @@ class Cycle:
     recovery_s: float | None = None
     # Per process: max VmRSS / VmHWM (KiB) and max descriptors in the cycle.
     metrics: dict = field(default_factory=dict)
+    # What the sink holds in memory by its own count, once bytes flow again.
+    held: dict = field(default_factory=dict)
 
 
 class Soak:
@@ -548,8 +552,11 @@ class Soak:
                                     max(1.0, self.args.recover_timeout - (time.monotonic() - back)),
                                     f"bytes flow again after cycle {number} ({kind})")
             cycle.recovery_s = round(time.monotonic() - back, 2)
+            now = self.status() or {}
+            cycle.held = {key: now.get(key, 0) for key in HELD_FIELDS}
             log(f"cycle {number}/{self.args.cycles}: {kind:<12} after {delay:4.1f}s, "
-                f"{'down' if kind != 'cut' else 'cut'} {outage:3.1f}s, bytes flow again in {cycle.recovery_s:.1f}s")
+                f"{'down' if kind != 'cut' else 'cut'} {outage:3.1f}s, bytes flow again in {cycle.recovery_s:.1f}s; "
+                + ", ".join(f"{key} {value}" for key, value in cycle.held.items()))
         self.sampler.cycle = len(self.cycles) + 1  # the drain
 
     def fault(self, kind: str, outage: float) -> None:
@@ -894,12 +901,14 @@ class Soak:
             writer = csv.writer(f)
             writer.writerow(["cycle", "kind", "delay_s", "outage_s", "recovery_s",
                              "sink_rss_kib", "sink_hwm_kib", "sink_anon_kib", "sink_fds",
-                             "watcher_rss_kib", "watcher_hwm_kib", "watcher_anon_kib", "watcher_fds"])
+                             "watcher_rss_kib", "watcher_hwm_kib", "watcher_anon_kib", "watcher_fds",
+                             *(f"sink_{key}" for key in HELD_FIELDS)])
             for c in self.cycles:
                 row = [c.number, c.kind, c.delay_s, c.outage_s, c.recovery_s]
                 for process in ("sink", "watcher"):
                     m = c.metrics.get(process, {})
                     row += [m.get("rss_kib"), m.get("hwm_kib"), m.get("anon_kib"), m.get("fds")]
+                row += [c.held.get(key) for key in HELD_FIELDS]
                 writer.writerow(row)
 
     def count_in_log(self, name: str, needle: str) -> int:
