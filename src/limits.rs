@@ -53,6 +53,33 @@ impl Problems {
         }
     }
 
+    /// `--max-message-bytes`: what the wire can carry.
+    fn message_size(&mut self, value: u64) {
+        self.within(
+            "max-message-bytes",
+            value,
+            WIRE_MIN,
+            WIRE_MAX,
+            "a batch's data is addressed with 32-bit offsets",
+        );
+    }
+
+    /// An HTTP/2 flow-control window.
+    fn window(&mut self, flag: &str, value: u64) {
+        self.within(flag, value, WIRE_MIN, WIRE_MAX, "an HTTP/2 window");
+    }
+
+    /// `--max-open-files`.
+    fn open_files(&mut self, value: usize) {
+        self.within(
+            "max-open-files",
+            value as u64,
+            1,
+            OPEN_FILES_MAX,
+            "descriptors",
+        );
+    }
+
     fn positive(&mut self, flag: &str, value: Duration, why: &str) {
         if value.is_zero() {
             self.0.push(format!("--{flag} must be more than 0 ({why})"));
@@ -103,27 +130,9 @@ fn shown(value: u64) -> String {
 
 pub fn check_sink(args: &SinkArgs) -> Result<(), FlagsRefused> {
     let mut problems = Problems::new();
-    problems.within(
-        "max-message-bytes",
-        args.max_message_bytes as u64,
-        WIRE_MIN,
-        WIRE_MAX,
-        "a batch's data is addressed with 32-bit offsets",
-    );
-    problems.within(
-        "window-bytes",
-        u64::from(args.window_bytes),
-        WIRE_MIN,
-        WIRE_MAX,
-        "an HTTP/2 window",
-    );
-    problems.within(
-        "max-open-files",
-        args.max_open_files as u64,
-        1,
-        OPEN_FILES_MAX,
-        "descriptors",
-    );
+    problems.message_size(args.max_message_bytes as u64);
+    problems.window("window-bytes", u64::from(args.window_bytes));
+    problems.open_files(args.max_open_files);
     problems.within(
         "journal-max-range",
         args.journal_max_range,
@@ -160,13 +169,7 @@ pub fn check_sink(args: &SinkArgs) -> Result<(), FlagsRefused> {
 pub fn check_watch(args: &WatchArgs) -> Result<(), FlagsRefused> {
     let mut problems = Problems::new();
     let message = args.max_message_bytes as u64;
-    problems.within(
-        "max-message-bytes",
-        message,
-        WIRE_MIN,
-        WIRE_MAX,
-        "a batch's data is addressed with 32-bit offsets",
-    );
+    problems.message_size(message);
     problems.within(
         "connections",
         args.connections as u64,
@@ -174,13 +177,7 @@ pub fn check_watch(args: &WatchArgs) -> Result<(), FlagsRefused> {
         CONNECTIONS_MAX,
         "TCP connections per sink",
     );
-    problems.within(
-        "window",
-        args.window,
-        WIRE_MIN,
-        WIRE_MAX,
-        "an HTTP/2 window",
-    );
+    problems.window("window", args.window);
     problems.within(
         "batch-bytes",
         args.batch_bytes,
@@ -211,13 +208,7 @@ pub fn check_watch(args: &WatchArgs) -> Result<(), FlagsRefused> {
             shown(largest_batch)
         )
     });
-    problems.within(
-        "max-open-files",
-        args.max_open_files as u64,
-        1,
-        OPEN_FILES_MAX,
-        "descriptors",
-    );
+    problems.open_files(args.max_open_files);
     problems.within(
         "metrics-top-files",
         args.metrics_top_files as u64,

@@ -423,23 +423,11 @@ fn wait_published_more(fleet: &Fleet, identity: &str) {
 /// Waits until `identity`'s relay has published everything it recorded;
 /// returns its events status.
 fn wait_all_published(fleet: &Fleet, identity: &str) -> serde_json::Value {
-    let mut last = None;
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while std::time::Instant::now() < deadline {
-        if let Some(events) = events_of(fleet, identity) {
-            if status_u64(&events, "depth_events") == 0
-                && status_u64(&events, "recorded_through") > 0
-            {
-                return events;
-            }
-            last = Some(events);
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    panic!(
-        "{identity}'s relay never published everything: {last:?}\n{}",
-        fleet.logs()
-    );
+    common::kafka::wait_published(
+        || events_of(fleet, identity),
+        Duration::from_secs(120),
+        || fleet.logs(),
+    )
 }
 
 /// Test 3: an active frozen (SIGSTOP) for longer than its TTL: the standby

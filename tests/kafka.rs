@@ -37,23 +37,11 @@ fn events_status(pipeline: &Pipeline) -> Option<serde_json::Value> {
 
 /// Waits until the relay has published everything the sink recorded.
 fn wait_published(pipeline: &Pipeline, timeout: Duration) -> serde_json::Value {
-    let deadline = Instant::now() + timeout;
-    let mut last = None;
-    while Instant::now() < deadline {
-        if let Some(events) = events_status(pipeline) {
-            if status_u64(&events, "depth_events") == 0
-                && status_u64(&events, "recorded_through") > 0
-            {
-                return events;
-            }
-            last = Some(events);
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    panic!(
-        "the relay never published everything: {last:?}\n--- sink log ---\n{}",
-        pipeline.sink.log_text()
-    );
+    common::kafka::wait_published(
+        || events_status(pipeline),
+        timeout,
+        || format!("--- sink log ---\n{}", pipeline.sink.log_text()),
+    )
 }
 
 #[test]

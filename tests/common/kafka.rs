@@ -427,3 +427,30 @@ fn contiguous(ranges: &[(u64, u64)]) -> u64 {
     }
     end
 }
+
+/// Waits until the relay whose events section `events` reads has published
+/// everything its sink recorded; returns that section. `context` is added
+/// to the failure (the sinks' logs).
+pub fn wait_published(
+    mut events: impl FnMut() -> Option<serde_json::Value>,
+    timeout: Duration,
+    context: impl FnOnce() -> String,
+) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    while Instant::now() < deadline {
+        if let Some(events) = events() {
+            if super::status_u64(&events, "depth_events") == 0
+                && super::status_u64(&events, "recorded_through") > 0
+            {
+                return events;
+            }
+            last = Some(events);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!(
+        "the relay never published everything: {last:?}\n{}",
+        context()
+    );
+}

@@ -54,6 +54,37 @@ fn assert_recorded_once(dir: &std::path::Path, bytes: u64) {
     assert_eq!(report.record_mismatches, 0, "{report:?}");
 }
 
+/// Places the first 4 KiB of `file` of `source` (flushed in place with
+/// its new directory), arms `point` for the source, then places the next
+/// 4 KiB, which is journaled and acknowledged before its file is flushed;
+/// returns the reason the background flush then poisons the sink with.
+async fn journal_a_range_then_poison(
+    sink: &Sink,
+    source: &str,
+    file: &str,
+    whole: &[u8],
+    point: crate::fault::Point,
+) -> String {
+    sink.ingest_batch(Arc::from(source), 1, data_batch(file, 0, &whole[..4096]))
+        .await
+        .unwrap();
+    crate::fault::fail_io(point, source);
+    let ack = sink
+        .ingest_batch(
+            Arc::from(source),
+            2,
+            data_batch(file, 4096, &whole[4096..8192]),
+        )
+        .await
+        .expect("a journaled range is acknowledged before its file is flushed");
+    assert_eq!(ack.placed, 4096);
+    assert!(
+        sink.status().unwrap().journal_backlog_bytes >= 4096,
+        "the range was not journaled: the test proves nothing"
+    );
+    poisoned_reason(sink).await
+}
+
 /// A panic in the asynchronous part of the background flush of journaled
 /// files (a bug there, not a disk's failure) poisons the sink with its
 /// reason like a failed flush does, instead of being logged by the runtime
@@ -66,20 +97,14 @@ async fn a_panic_in_the_background_flush_poisons_the_sink() {
     let sink = open_flushing_files(&dir);
     let source = || Arc::<str>::from(SOURCE);
     let whole = content(2 * 4096, 5);
-    sink.ingest_batch(source(), 1, data_batch("p", 0, &whole[..4096]))
-        .await
-        .unwrap();
-    crate::fault::fail_io(crate::fault::Point::BackgroundFlush, SOURCE);
-    let ack = sink
-        .ingest_batch(source(), 2, data_batch("p", 4096, &whole[4096..]))
-        .await
-        .expect("a journaled range is acknowledged before its file is flushed");
-    assert_eq!(ack.placed, 4096);
-    assert!(
-        sink.status().unwrap().journal_backlog_bytes >= 4096,
-        "the range was not journaled: the test proves nothing"
-    );
-    let reason = poisoned_reason(&sink).await;
+    let reason = journal_a_range_then_poison(
+        &sink,
+        SOURCE,
+        "p",
+        &whole,
+        crate::fault::Point::BackgroundFlush,
+    )
+    .await;
     assert!(
         reason.contains("background flush") && reason.contains("panicked"),
         "{reason}"
@@ -186,22 +211,9 @@ async fn a_failed_flush_of_journaled_files_loses_no_acknowledged_range() {
     let sink = open_flushing_files(&dir);
     let source = || Arc::<str>::from(SOURCE);
     let whole = content(3 * 4096, 2);
-    // A new file: flushed with its directory by its round.
-    sink.ingest_batch(source(), 1, data_batch("j", 0, &whole[..4096]))
-        .await
-        .unwrap();
-
-    crate::fault::fail_io(crate::fault::Point::FileSync, SOURCE);
-    let ack = sink
-        .ingest_batch(source(), 2, data_batch("j", 4096, &whole[4096..8192]))
-        .await
-        .expect("a journaled range is acknowledged before its file is flushed");
-    assert_eq!(ack.placed, 4096);
-    assert!(
-        sink.status().unwrap().journal_backlog_bytes >= 4096,
-        "the range was not journaled: the test proves nothing"
-    );
-    let reason = poisoned_reason(&sink).await;
+    let reason =
+        journal_a_range_then_poison(&sink, SOURCE, "j", &whole, crate::fault::Point::FileSync)
+            .await;
     let file = dir.join("root").join(SOURCE).join("j");
     assert!(
         reason.contains("fdatasync of")
