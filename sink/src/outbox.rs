@@ -63,6 +63,19 @@ pub struct RelayReport {
     /// Unix epoch), if it is waiting now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_since_unix_ms: Option<u64>,
+    /// Times the relay started a new client after a failure.
+    #[serde(default)]
+    pub restarts: u64,
+    /// Why it last did.
+    #[serde(default)]
+    pub last_restart_reason: Option<String>,
+    /// Clients abandoned inside a librdkafka call that has not returned.
+    #[serde(default)]
+    pub stuck_clients: u64,
+    /// Times the position read back was behind a transaction the brokers
+    /// had acknowledged (its events were published again).
+    #[serde(default)]
+    pub taken_back: u64,
 }
 
 /// A relay that has waited this long for the brokers is shown as failing,

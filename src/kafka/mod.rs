@@ -1,0 +1,537 @@
+//! The Kafka relay: publishes the sink's event outbox to a topic through
+//! librdkafka, exactly once.
+//!
+//! Each publication is one Kafka transaction holding a run of outbox events
+//! (in outbox order, keyed by file, so a file's events keep their order in
+//! one partition) and the relay's position: the sequence number of the last
+//! of them, committed as the offset of a consumer group of the relay's own
+//! (`tailflight-relay.<sink id>`, partition 0 of the topic) through
+//! `send_offsets_to_transaction`. Either both are in Kafka or neither is.
+//! Readers must consume with `isolation.level=read_committed` (librdkafka's
+//! default; the Java client's default is read_uncommitted) to see each
+//! event once.
+//!
+//! The relay trusts only the position it reads back from the brokers: an
+//! acknowledged transaction leaves its events in the outbox until the
+//! position read back covers it, and a position behind what the brokers
+//! acknowledged (a broker restarted while it wrote the markers can take a
+//! transaction back) makes it publish again from there. Every start of a
+//! client first ends whatever an earlier one left without markers (see
+//! [`client::Client::start`]).
+//!
+//! Every librdkafka call runs on a worker thread ([`worker`]) with a
+//! deadline: a client stuck in a call is abandoned and a new one with the
+//! same transactional id fences it. After any failure the relay starts a
+//! new client from the position the brokers confirm, with backoff; it
+//! never stops for good, and `status` counts its restarts and says why.
+//!
+//! The relay never slows ingest: it runs on a thread of its own, reads the
+//! outbox behind the commits, and while the brokers cannot be reached it
+//! retries with backoff, says why in `status` and a rate-limited warning,
+//! and lets the outbox grow (bounded: see `sink::outbox`).
+
+mod client;
+mod worker;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use rdkafka::ClientConfig;
+use rdkafka::ClientContext;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryResult, ProducerContext};
+use sink::outbox::Outbox;
+
+use client::{CALL_TIMEOUT, Client, TRANSACTION_BUDGET, Transactional};
+use worker::{CallError, Live, Worker};
+
+/// Where and how to publish, validated from the flags.
+#[derive(Clone, Debug)]
+pub struct KafkaSettings {
+    pub brokers: String,
+    pub topic: String,
+    /// librdkafka properties, applied after ours (so they win).
+    pub properties: Vec<(String, String)>,
+}
+
+/// Properties the relay sets itself: exactly once depends on them.
+pub const RESERVED_PROPERTIES: [&str; 6] = [
+    "bootstrap.servers",
+    "transactional.id",
+    "enable.idempotence",
+    "isolation.level",
+    "group.id",
+    "enable.auto.commit",
+];
+
+/// Events per transaction at most, and their bytes.
+const BATCH_EVENTS: usize = 2000;
+const BATCH_BYTES: usize = 4 << 20;
+/// A call on the client that has not returned by then is abandoned: every
+/// librdkafka call the relay makes has a timeout shorter than this, so
+/// only a call that ignores its own (or a transaction's whole budget) gets
+/// here.
+const ABANDON_AFTER: Duration = TRANSACTION_BUDGET.saturating_add(Duration::from_secs(15));
+/// Clients alive at most, abandoned ones still inside a call included:
+/// each holds librdkafka's threads and buffers.
+const MAX_LIVE_CLIENTS: usize = 4;
+/// While publishing, the position is read back from the brokers at least
+/// this often (and whenever there is nothing left to publish): events
+/// leave the outbox only once the brokers confirm them.
+const CONFIRM_EVERY: Duration = Duration::from_secs(1);
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// One warning per this long while the relay keeps failing.
+const WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// The relay's thread; stopped and joined by [`KafkaRelay::stop`].
+pub struct KafkaRelay {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl KafkaRelay {
+    /// Checks the settings (an unknown or invalid property fails here, at
+    /// startup) and starts publishing `outbox`.
+    pub fn start(
+        outbox: Arc<Outbox>,
+        settings: KafkaSettings,
+        runtime: tokio::runtime::Handle,
+    ) -> anyhow::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let relay = Relay::new(outbox, settings, runtime, stop.clone());
+        // Creating a client validates every property without connecting.
+        let _checked = relay
+            .producer()
+            .context("the Kafka producer's settings are not valid")?;
+        relay
+            .consumer()
+            .context("the Kafka position reader's settings are not valid")?;
+        let thread = std::thread::Builder::new()
+            .name("kafka-relay".into())
+            .spawn(move || relay.run())
+            .context("starting the Kafka relay's thread")?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops after the call under way, and joins the thread.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Relay {
+    outbox: Arc<Outbox>,
+    settings: KafkaSettings,
+    runtime: tokio::runtime::Handle,
+    stop: Arc<AtomicBool>,
+    /// `tailflight-relay.<sink id>`: the transactional id and the group
+    /// that holds the relay's position.
+    identity: String,
+    live: Live,
+    last_warning: Option<Instant>,
+    failures_unwarned: u64,
+}
+
+/// Hears librdkafka's errors (brokers down, authentication failed) as
+/// they happen, while a call may still be waiting out its timeout, and
+/// puts them in `status` at once.
+pub struct RelayContext {
+    outbox: Arc<Outbox>,
+}
+
+impl ClientContext for RelayContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(%error, reason, "librdkafka reports an error");
+        self.outbox.report(|report| {
+            report.state = "failing".into();
+            report.error = Some(format!("{error}: {reason}"));
+        });
+    }
+}
+
+impl ProducerContext for RelayContext {
+    type DeliveryOpaque = ();
+
+    // The transaction's commit says whether its records were delivered.
+    fn delivery(&self, _: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+/// The relay's client on its worker thread.
+type Connection = Worker<Client>;
+
+/// Where publication stands between the relay and the brokers.
+struct Position {
+    /// Events are read after this one: the last published, or the last
+    /// number of a gap with no events.
+    next_after: u64,
+    /// The last event of the last transaction the brokers acknowledged.
+    acknowledged: u64,
+    /// When the position was last read back and found to match.
+    confirmed_at: Instant,
+}
+
+impl Relay {
+    fn new(
+        outbox: Arc<Outbox>,
+        settings: KafkaSettings,
+        runtime: tokio::runtime::Handle,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        Self {
+            identity: format!("tailflight-relay.{}", outbox.sink_id()),
+            outbox,
+            settings,
+            runtime,
+            stop,
+            live: Live::default(),
+            last_warning: None,
+            failures_unwarned: 0,
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.settings.brokers);
+        config.set("client.id", &self.identity);
+        config
+    }
+
+    fn with_user_properties(&self, mut config: ClientConfig) -> ClientConfig {
+        for (key, value) in &self.settings.properties {
+            config.set(key, value);
+        }
+        config
+    }
+
+    fn producer(&self) -> anyhow::Result<Transactional> {
+        let mut config = self.client_config();
+        config
+            .set("enable.idempotence", "true")
+            .set("transactional.id", &self.identity)
+            // An event is published as soon as its round is durable; the
+            // transaction's commit flushes anyway.
+            .set("linger.ms", "1")
+            // Brokers that stop answering are given up on (and the call
+            // retried) after 10 s instead of librdkafka's 60.
+            .set("socket.timeout.ms", "10000")
+            // A transaction that starts while the broker still writes the
+            // last one's markers is told to retry; librdkafka's 100 ms
+            // backoff made that wait the larger part of each publication.
+            .set("retry.backoff.ms", "5");
+        let context = RelayContext {
+            outbox: self.outbox.clone(),
+        };
+        Ok(self
+            .with_user_properties(config)
+            .create_with_context(context)?)
+    }
+
+    fn consumer(&self) -> anyhow::Result<BaseConsumer> {
+        let mut config = self.client_config();
+        config
+            .set("group.id", &self.identity)
+            .set("enable.auto.commit", "false")
+            // Also makes librdkafka ask for stable offsets only.
+            .set("isolation.level", "read_committed");
+        // Producer-only properties would be refused here: keep the ones a
+        // consumer knows (security, SASL and the like) by trying each.
+        let mut consumer_config = config.clone();
+        for (key, value) in &self.settings.properties {
+            let mut trial = consumer_config.clone();
+            trial.set(key, value);
+            if trial.create::<BaseConsumer>().is_ok() {
+                consumer_config = trial;
+            }
+        }
+        Ok(consumer_config.create()?)
+    }
+
+    /// Runs until the sink stops: each pass makes a client, and publishes
+    /// with it until anything fails; then the client goes (abandoned if
+    /// stuck in a call) and the next pass starts from the position the
+    /// brokers confirm. It never stops for good.
+    fn run(mut self) {
+        let mut backoff = BACKOFF_MIN;
+        let mut first = true;
+        while !self.stopping() {
+            let stuck = self.live.count();
+            if stuck >= MAX_LIVE_CLIENTS {
+                self.failing(format!(
+                    "{stuck} earlier Kafka clients are still inside librdkafka calls they were \
+                     abandoned in; a new one starts once one of them returns"
+                ));
+                sleep_unless_stopped(BACKOFF_MAX, &self.stop);
+                continue;
+            }
+            if !first {
+                self.outbox.report(|report| report.restarts += 1);
+            }
+            first = false;
+            self.outbox.waiting_for_brokers(true);
+            let connected = self.connect();
+            self.outbox.waiting_for_brokers(false);
+            let reason = match connected {
+                Ok((mut connection, position)) => {
+                    let (published_any, reason) = self.publish(&mut connection, position);
+                    if published_any {
+                        backoff = BACKOFF_MIN;
+                    }
+                    if !self.stopping() {
+                        // Ends what the failed transaction left open, so
+                        // the next client need not wait for its timeout.
+                        let _ = connection
+                            .call("aborting", CALL_TIMEOUT * 2, &self.stop, |c| c.abort());
+                    }
+                    reason
+                }
+                Err(reason) => reason,
+            };
+            if self.stopping() {
+                break;
+            }
+            self.failing(reason.clone());
+            let stuck = self.live.count();
+            self.outbox.report(|report| {
+                report.last_restart_reason = Some(reason);
+                report.stuck_clients = stuck as u64;
+            });
+            // Two relays sharing an id would fence each other in a hot
+            // loop without the backoff.
+            sleep_unless_stopped(backoff, &self.stop);
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// A client whose transactions are ready, and the relay's position: the
+    /// newest outbox event the brokers hold.
+    fn connect(&mut self) -> Result<(Connection, u64), String> {
+        let client = Client {
+            producer: self.producer().map_err(|e| format!("{e:#}"))?,
+            consumer: self.consumer().map_err(|e| format!("{e:#}"))?,
+            topic: self.settings.topic.clone(),
+            identity: self.identity.clone(),
+        };
+        let mut connection = Worker::spawn("kafka-client", client, &self.live)
+            .map_err(|e| format!("starting the Kafka client's thread: {e}"))?;
+        let brokers = self.settings.brokers.clone();
+        let position = connection
+            .call(
+                "starting transactions",
+                ABANDON_AFTER,
+                &self.stop,
+                move |client| client.start(&brokers),
+            )
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{e:#}"))?;
+        let recorded = self.outbox.durable_through();
+        if position > recorded {
+            return Err(format!(
+                "the topic says this sink published through event {position}, but its outbox \
+                 has only recorded {recorded}: a state directory restored from an older copy, or \
+                 another sink with the same --sink-id ({}); nothing is published until that is \
+                 resolved",
+                self.outbox.sink_id()
+            ));
+        }
+        if position < self.outbox.published_through() {
+            // Only a broker that takes back what it confirmed gets here;
+            // the events are gone from the outbox.
+            tracing::error!(
+                position,
+                removed_through = self.outbox.published_through(),
+                "the brokers hold the relay's position behind events they had confirmed and the \
+                 outbox no longer holds: those events are missing from the topic"
+            );
+        }
+        self.outbox
+            .published(position)
+            .map_err(|e| format!("removing events the topic already holds: {e}"))?;
+        let stuck = self.live.count().saturating_sub(1);
+        self.outbox.report(|report| {
+            report.state = "publishing".into();
+            report.error = None;
+            report.stuck_clients = stuck as u64;
+        });
+        tracing::info!(
+            brokers = %self.settings.brokers,
+            topic = %self.settings.topic,
+            position,
+            "the Kafka relay is connected; publishing the outbox after its position"
+        );
+        Ok((connection, position))
+    }
+
+    /// Publishes until a call fails or the sink stops. Returns whether
+    /// anything was published, and why it ended.
+    fn publish(&mut self, connection: &mut Connection, start: u64) -> (bool, String) {
+        let mut position = Position {
+            next_after: start,
+            acknowledged: start,
+            confirmed_at: Instant::now(),
+        };
+        let mut published_any = false;
+        let mut idle_reported = false;
+        while !self.stopping() {
+            // Taken before the read: what becomes durable after it is read
+            // next time, never skipped.
+            let durable = self.outbox.durable_through();
+            let events = match self
+                .outbox
+                .read(position.next_after, BATCH_EVENTS, BATCH_BYTES)
+            {
+                Ok(events) => events,
+                Err(error) => return (published_any, format!("{error}")),
+            };
+            let Some(last) = events.last().map(|event| event.seq) else {
+                // Events a withdrawal removed leave numbers no event has:
+                // nothing to publish up to what was durable at the read.
+                position.next_after = position.next_after.max(durable);
+                if position.next_after > self.outbox.published_through()
+                    && let Err(reason) = self.confirm(connection, &mut position)
+                {
+                    return (published_any, reason);
+                }
+                if !idle_reported {
+                    self.outbox.report(|report| {
+                        report.state = "idle".into();
+                        report.error = None;
+                    });
+                    idle_reported = true;
+                }
+                let outbox = self.outbox.clone();
+                let after = position.next_after;
+                self.runtime
+                    .block_on(outbox.wait_beyond(after, Duration::from_millis(500)));
+                continue;
+            };
+            idle_reported = false;
+            let count = events.len() as u64;
+            let stop = self.stop.clone();
+            self.outbox.waiting_for_brokers(true);
+            let published = connection.call(
+                "publishing a transaction",
+                ABANDON_AFTER,
+                &self.stop,
+                move |client| client.transaction(&events, last, &stop),
+            );
+            self.outbox.waiting_for_brokers(false);
+            match published {
+                Ok(Ok(())) => {
+                    position.next_after = last;
+                    position.acknowledged = last;
+                    published_any = true;
+                    let now_ms = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |since| since.as_millis() as u64);
+                    self.outbox.report(|report| {
+                        report.state = "publishing".into();
+                        report.error = None;
+                        report.published_events += count;
+                        report.last_published_unix_ms = Some(now_ms);
+                    });
+                    if self.failures_unwarned > 0 || self.last_warning.is_some() {
+                        tracing::info!("the Kafka relay publishes again");
+                        self.last_warning = None;
+                        self.failures_unwarned = 0;
+                    }
+                }
+                Ok(Err(error)) => return (published_any, format!("{error:#}")),
+                Err(error) => return (published_any, error.to_string()),
+            }
+            if position.confirmed_at.elapsed() >= CONFIRM_EVERY
+                && let Err(reason) = self.confirm(connection, &mut position)
+            {
+                return (published_any, reason);
+            }
+        }
+        (published_any, "the sink is stopping".into())
+    }
+
+    /// Reads the position back from the brokers and, if it covers every
+    /// transaction they acknowledged, removes the events through
+    /// `next_after` from the outbox. A position behind them means the
+    /// brokers took a transaction back: the relay starts again from there.
+    fn confirm(
+        &mut self,
+        connection: &mut Connection,
+        position: &mut Position,
+    ) -> Result<(), String> {
+        let held = connection
+            .call(
+                "reading the relay's position back",
+                ABANDON_AFTER,
+                &self.stop,
+                |client| client.read_position(),
+            )
+            .map_err(|e: CallError| e.to_string())?
+            .map_err(|e| format!("{e:#}"))?;
+        if held < position.acknowledged {
+            let reason = format!(
+                "the brokers hold the relay's position at event {held}, behind event {} of a \
+                 transaction they acknowledged (a broker that lost its markers): publishing \
+                 again from event {}",
+                position.acknowledged,
+                held + 1
+            );
+            tracing::warn!("{reason}");
+            self.outbox.report(|report| report.taken_back += 1);
+            return Err(reason);
+        }
+        self.outbox
+            .published(position.next_after)
+            .map_err(|e| format!("removing published events from the outbox: {e}"))?;
+        position.confirmed_at = Instant::now();
+        Ok(())
+    }
+
+    /// Says the relay is failing: in `status` at once, in the log at most
+    /// every [`WARN_EVERY`].
+    fn failing(&mut self, reason: String) {
+        self.outbox.report(|report| {
+            report.state = "failing".into();
+            report.error = Some(reason.clone());
+        });
+        let due = self
+            .last_warning
+            .is_none_or(|last| last.elapsed() >= WARN_EVERY);
+        if due {
+            let status = self.outbox.status();
+            tracing::warn!(
+                %reason,
+                unpublished_events = status.depth_events,
+                unpublished_bytes = status.depth_bytes,
+                failures_since_last_warning = self.failures_unwarned,
+                "the Kafka relay cannot publish; events wait in the outbox and ingest goes on"
+            );
+            self.last_warning = Some(Instant::now());
+            self.failures_unwarned = 0;
+        } else {
+            self.failures_unwarned += 1;
+        }
+    }
+}
+
+fn sleep_unless_stopped(pause: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + pause;
+    while !stop.load(Ordering::SeqCst) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
