@@ -1,4 +1,4 @@
-//! A real one-node Apache Kafka 4.3.1 broker (KRaft: broker and controller in
+//! A real Apache Kafka 4.3.1 broker (KRaft: broker and controller in
 //! one JVM) for the tests that check what the sink publishes.
 //!
 //! The jars come from Maven Central through `ops/kafka/fetch.sh` (cached
@@ -6,6 +6,9 @@
 //! `<dir>/broker.log`), its two loopback ports and the `java` child process,
 //! which it kills when dropped. `ops/kafka/broker.sh` writes the same config
 //! for humans and the benchmark.
+//!
+//! `KafkaCluster` is three such nodes in one KRaft quorum, every topic
+//! replicated three times.
 //!
 //! `consume` reads a topic back with a read_committed consumer and
 //! `check_events` checks, per file, what the events say against the
@@ -54,6 +57,16 @@ pub struct KafkaBroker {
     port: u16,
     controller_port: u16,
     child: Option<Child>,
+    /// Where this run's lines start in `broker.log`.
+    log_from: usize,
+}
+
+/// One node's id and loopback ports.
+#[derive(Clone, Copy)]
+struct Node {
+    id: u32,
+    port: u16,
+    controller_port: u16,
 }
 
 impl KafkaBroker {
@@ -73,48 +86,84 @@ impl KafkaBroker {
     /// [`Self::start_on`] with more `server.properties` lines, which win
     /// over the defaults (e.g. `auto.create.topics.enable=false`).
     pub fn start_with(dir: &Path, partitions: u32, port: u16, extra_config: &str) -> Self {
-        std::fs::create_dir_all(dir)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let controller_port = loop {
             let p = super::free_port();
             if p != port {
                 break p;
             }
         };
+        let node = Node {
+            id: 1,
+            port,
+            controller_port,
+        };
+        let mut broker = Self::format(
+            dir,
+            &node,
+            &[node],
+            &format!("num.partitions={partitions}\n{extra_config}"),
+            None,
+        );
+        broker.launch();
+        broker.wait_ready();
+        broker
+    }
+
+    /// Writes the config of `node` of the cluster of `voters` and formats
+    /// its data (as cluster `cluster_id`, or a new one); does not start it.
+    fn format(
+        dir: &Path,
+        node: &Node,
+        voters: &[Node],
+        extra_config: &str,
+        cluster_id: Option<&str>,
+    ) -> Self {
+        std::fs::create_dir_all(dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let data = dir.join("data");
+        let replicas = voters.len();
+        let min_isr = replicas.min(2);
+        let quorum = voters
+            .iter()
+            .map(|v| format!("{}@127.0.0.1:{}", v.id, v.controller_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let (id, port, controller_port) = (node.id, node.port, node.controller_port);
         let config = format!(
             "process.roles=broker,controller\n\
-             node.id=1\n\
-             controller.quorum.voters=1@127.0.0.1:{controller_port}\n\
+             node.id={id}\n\
+             controller.quorum.voters={quorum}\n\
              listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}\n\
              advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
              controller.listener.names=CONTROLLER\n\
              inter.broker.listener.name=PLAINTEXT\n\
              log.dirs={}\n\
-             num.partitions={partitions}\n\
              auto.create.topics.enable=true\n\
-             default.replication.factor=1\n\
-             min.insync.replicas=1\n\
-             offsets.topic.replication.factor=1\n\
-             transaction.state.log.replication.factor=1\n\
-             transaction.state.log.min.isr=1\n\
-             share.coordinator.state.topic.replication.factor=1\n\
-             share.coordinator.state.topic.min.isr=1\n\
+             default.replication.factor={replicas}\n\
+             min.insync.replicas={min_isr}\n\
+             offsets.topic.replication.factor={replicas}\n\
+             transaction.state.log.replication.factor={replicas}\n\
+             transaction.state.log.min.isr={min_isr}\n\
+             share.coordinator.state.topic.replication.factor={replicas}\n\
+             share.coordinator.state.topic.min.isr={min_isr}\n\
              group.initial.rebalance.delay.ms=0\n\
              {extra_config}\n",
             data.display()
         );
-        let mut broker = Self {
+        let broker = Self {
             dir: dir.to_path_buf(),
             port,
             controller_port,
             child: None,
+            log_from: 0,
         };
         std::fs::write(broker.config(), config).expect("write server.properties");
-        let cluster_id = broker.storage_tool(&["random-uuid"]);
+        let cluster_id = match cluster_id {
+            Some(id) => id.to_owned(),
+            None => storage_tool(&["random-uuid"]).trim().to_owned(),
+        };
         let config = broker.config().display().to_string();
-        broker.storage_tool(&["format", "-t", cluster_id.trim(), "-c", config.as_str()]);
-        broker.spawn();
+        storage_tool(&["format", "-t", &cluster_id, "-c", config.as_str()]);
         broker
     }
 
@@ -143,7 +192,23 @@ impl KafkaBroker {
     /// and waits until ready.
     pub fn restart(&mut self) {
         self.stop();
-        self.spawn();
+        self.launch();
+        self.wait_ready();
+    }
+
+    /// SIGKILL: no controlled shutdown.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again after [`Self::stop`] or [`Self::kill9`] and waits
+    /// until ready.
+    pub fn start_again(&mut self) {
+        self.launch();
+        self.wait_ready();
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -159,35 +224,38 @@ impl KafkaBroker {
     fn log(&self) -> PathBuf {
         self.dir.join("broker.log")
     }
+}
 
-    /// Runs `kafka.tools.StorageTool` and returns its stdout.
-    fn storage_tool(&self, args: &[&str]) -> String {
-        let out = Command::new("java")
-            .arg("-cp")
-            .arg(kafka_libs().join("*"))
-            .arg("kafka.tools.StorageTool")
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run java (is a JDK installed?): {e}"));
-        assert!(
-            out.status.success(),
-            "StorageTool {args:?} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
+/// Runs `kafka.tools.StorageTool` and returns its stdout.
+fn storage_tool(args: &[&str]) -> String {
+    let out = Command::new("java")
+        .arg("-cp")
+        .arg(kafka_libs().join("*"))
+        .arg("kafka.tools.StorageTool")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run java (is a JDK installed?): {e}"));
+    assert!(
+        out.status.success(),
+        "StorageTool {args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
 
-    /// Starts the JVM, logging to `broker.log`, and waits until it is ready.
-    fn spawn(&mut self) {
+impl KafkaBroker {
+    /// Starts the JVM, logging to `broker.log`; [`Self::wait_ready`] waits
+    /// for it.
+    fn launch(&mut self) {
         let log: File = OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log())
             .expect("open broker.log");
         // Readiness is judged on this run's lines only.
-        let from = log.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+        self.log_from = log.metadata().map(|m| m.len()).unwrap_or(0) as usize;
         let child = Command::new("java")
             .args(["-Xms256m", "-Xmx512m"])
             .arg(format!(
@@ -204,7 +272,12 @@ impl KafkaBroker {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run java (is a JDK installed?): {e}"));
         self.child = Some(child);
+    }
 
+    /// Waits until the broker is ready; panics with its log tail if it
+    /// exits or is not ready within 120 s.
+    fn wait_ready(&mut self) {
+        let from = self.log_from;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -248,6 +321,105 @@ impl Drop for KafkaBroker {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// Three Kafka nodes on loopback, each a broker and a controller (a KRaft
+/// quorum of three), with every topic replicated three times (the
+/// transaction log and the consumer offsets included) and
+/// `min.insync.replicas=2`: one node may be down and nothing stops.
+pub struct KafkaCluster {
+    pub nodes: Vec<KafkaBroker>,
+}
+
+impl KafkaCluster {
+    /// Formats and starts three nodes under `dir/node<i>` and waits until
+    /// all are ready. `partitions`: num.partitions for auto-created topics.
+    pub fn start(dir: &Path, partitions: u32) -> Self {
+        let voters: Vec<Node> = (1..=3)
+            .map(|id| Node {
+                id,
+                port: super::free_port(),
+                controller_port: super::free_port(),
+            })
+            .collect();
+        let cluster_id = storage_tool(&["random-uuid"]).trim().to_owned();
+        let mut nodes: Vec<KafkaBroker> = voters
+            .iter()
+            .map(|node| {
+                KafkaBroker::format(
+                    &dir.join(format!("node{}", node.id)),
+                    node,
+                    &voters,
+                    &format!("num.partitions={partitions}"),
+                    Some(&cluster_id),
+                )
+            })
+            .collect();
+        // A node is ready only once a quorum of controllers is: start all
+        // before waiting for any.
+        for node in &mut nodes {
+            node.launch();
+        }
+        for node in &mut nodes {
+            node.wait_ready();
+        }
+        Self { nodes }
+    }
+
+    pub fn bootstrap(&self) -> String {
+        self.nodes
+            .iter()
+            .map(KafkaBroker::bootstrap)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The index in `nodes` of the leader of `topic`'s `partition`, as the
+    /// brokers' metadata says (waits until it has one).
+    pub fn leader_of(&self, topic: &str, partition: i32) -> usize {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let client: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("a metadata client");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let leader = client
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .ok()
+                .and_then(|metadata| {
+                    metadata
+                        .topics()
+                        .iter()
+                        .find(|t| t.name() == topic)?
+                        .partitions()
+                        .iter()
+                        .find(|p| p.id() == partition)
+                        .map(|p| p.leader())
+                });
+            let node = leader.and_then(|id| {
+                self.nodes
+                    .iter()
+                    .position(|node| node.port == self.port_of_id(id))
+            });
+            if let Some(node) = node {
+                return node;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{topic}/{partition} has no leader after {READY_TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Node ids are 1, 2, 3 in the order of `nodes`.
+    fn port_of_id(&self, id: i32) -> u16 {
+        usize::try_from(id - 1)
+            .ok()
+            .and_then(|index| self.nodes.get(index))
+            .map_or(0, |node| node.port)
     }
 }
 

@@ -1,0 +1,115 @@
+//! Commit events on a real 3-node Kafka cluster (KRaft, every topic
+//! replicated three times, `min.insync.replicas=2`): the partition leader
+//! killed with SIGKILL while events flow, and a rolling restart of all
+//! three nodes. Each test reads the topic back with a read_committed
+//! consumer and checks per file what `kafka.rs` checks: every range once,
+//! in order, every rename told, a seal whose digest matches the
+//! destination, no event twice.
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::kafka::{KafkaCluster, check_events, consume};
+use common::{
+    Pipeline, PipelineOptions, files_of_run, scratch, simulate_in_background, status_u64, strings,
+    workload,
+};
+
+const TOPIC: &str = "tailflight.events";
+
+/// Three JVMs per cluster on a 2-core machine: one cluster at a time.
+static ONE_CLUSTER: Mutex<()> = Mutex::new(());
+
+fn events_pipeline(name: &str, brokers: &str) -> Pipeline {
+    Pipeline::in_scratch(
+        name,
+        PipelineOptions {
+            extra_sink_args: strings(&["--kafka-brokers", brokers, "--kafka-topic", TOPIC]),
+            ..PipelineOptions::default()
+        },
+    )
+}
+
+fn events_status(pipeline: &Pipeline) -> Option<serde_json::Value> {
+    pipeline
+        .status()
+        .and_then(|status| status.get("events").cloned())
+}
+
+fn acknowledged(pipeline: &Pipeline) -> u64 {
+    events_status(pipeline).map_or(0, |e| status_u64(&e["relay"], "published_events"))
+}
+
+/// Waits until the relay has had more transactions acknowledged than now.
+fn wait_more_acknowledged(pipeline: &Pipeline, what: &str) {
+    let before = acknowledged(pipeline);
+    common::wait_until(what, Duration::from_secs(180), || {
+        acknowledged(pipeline) > before
+    });
+}
+
+/// Ends the run and checks every event the topic holds.
+fn finish_and_check(
+    pipeline: &Pipeline,
+    mut sim: common::Proc,
+    cluster: &KafkaCluster,
+    what: &str,
+) {
+    wait_more_acknowledged(pipeline, "transactions acknowledged after the faults");
+    sim.stop();
+    let files = files_of_run(&pipeline.source, "r0001");
+    pipeline.wait_sealed(files, Duration::from_secs(180));
+    pipeline.wait_identical(Duration::from_secs(60));
+    let published = common::kafka::wait_published(
+        || events_status(pipeline),
+        Duration::from_secs(300),
+        || format!("--- sink log ---\n{}", pipeline.sink.log_text()),
+    );
+    let told = consume(&cluster.bootstrap(), TOPIC);
+    let count = check_events(&told, &pipeline.dest_root, files);
+    println!(
+        "{count} events for {files} files {what}; relay: {}",
+        published["relay"]
+    );
+}
+
+#[test]
+fn killing_the_partition_leader_loses_nothing() {
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = scratch("kafka-cluster-leader");
+    let mut cluster = KafkaCluster::start(&dir.join("kafka"), 4);
+    let pipeline = events_pipeline("kafka-cluster-leader-run", &cluster.bootstrap());
+    let sim = simulate_in_background(
+        &pipeline.dir,
+        &pipeline.source,
+        &workload("r0001", "3", "1MiB", "600s"),
+    );
+    wait_more_acknowledged(&pipeline, "transactions acknowledged");
+    let leader = cluster.leader_of(TOPIC, 0);
+    cluster.nodes[leader].kill9();
+    println!("node {} (leader of {TOPIC}/0) killed", leader + 1);
+    wait_more_acknowledged(&pipeline, "transactions acknowledged by two nodes");
+    cluster.nodes[leader].start_again();
+    finish_and_check(&pipeline, sim, &cluster, "with the partition leader killed");
+}
+
+#[test]
+fn a_rolling_restart_of_the_cluster_loses_nothing() {
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = scratch("kafka-cluster-rolling");
+    let mut cluster = KafkaCluster::start(&dir.join("kafka"), 4);
+    let pipeline = events_pipeline("kafka-cluster-rolling-run", &cluster.bootstrap());
+    let sim = simulate_in_background(
+        &pipeline.dir,
+        &pipeline.source,
+        &workload("r0001", "3", "1MiB", "600s"),
+    );
+    for node in 0..cluster.nodes.len() {
+        wait_more_acknowledged(&pipeline, "transactions acknowledged before a restart");
+        cluster.nodes[node].restart();
+        println!("node {} restarted", node + 1);
+    }
+    finish_and_check(&pipeline, sim, &cluster, "across a rolling restart");
+}
