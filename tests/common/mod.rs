@@ -12,9 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The binary under test.
+/// The binary under test: the one Cargo built, or `TAILFLIGHT_BIN` (a
+/// copy that later builds do not replace, for runs of the tests in a loop
+/// while work goes on).
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tailflight"))
+    std::env::var_os("TAILFLIGHT_BIN")
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tailflight")), PathBuf::from)
 }
 
 /// A scratch folder for one test, emptied at creation and removed when dropped.
