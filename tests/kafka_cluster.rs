@@ -108,6 +108,7 @@ fn a_rolling_restart_of_the_cluster_loses_nothing() {
     );
     for node in 0..cluster.nodes.len() {
         wait_more_acknowledged(&pipeline, "transactions acknowledged before a restart");
+        cluster.wait_fully_replicated();
         cluster.nodes[node].restart();
         println!("node {} restarted", node + 1);
     }

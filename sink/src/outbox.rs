@@ -76,6 +76,35 @@ pub struct RelayReport {
     /// had acknowledged (its events were published again).
     #[serde(default)]
     pub taken_back: u64,
+    /// Transactions the brokers acknowledged in this run of the sink.
+    #[serde(default)]
+    pub transactions: u64,
+    /// Where those transactions' time went, summed over them.
+    #[serde(default)]
+    pub phase_us: RelayPhases,
+}
+
+/// Microseconds summed over the relay's acknowledged transactions, per
+/// part: what an event's way from its commit to the topic is made of.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RelayPhases {
+    /// From the commit of a transaction's oldest event to the transaction's
+    /// start (ms resolution): waiting for the transaction before it.
+    pub waited: u64,
+    /// Reading the events from the outbox.
+    pub read: u64,
+    /// `begin_transaction`.
+    pub begin: u64,
+    /// Handing the events to librdkafka.
+    pub produce: u64,
+    /// `send_offsets_to_transaction`: the position, two broker round trips.
+    pub offsets: u64,
+    /// Until the brokers acknowledged every event.
+    pub deliver: u64,
+    /// `commit_transaction`: the brokers write the commit markers.
+    pub commit: u64,
+    /// Reading the position back (about once a second, and when idle).
+    pub confirm: u64,
 }
 
 /// A relay that has waited this long for the brokers is shown as failing,

@@ -13,7 +13,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
-use sink::outbox::{CLOUDEVENTS_CONTENT_TYPE, PendingEvent};
+use sink::outbox::{CLOUDEVENTS_CONTENT_TYPE, PendingEvent, RelayPhases};
 
 use super::RelayContext;
 
@@ -104,21 +104,31 @@ impl Client {
                 value: Some("fence"),
             });
             let empty: &[u8] = &[];
-            let record: BaseRecord<'_, (), [u8]> = BaseRecord::to(&self.topic)
+            // Keyed: a compacted topic refuses records without a key.
+            let record: BaseRecord<'_, str, [u8]> = BaseRecord::to(&self.topic)
                 .partition(partition)
+                .key(CONTROL_HEADER)
                 .payload(empty)
                 .headers(headers);
             self.send(record)
                 .with_context(|| doing(&format!("writing to partition {partition}")))?;
         }
-        let group = self.group()?;
+        let group = self
+            .group()
+            .with_context(|| doing("adding the relay's group"))?;
         let mut position = TopicPartitionList::new();
-        position.add_partition_offset(&self.topic, 0, Offset::Offset(0))?;
+        position
+            .add_partition_offset(&self.topic, 0, Offset::Offset(0))
+            .with_context(|| doing("adding the relay's group"))?;
         self.producer
             .send_offsets_to_transaction(&position, &group, CALL_TIMEOUT)
             .with_context(|| doing("adding the relay's group"))?;
         self.wait_delivered(None)
             .with_context(|| doing("delivering"))?;
+        // A partition the fence did not reach is not fenced.
+        if let Some(failed) = self.take_failed_delivery() {
+            anyhow::bail!(doing(&failed));
+        }
         self.producer
             .abort_transaction(CALL_TIMEOUT)
             .with_context(|| doing("aborting"))?;
@@ -159,20 +169,25 @@ impl Client {
         })
     }
 
-    /// Publishes `events` and the position `last` in one transaction.
+    /// Publishes `events` and the position `last` in one transaction, and
+    /// says where its time went.
     pub fn transaction(
         &mut self,
         events: &[PendingEvent],
         last: u64,
         stop: &Arc<AtomicBool>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<RelayPhases> {
+        self.take_failed_delivery();
         let first = events.first().map_or(last, |e| e.seq);
         let doing =
             |what: &str| format!("{what} (events {first}..={last} to topic {:?})", self.topic);
         let started = Instant::now();
+        let mut phases = RelayPhases::default();
+        let mut lap = Lap(started);
         self.producer
             .begin_transaction()
             .with_context(|| doing("beginning a transaction"))?;
+        phases.begin = lap.next();
         for event in events {
             let headers = OwnedHeaders::new().insert(Header {
                 key: "content-type",
@@ -186,26 +201,34 @@ impl Client {
             self.send(record)
                 .with_context(|| doing("producing an event"))?;
         }
+        phases.produce = lap.next();
         let mut position = TopicPartitionList::new();
         position
             .add_partition_offset(&self.topic, 0, Offset::Offset(last as i64 + 1))
             .with_context(|| doing("recording the relay's position"))?;
-        let group = self.group()?;
+        let group = self
+            .group()
+            .with_context(|| doing("adding the relay's position to the transaction"))?;
         self.producer
             .send_offsets_to_transaction(&position, &group, CALL_TIMEOUT)
             .with_context(|| doing("adding the relay's position to the transaction"))?;
+        phases.offsets = lap.next();
         // The crate's commit flushes first, and its flush waits for events
         // in 100 ms polls that only the producer's own thread is served
         // by: each publication took 100 ms more than it needed. Waiting
         // here for the messages to be delivered leaves it nothing to wait for.
         self.wait_delivered(Some(stop))
             .with_context(|| doing("delivering"))?;
+        phases.deliver = lap.next();
         loop {
             if stop.load(Ordering::SeqCst) {
                 anyhow::bail!(doing("the sink is stopping: not committing"));
             }
             match self.producer.commit_transaction(CALL_TIMEOUT) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    phases.commit = lap.next();
+                    return Ok(phases);
+                }
                 // Retriable: the outcome is unknown; committing again is
                 // how librdkafka finds out.
                 Err(KafkaError::Transaction(e))
@@ -214,7 +237,12 @@ impl Client {
                     tracing::debug!(error = %e, "committing the transaction again");
                 }
                 Err(error) => {
-                    return Err(error).with_context(|| doing("committing the transaction"));
+                    // The commit only counts failed deliveries: name one.
+                    let failed = self
+                        .take_failed_delivery()
+                        .map_or_else(String::new, |failed| format!(" ({failed})"));
+                    return Err(error)
+                        .with_context(|| doing(&format!("committing the transaction{failed}")));
                 }
             }
         }
@@ -226,6 +254,15 @@ impl Client {
         self.producer
             .abort_transaction(CALL_TIMEOUT)
             .context("aborting a failed transaction")
+    }
+
+    fn take_failed_delivery(&self) -> Option<String> {
+        self.producer
+            .context()
+            .failed_delivery
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Queues `record`, letting librdkafka's queue drain while it is full.
@@ -264,5 +301,17 @@ impl Client {
             std::thread::sleep(Duration::from_micros(500));
         }
         Ok(())
+    }
+}
+
+/// Microseconds between successive calls of [`Lap::next`].
+pub struct Lap(pub Instant);
+
+impl Lap {
+    pub fn next(&mut self) -> u64 {
+        let now = Instant::now();
+        let us = now.duration_since(self.0).as_micros() as u64;
+        self.0 = now;
+        us
     }
 }

@@ -34,7 +34,7 @@ mod client;
 mod worker;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -45,7 +45,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use sink::outbox::Outbox;
 
-use client::{CALL_TIMEOUT, Client, TRANSACTION_BUDGET, Transactional};
+use client::{CALL_TIMEOUT, Client, Lap, TRANSACTION_BUDGET, Transactional};
 use worker::{CallError, Live, Worker};
 
 /// Where and how to publish, validated from the flags.
@@ -70,11 +70,17 @@ pub const RESERVED_PROPERTIES: [&str; 6] = [
 /// Events per transaction at most, and their bytes.
 const BATCH_EVENTS: usize = 2000;
 const BATCH_BYTES: usize = 4 << 20;
-/// A call on the client that has not returned by then is abandoned: every
-/// librdkafka call the relay makes has a timeout shorter than this, so
-/// only a call that ignores its own (or a transaction's whole budget) gets
-/// here.
+/// A call on the client that has not returned by then is abandoned: each
+/// librdkafka call has a timeout of its own ([`CALL_TIMEOUT`]), and a
+/// transaction a budget ([`TRANSACTION_BUDGET`]); only a call that ignores
+/// them gets here.
 const ABANDON_AFTER: Duration = TRANSACTION_BUDGET.saturating_add(Duration::from_secs(15));
+/// The same for a client's start: six calls in a row, each with its
+/// [`CALL_TIMEOUT`].
+const START_ABANDON_AFTER: Duration = Duration::from_secs(90);
+/// How long a stopping relay waits for the abort of a transaction under
+/// way, so read_committed readers need not wait for its timeout.
+const ABORT_ON_STOP: Duration = Duration::from_secs(5);
 /// Clients alive at most, abandoned ones still inside a call included:
 /// each holds librdkafka's threads and buffers.
 const MAX_LIVE_CLIENTS: usize = 4;
@@ -102,13 +108,13 @@ impl KafkaRelay {
         runtime: tokio::runtime::Handle,
     ) -> anyhow::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
-        let relay = Relay::new(outbox, settings, runtime, stop.clone());
+        let mut relay = Relay::new(outbox, settings, runtime, stop.clone());
         // Creating a client validates every property without connecting.
         let _checked = relay
             .producer()
             .context("the Kafka producer's settings are not valid")?;
         relay
-            .consumer()
+            .find_consumer_properties()
             .context("the Kafka position reader's settings are not valid")?;
         let thread = std::thread::Builder::new()
             .name("kafka-relay".into())
@@ -138,20 +144,36 @@ struct Relay {
     /// that holds the relay's position.
     identity: String,
     live: Live,
+    /// The number of the current client (see [`RelayContext`]).
+    generation: Arc<AtomicU64>,
+    /// The user's properties a consumer accepts, found once at start:
+    /// trying each creates and drops a consumer.
+    consumer_properties: Vec<(String, String)>,
+    /// The newest event of a transaction whose position this run read back.
+    confirmed: Option<u64>,
     last_warning: Option<Instant>,
     failures_unwarned: u64,
 }
 
 /// Hears librdkafka's errors (brokers down, authentication failed) as
 /// they happen, while a call may still be waiting out its timeout, and
-/// puts them in `status` at once.
+/// puts them in `status` at once; and keeps the last failed delivery, which
+/// a failed commit only counts.
 pub struct RelayContext {
     outbox: Arc<Outbox>,
+    /// This client's number, and the current client's: an abandoned client
+    /// (fenced by its successor, so it fails) does not speak for the relay.
+    generation: u64,
+    current: Arc<AtomicU64>,
+    pub failed_delivery: std::sync::Mutex<Option<String>>,
 }
 
 impl ClientContext for RelayContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::debug!(%error, reason, "librdkafka reports an error");
+        tracing::debug!(%error, reason, generation = self.generation, "librdkafka reports an error");
+        if self.current.load(Ordering::SeqCst) != self.generation {
+            return;
+        }
         self.outbox.report(|report| {
             report.state = "failing".into();
             report.error = Some(format!("{error}: {reason}"));
@@ -162,8 +184,20 @@ impl ClientContext for RelayContext {
 impl ProducerContext for RelayContext {
     type DeliveryOpaque = ();
 
-    // The transaction's commit says whether its records were delivered.
-    fn delivery(&self, _: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+    fn delivery(&self, result: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {
+        if let Err((error, message)) = result {
+            use rdkafka::message::Message;
+            let failed = format!(
+                "a record to {}/{} was not delivered: {error}",
+                message.topic(),
+                message.partition()
+            );
+            *self
+                .failed_delivery
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(failed);
+        }
+    }
 }
 
 /// The relay's client on its worker thread.
@@ -194,6 +228,9 @@ impl Relay {
             runtime,
             stop,
             live: Live::default(),
+            generation: Arc::new(AtomicU64::new(0)),
+            consumer_properties: Vec::new(),
+            confirmed: None,
             last_warning: None,
             failures_unwarned: 0,
         }
@@ -234,30 +271,47 @@ impl Relay {
             .set("retry.backoff.ms", "5");
         let context = RelayContext {
             outbox: self.outbox.clone(),
+            generation: self.generation.load(Ordering::SeqCst),
+            current: self.generation.clone(),
+            failed_delivery: std::sync::Mutex::new(None),
         };
         Ok(self
             .with_user_properties(config)
             .create_with_context(context)?)
     }
 
-    fn consumer(&self) -> anyhow::Result<BaseConsumer> {
+    fn consumer_config(&self) -> ClientConfig {
         let mut config = self.client_config();
         config
             .set("group.id", &self.identity)
             .set("enable.auto.commit", "false")
             // Also makes librdkafka ask for stable offsets only.
             .set("isolation.level", "read_committed");
-        // Producer-only properties would be refused here: keep the ones a
-        // consumer knows (security, SASL and the like) by trying each.
-        let mut consumer_config = config.clone();
+        config
+    }
+
+    /// Producer-only properties would be refused by a consumer: keeps the
+    /// ones it knows (security, SASL and the like) by trying each.
+    fn find_consumer_properties(&mut self) -> anyhow::Result<()> {
+        let mut config = self.consumer_config();
         for (key, value) in &self.settings.properties {
-            let mut trial = consumer_config.clone();
+            let mut trial = config.clone();
             trial.set(key, value);
             if trial.create::<BaseConsumer>().is_ok() {
-                consumer_config = trial;
+                config = trial;
+                self.consumer_properties.push((key.clone(), value.clone()));
             }
         }
-        Ok(consumer_config.create()?)
+        config.create::<BaseConsumer>()?;
+        Ok(())
+    }
+
+    fn consumer(&self) -> anyhow::Result<BaseConsumer> {
+        let mut config = self.consumer_config();
+        for (key, value) in &self.consumer_properties {
+            config.set(key, value);
+        }
+        Ok(config.create()?)
     }
 
     /// Runs until the sink stops: each pass makes a client, and publishes
@@ -290,11 +344,19 @@ impl Relay {
                     if published_any {
                         backoff = BACKOFF_MIN;
                     }
-                    if !self.stopping() {
-                        // Ends what the failed transaction left open, so
-                        // the next client need not wait for its timeout.
-                        let _ = connection
-                            .call("aborting", CALL_TIMEOUT * 2, &self.stop, |c| c.abort());
+                    // Ends what the failed (or stopped) transaction left
+                    // open, so read_committed readers and the next client
+                    // need not wait for its timeout.
+                    let deadline = if self.stopping() {
+                        ABORT_ON_STOP
+                    } else {
+                        CALL_TIMEOUT * 2
+                    };
+                    let never = AtomicBool::new(false);
+                    match connection.call("aborting", deadline, &never, |c| c.abort()) {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => tracing::debug!(error = %format!("{error:#}"), "abort"),
+                        Err(error) => tracing::debug!(%error, "abort"),
                     }
                     reason
                 }
@@ -319,6 +381,7 @@ impl Relay {
     /// A client whose transactions are ready, and the relay's position: the
     /// newest outbox event the brokers hold.
     fn connect(&mut self) -> Result<(Connection, u64), String> {
+        self.generation.fetch_add(1, Ordering::SeqCst);
         let client = Client {
             producer: self.producer().map_err(|e| format!("{e:#}"))?,
             consumer: self.consumer().map_err(|e| format!("{e:#}"))?,
@@ -331,7 +394,7 @@ impl Relay {
         let position = connection
             .call(
                 "starting transactions",
-                ABANDON_AFTER,
+                START_ABANDON_AFTER,
                 &self.stop,
                 move |client| client.start(&brokers),
             )
@@ -347,14 +410,15 @@ impl Relay {
                 self.outbox.sink_id()
             ));
         }
-        if position < self.outbox.published_through() {
+        if let Some(confirmed) = self.confirmed.filter(|confirmed| position < *confirmed) {
             // Only a broker that takes back what it confirmed gets here;
             // the events are gone from the outbox.
             tracing::error!(
                 position,
-                removed_through = self.outbox.published_through(),
-                "the brokers hold the relay's position behind events they had confirmed and the \
-                 outbox no longer holds: those events are missing from the topic"
+                confirmed,
+                "the brokers hold the relay's position behind a transaction whose position they \
+                 had confirmed: the events after it, no longer in the outbox, are missing from \
+                 the topic"
             );
         }
         self.outbox
@@ -389,6 +453,7 @@ impl Relay {
             // Taken before the read: what becomes durable after it is read
             // next time, never skipped.
             let durable = self.outbox.durable_through();
+            let mut lap = Lap(Instant::now());
             let events = match self
                 .outbox
                 .read(position.next_after, BATCH_EVENTS, BATCH_BYTES)
@@ -419,6 +484,13 @@ impl Relay {
                 continue;
             };
             idle_reported = false;
+            let read_us = lap.next();
+            let now_ms = unix_ms();
+            let waited_us = events
+                .iter()
+                .map(|event| event.recorded_unix_ms)
+                .min()
+                .map_or(0, |oldest| now_ms.saturating_sub(oldest) * 1000);
             let count = events.len() as u64;
             let stop = self.stop.clone();
             self.outbox.waiting_for_brokers(true);
@@ -430,18 +502,25 @@ impl Relay {
             );
             self.outbox.waiting_for_brokers(false);
             match published {
-                Ok(Ok(())) => {
+                Ok(Ok(phases)) => {
                     position.next_after = last;
                     position.acknowledged = last;
                     published_any = true;
-                    let now_ms = SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |since| since.as_millis() as u64);
+                    let now_ms = unix_ms();
                     self.outbox.report(|report| {
                         report.state = "publishing".into();
                         report.error = None;
                         report.published_events += count;
                         report.last_published_unix_ms = Some(now_ms);
+                        report.transactions += 1;
+                        let sum = &mut report.phase_us;
+                        sum.waited += waited_us;
+                        sum.read += read_us;
+                        sum.begin += phases.begin;
+                        sum.produce += phases.produce;
+                        sum.offsets += phases.offsets;
+                        sum.deliver += phases.deliver;
+                        sum.commit += phases.commit;
                     });
                     if self.failures_unwarned > 0 || self.last_warning.is_some() {
                         tracing::info!("the Kafka relay publishes again");
@@ -470,6 +549,7 @@ impl Relay {
         connection: &mut Connection,
         position: &mut Position,
     ) -> Result<(), String> {
+        let mut lap = Lap(Instant::now());
         let held = connection
             .call(
                 "reading the relay's position back",
@@ -479,6 +559,9 @@ impl Relay {
             )
             .map_err(|e: CallError| e.to_string())?
             .map_err(|e| format!("{e:#}"))?;
+        let confirm_us = lap.next();
+        self.outbox
+            .report(|report| report.phase_us.confirm += confirm_us);
         if held < position.acknowledged {
             let reason = format!(
                 "the brokers hold the relay's position at event {held}, behind event {} of a \
@@ -491,6 +574,15 @@ impl Relay {
             self.outbox.report(|report| report.taken_back += 1);
             return Err(reason);
         }
+        if held > position.acknowledged {
+            return Err(format!(
+                "the brokers hold the relay's position at event {held}, beyond event {} of this \
+                 relay's last transaction: another relay with the transactional id {} publishes \
+                 (two sinks with one --sink-id?)",
+                position.acknowledged, self.identity
+            ));
+        }
+        self.confirmed = Some(held);
         self.outbox
             .published(position.next_after)
             .map_err(|e| format!("removing published events from the outbox: {e}"))?;
@@ -523,6 +615,12 @@ impl Relay {
             self.failures_unwarned += 1;
         }
     }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
 }
 
 fn sleep_unless_stopped(pause: Duration, stop: &AtomicBool) {

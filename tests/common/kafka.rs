@@ -414,6 +414,44 @@ impl KafkaCluster {
         }
     }
 
+    /// Waits until every partition of every topic (the internal ones
+    /// included) has all its replicas in sync: before a node of a rolling
+    /// restart stops, so no partition drops below min.insync.replicas.
+    pub fn wait_fully_replicated(&self) {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let client: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("a metadata client");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let lagging: Option<Vec<String>> = client
+                .fetch_metadata(None, Duration::from_secs(10))
+                .ok()
+                .map(|metadata| {
+                    metadata
+                        .topics()
+                        .iter()
+                        .flat_map(|topic| {
+                            topic
+                                .partitions()
+                                .iter()
+                                .filter(|p| p.isr().len() < p.replicas().len() || p.leader() < 0)
+                                .map(move |p| format!("{}/{}", topic.name(), p.id()))
+                        })
+                        .collect()
+                });
+            match lagging {
+                Some(lagging) if lagging.is_empty() => return,
+                lagging => assert!(
+                    Instant::now() < deadline,
+                    "partitions not fully replicated after {READY_TIMEOUT:?}: {lagging:?}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Node ids are 1, 2, 3 in the order of `nodes`.
     fn port_of_id(&self, id: i32) -> u16 {
         usize::try_from(id - 1)

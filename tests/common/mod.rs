@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 /// copy that later builds do not replace, for runs of the tests in a loop
 /// while work goes on).
 pub fn bin() -> PathBuf {
-    std::env::var_os("TAILFLIGHT_BIN")
-        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tailflight")), PathBuf::from)
+    std::env::var_os("TAILFLIGHT_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_tailflight")),
+        PathBuf::from,
+    )
 }
 
 /// A scratch folder for one test, emptied at creation and removed when dropped.
