@@ -3,10 +3,12 @@
 (`--kafka-brokers`) while P3's workload runs, and a read_committed confluent-kafka consumer
 records, per event, its arrival minus its record timestamp (the sink's commit time, whole ms).
 Beside it, on the same broker in the same run, the broker's own floor: one small message every
-10 ms from an idempotent confluent-kafka producer (linger.ms=0) to a read_committed consumer,
-measured the same way, during the workload (the floor of the target) and, for information,
-alone before it, also with one transaction per message. Goal: range.committed events' p50
-≤ 2× the floor's p50.
+10 ms, each in a transaction of its own, from a transactional confluent-kafka producer
+(linger.ms=0) to a read_committed consumer, measured the same way, during the workload (the
+floor of the target: the relay publishes in transactions) and, for information, alone before
+it, also without transactions (an idempotent producer). Goal: range.committed events' p50
+≤ 2× the floor's p50. The sink's status says where the relay's time went (relay.phase_us,
+summed over its transactions): reported per transaction.
 
 Then what events cost ingest: P1's workload with events on and off, alternating (as P11).
 Goal: ≥ 0.95× the throughput without events.
@@ -145,7 +147,7 @@ def events_run(b: Bench, brokers: str, broker_dir: Path) -> dict:
         # The relay's first transaction (producer id, partitions added to it) and the consumer's first
         # fetch happen before the workload: they are not its latency.
         wait_events(logs / "events.log", 1, 60, consumer)
-        floor = start_floor(brokers, logs, "floor", seconds + 2)
+        floor = start_floor(brokers, logs, "floor", seconds + 2, transactional=True)
         broker_cpu0 = broker_cpu_s(broker_dir)
         sim = b.sim(logs, "sim", src, *p3_sim_args(b, seconds=seconds), "--write-log", logs / "writes.log")
         if sim.wait(seconds + 60) != 0:
@@ -153,6 +155,7 @@ def events_run(b: Bench, brokers: str, broker_dir: Path) -> dict:
         total, _ = dir_bytes(src)
         wait_commits(pl.cl, total, 300, "P12 data to arrive", (pl.sink, pl.watcher))
         published = wait_published(pl, 120)
+        relay = ((pl.status() or {}).get("events") or {}).get("relay") or {}
         broker_cpu = cpu_delta(broker_cpu0, broker_cpu_s(broker_dir))
         wait_events(logs / "events.log", published, 60, consumer)
         if floor.wait(seconds + 90) != 0:
@@ -178,7 +181,8 @@ def events_run(b: Bench, brokers: str, broker_dir: Path) -> dict:
               "arrivals": arrival_batches(records, since_ms),
               "events_consumer": last_json(consumer), "events_consumer_cpu_s": consumer_cpu_s,
               "floor": floor_result(floor, logs, first_ns, last_ns), "durable": latency_summary(durable, missing),
-              "writes": len(times), "seconds": seconds, "published_events": published, "broker_cpu_s": broker_cpu})
+              "writes": len(times), "seconds": seconds, "published_events": published, "broker_cpu_s": broker_cpu,
+              "relay_phases": relay_phases(relay)})
     for log in logs.iterdir():
         shutil.move(log, d / log.name)
     rmtree(src)
@@ -190,12 +194,38 @@ def events_run(b: Bench, brokers: str, broker_dir: Path) -> dict:
         f"{fmt_ms(fl['p99_ms'])} ({fl['n']} messages, lost {fl['missing']}); append → durable p50 "
         f"{fmt_ms(m['durable']['p50_ms'])} (missing {missing}); CPU: events consumer {fmt(consumer_cpu_s, '.1f')} s, "
         f"broker {fmt(broker_cpu, '.1f')} s")
+    if m["relay_phases"]:
+        say(f"    the relay's transactions, mean ms each: {phases_text(m['relay_phases'])}")
     if m["arrivals"]:
         ab = m["arrivals"]
         say(f"    the events arrived in {ab['batches']} batches (about one per relay transaction) of p50 "
             f"{ab['events_p50']} events (max {ab['events_max']}), p50 {fmt_ms(ab['gap_p50_ms'])} apart "
             f"(p90 {fmt_ms(ab['gap_p90_ms'])}, max {fmt_ms(ab['gap_max_ms'])})")
     return m
+
+
+PHASES = ("waited", "read", "begin", "produce", "offsets", "deliver", "commit", "confirm")
+
+
+def relay_phases(relay: dict) -> dict | None:
+    """Mean ms per transaction of each part of the relay's work, from its status (relay.phase_us sums
+    them over `transactions`); confirm (reading the position back) is not per transaction but about
+    once a second, its mean spread over the transactions likewise."""
+    n = relay.get("transactions") or 0
+    sums = relay.get("phase_us") or {}
+    if not n or not sums:
+        return None
+    out = {k: sums.get(k, 0) / n / 1000 for k in PHASES}
+    out["transactions"] = n
+    out["events_per_transaction"] = (relay.get("published_events") or 0) / n
+    out["cycle_ms"] = sum(out[k] for k in PHASES if k != "waited")
+    return out
+
+
+def phases_text(p: dict) -> str:
+    parts = ", ".join(f"{k} {p[k]:.1f}" for k in PHASES)
+    return (f"{parts} (cycle without waiting {p['cycle_ms']:.1f} ms; {p['transactions']} transactions of "
+            f"{p['events_per_transaction']:.0f} events)")
 
 
 def wait_events(path: Path, count: int, timeout: float, consumer: Proc) -> None:
@@ -304,7 +334,8 @@ def scenario_p12(b: Bench):
         f"the broker's CPU over a run {fmt(broker[True], '.2f')} vs {fmt(broker[False], '.2f')} s")
     b.row(id="P12", scenario=f"commit → range.committed event visible at a read_committed Kafka consumer, p50, "
           f"P3's workload ({b.p['p12_seconds']} s) — vs the broker's floor in the same run (confluent-kafka "
-          "idempotent producer → consumer, 1 message / 10 ms, during the workload), p50",
+          "transactional producer → read_committed consumer, 1 message / 10 ms, one transaction each, during "
+          "the workload), p50",
           figure=fmt_ms(ev.get("p50_ms")), peer=fmt_ms(fl.get("p50_ms")), ratio=r50,
           target=f"≤{LATENCY_TARGET}× the floor", met=met_le(r50, LATENCY_TARGET))
     b.row(id="P12", scenario="… p99", figure=fmt_ms(ev.get("p99_ms")), peer=fmt_ms(fl.get("p99_ms")), ratio=r99,
@@ -313,6 +344,12 @@ def scenario_p12(b: Bench):
     b.row(id="P12", scenario="… append → durable (the sink's commit log) in the same run, p50 (p99)",
           figure=f"{fmt_ms(du.get('p50_ms'))} ({fmt_ms(du.get('p99_ms'))})", peer="—", ratio=None,
           target="(info)", met="—")
+    ph = run.get("relay_phases")
+    b.row(id="P12", scenario="… where the relay's time goes, mean ms per transaction (the sink's relay.phase_us): "
+          "waited = the oldest event's wait for the transaction before it; read = the outbox; begin, produce, "
+          "offsets = send_offsets_to_transaction, deliver, commit = commit_transaction; confirm = reading the "
+          "position back (~1/s)", figure=phases_text(ph) if ph else "—", peer="—", ratio=None,
+          target="(info)", met="—")
     ab = run.get("arrivals") or {}
     b.row(id="P12", scenario="… how the events reached the consumer: batches (one per fetch that found some, "
           "about one per relay transaction), p50 events per batch, p50 (p90) time between batches",
@@ -320,7 +357,7 @@ def scenario_p12(b: Bench):
                  f"{fmt_ms(ab.get('gap_p50_ms'))} ({fmt_ms(ab.get('gap_p90_ms'))}) apart",
           peer="—", ratio=None, target="(info)", met="—")
     b.row(id="P12", scenario="… the broker's floor with nothing else running, p50 (p99): idempotent producer; "
-          "in the peer column one transaction per message (the relay publishes in transactions)",
+          "in the peer column one transaction per message (as the floor during the run)",
           figure=f"{fmt_ms(alone.get('p50_ms'))} ({fmt_ms(alone.get('p99_ms'))})",
           peer=f"{fmt_ms(txn.get('p50_ms'))} ({fmt_ms(txn.get('p99_ms'))})", ratio=None, target="(floor)", met="—")
     b.row(id="P12", scenario=f"ingest of P1's workload ({b.p['p12_total_mib']} MiB) with commit events published "
@@ -335,7 +372,7 @@ def scenario_p12(b: Bench):
     b.notes.append("P12: event latency = arrival at the consumer − the record's timestamp, which is the sink's "
                    "commit time in whole ms taken as the round is recorded (before its manifest write); the "
                    "floor is measured the same way (timestamp = send time in whole ms), so both carry the "
-                   "truncation (0–1 ms). The relay publishes in transactions, the floor's producer does not. "
+                   "truncation (0–1 ms). The relay and the floor during the run both publish in transactions. "
                    "The broker (one JVM, its log on the sink's disk) runs on the same cores as the simulator, "
                    "the watcher and the sink: what it costs them is in the ingest ratio.")
     if failure is not None:
