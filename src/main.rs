@@ -8,6 +8,7 @@ mod config;
 mod demo;
 mod feed_log;
 mod identity;
+mod heap;
 mod kafka;
 mod limits;
 mod observe;
@@ -29,8 +30,17 @@ use flight_server::tls::{ClientTls, ServerTls};
 /// Batches are megabytes and short-lived: glibc's malloc hands such blocks
 /// back to the kernel and faults fresh zeroed pages in for the next batch,
 /// a measurable share of each process's CPU at full rate. mimalloc keeps them.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: heap::Counting<mimalloc::MiMalloc> = heap::Counting::new(mimalloc::MiMalloc);
+#[cfg(feature = "system-allocator")]
+#[global_allocator]
+static ALLOCATOR: heap::Counting<std::alloc::System> = heap::Counting::new(std::alloc::System);
+
+/// The heap's figures by the global allocator's count.
+pub fn heap_figures() -> heap::HeapFigures {
+    ALLOCATOR.figures()
+}
 
 #[derive(Parser)]
 #[command(
@@ -535,6 +545,7 @@ fn main() -> std::process::ExitCode {
     // A panic while a sink's placement thread holds its locks poisons the
     // sink before the locks go (the hook is the program's to set).
     sink::health::install_panic_hook();
+    heap::start_collector();
     // Warnings and errors are also kept for the status page.
     let problems = observe::RecentProblems::default();
     {

@@ -207,19 +207,18 @@ fn decode_file_key(raw: &[u8]) -> Option<FileId> {
     })
 }
 
+const SINK_CFS: [&str; 6] = [
+    CF_FILES,
+    CF_PLACEMENTS,
+    CF_COUNTERS,
+    CF_JOURNAL,
+    CF_JOURNAL_ROUNDS,
+    CF_OUTBOX,
+];
+
 impl SinkManifest {
     pub fn open(dir: &Path) -> Result<Self> {
-        let store = Store::open(
-            dir,
-            &[
-                CF_FILES,
-                CF_PLACEMENTS,
-                CF_COUNTERS,
-                CF_JOURNAL,
-                CF_JOURNAL_ROUNDS,
-                CF_OUTBOX,
-            ],
-        )?;
+        let store = Store::open(dir, &SINK_CFS)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
@@ -625,6 +624,13 @@ impl SinkManifest {
                 Ok((offset, len))
             })
             .collect()
+    }
+
+    /// Bytes the manifest's RocksDB holds in memory: memtables (the
+    /// journal's up to 64 MiB before a flush, 8 MiB for each other family)
+    /// and the block cache.
+    pub fn memory_bytes(&self) -> u64 {
+        self.inner.store.memory_bytes(&SINK_CFS)
     }
 
     pub fn counters(&self) -> Result<SinkCounters> {

@@ -134,6 +134,28 @@ impl Store {
         &self.path
     }
 
+    /// Bytes RocksDB holds in memory for `cfs`: their memtables (active,
+    /// being flushed and kept), and the block cache they share.
+    pub(crate) fn memory_bytes(&self, cfs: &[&'static str]) -> u64 {
+        let mut bytes = 0;
+        let mut cache = 0;
+        for name in cfs {
+            let Some(cf) = self.db.cf_handle(name) else {
+                continue;
+            };
+            let property = |key: &str| {
+                self.db
+                    .property_int_value_cf(&cf, key)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0)
+            };
+            bytes += property("rocksdb.size-all-mem-tables");
+            cache = cache.max(property("rocksdb.block-cache-usage"));
+        }
+        bytes + cache
+    }
+
     pub(crate) fn cf(&self, name: &'static str) -> Result<&ColumnFamily> {
         // Every family is opened by `open`, so absence means the directory was tampered with
         // between open and use; report it rather than panic.

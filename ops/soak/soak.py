@@ -44,7 +44,16 @@ RUN = "r0001"
 MARKER = ".tailflight-soak"
 NETNS_PREFIX = "tfsoak"
 # The sink's own counts of what it holds in memory, recorded per cycle.
-HELD_FIELDS = ("held_bytes", "placements_waiting", "placements_running", "journal_backlog_bytes")
+HELD_FIELDS = ("held_bytes", "placements_waiting", "placements_running", "journal_backlog_bytes",
+               "manifest_memory_bytes", "heap_live_bytes", "heap_peak_bytes")
+
+
+def held_figures(status: dict) -> dict:
+    """The HELD_FIELDS of a sink status; the heap's (by the program's allocator count, in
+    status.process.heap) as heap_live_bytes and heap_peak_bytes."""
+    heap = (status.get("process") or {}).get("heap") or {}
+    flat = dict(status, heap_live_bytes=heap.get("live_bytes", 0), heap_peak_bytes=heap.get("peak_bytes", 0))
+    return {key: flat.get(key, 0) for key in HELD_FIELDS}
 # Quarters of fewer than two cycles each say nothing about growth.
 MIN_CYCLES_TO_JUDGE = 8
 
@@ -553,7 +562,7 @@ class Soak:
                                     f"bytes flow again after cycle {number} ({kind})")
             cycle.recovery_s = round(time.monotonic() - back, 2)
             now = self.status() or {}
-            cycle.held = {key: now.get(key, 0) for key in HELD_FIELDS}
+            cycle.held = held_figures(now)
             log(f"cycle {number}/{self.args.cycles}: {kind:<12} after {delay:4.1f}s, "
                 f"{'down' if kind != 'cut' else 'cut'} {outage:3.1f}s, bytes flow again in {cycle.recovery_s:.1f}s; "
                 + ", ".join(f"{key} {value}" for key, value in cycle.held.items()))

@@ -229,6 +229,10 @@ pub struct SinkStatus {
     /// waiting in memory (a file grows only over bytes written in order).
     #[serde(default)]
     pub held_bytes: u64,
+    /// Bytes the manifest's RocksDB holds in memory (memtables and block
+    /// cache): bounded by its options, not by the traffic.
+    #[serde(default)]
+    pub manifest_memory_bytes: u64,
     /// Live-tail subscriptions, with how far behind each is.
     #[serde(default)]
     pub subscriptions: Vec<subscribe::SubscriptionStatus>,
@@ -240,9 +244,13 @@ pub struct SinkStatus {
     /// whoever runs the sink describes it (see [`Sink::describe_fleet`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<serde_json::Value>,
+    /// The process's own figures (its heap by the allocator's count), as
+    /// whoever runs the sink describes them (see [`Sink::describe_process`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<serde_json::Value>,
 }
 
-/// Describes the process's place in a fleet, for `status`.
+/// Describes the process's place in a fleet, or its figures, for `status`.
 type FleetDescription = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// Bounds the batches placed at once. Placement blocks (it writes files and
@@ -338,6 +346,7 @@ pub struct Sink {
     subscribers: Arc<subscribe::Subscribers>,
     outbox: Option<Arc<outbox::Outbox>>,
     fleet: Arc<std::sync::OnceLock<FleetDescription>>,
+    process: Arc<std::sync::OnceLock<FleetDescription>>,
 }
 
 impl Sink {
@@ -439,6 +448,7 @@ impl Sink {
             subscribers: Arc::new(subscribe::Subscribers::new(config.max_open_files)),
             outbox,
             fleet: Arc::default(),
+            process: Arc::default(),
         })
     }
 
@@ -479,6 +489,15 @@ impl Sink {
         let _ = self.fleet.set(Box::new(describe));
     }
 
+    /// Makes `status` include `describe()`'s figures of the process (the
+    /// sink library cannot count the program's heap). The first stays.
+    pub fn describe_process(
+        &self,
+        describe: impl Fn() -> serde_json::Value + Send + Sync + 'static,
+    ) {
+        let _ = self.process.set(Box::new(describe));
+    }
+
     /// The sink's health, shared by everything in it.
     pub fn health(&self) -> &Health {
         &self.health
@@ -511,10 +530,12 @@ impl Sink {
             placements_running_peak: self.placing.running_peak.load(Ordering::Relaxed),
             placements_waiting: self.placing.waiting.load(Ordering::Relaxed),
             held_bytes: self.placer.held_bytes(),
+            manifest_memory_bytes: self.placer.manifest.memory_bytes(),
             subscriptions: self.subscribers.status(),
             poisoned: self.health.reason().map(|reason| reason.to_string()),
             events: self.outbox.as_ref().map(|outbox| outbox.status()),
             fleet: self.fleet.get().map(|describe| describe()),
+            process: self.process.get().map(|describe| describe()),
         })
     }
 

@@ -1,0 +1,114 @@
+//! The process's heap by its own count: every allocation through Rust's
+//! global allocator (mimalloc, or the C library's with the
+//! `system-allocator` feature) counted in and out, so `status` can tell the
+//! bytes the program holds from what the allocator keeps around them
+//! (RSS). Memory allocated in C and C++ (RocksDB, librdkafka) is not
+//! counted here; the sink reports RocksDB's own in `manifest_memory_bytes`.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Wraps an allocator and counts the bytes live through it.
+pub struct Counting<A> {
+    inner: A,
+    live: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl<A> Counting<A> {
+    pub const fn new(inner: A) -> Self {
+        Self {
+            inner,
+            live: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        }
+    }
+
+    fn added(&self, bytes: usize) {
+        let now = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        // Read first: the common case (no new peak) writes nothing shared.
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    fn removed(&self, bytes: usize) {
+        self.live.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes live now, and the most live at once since the start.
+    pub fn figures(&self) -> HeapFigures {
+        HeapFigures {
+            live_bytes: self.live.load(Ordering::Relaxed) as u64,
+            peak_bytes: self.peak.load(Ordering::Relaxed) as u64,
+        }
+    }
+}
+
+/// The heap as `status` shows it.
+#[derive(Debug, serde::Serialize)]
+pub struct HeapFigures {
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+}
+
+// SAFETY: every call is passed to `inner` unchanged; the counters only
+// observe the sizes.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let block = unsafe { self.inner.alloc(layout) };
+        if !block.is_null() {
+            self.added(layout.size());
+        }
+        block
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let block = unsafe { self.inner.alloc_zeroed(layout) };
+        if !block.is_null() {
+            self.added(layout.size());
+        }
+        block
+    }
+
+    unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.dealloc(block, layout) };
+        self.removed(layout.size());
+    }
+
+    unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let moved = unsafe { self.inner.realloc(block, layout, new_size) };
+        if !moved.is_null() {
+            self.removed(layout.size());
+            self.added(new_size);
+        }
+        moved
+    }
+}
+
+#[cfg(not(feature = "system-allocator"))]
+unsafe extern "C" {
+    /// mimalloc's own: collects the calling thread's heap and purges the
+    /// arenas' free pages that are due.
+    fn mi_collect(force: bool);
+}
+
+/// Experiment: collect every second.
+pub fn start_collector() {
+    #[cfg(not(feature = "system-allocator"))]
+    if std::env::var_os("TAILFLIGHT_MI_COLLECT").is_some() {
+        let _ = std::thread::Builder::new()
+            .name("heap-collect".into())
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    // SAFETY: no arguments to uphold; any thread may call it.
+                    unsafe { mi_collect(true) };
+                }
+            });
+    }
+}
