@@ -90,25 +90,3 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 }
 
-#[cfg(not(feature = "system-allocator"))]
-unsafe extern "C" {
-    /// mimalloc's own: collects the calling thread's heap and purges the
-    /// arenas' free pages that are due.
-    fn mi_collect(force: bool);
-}
-
-/// Experiment: collect every second.
-pub fn start_collector() {
-    #[cfg(not(feature = "system-allocator"))]
-    if std::env::var_os("TAILFLIGHT_MI_COLLECT").is_some() {
-        let _ = std::thread::Builder::new()
-            .name("heap-collect".into())
-            .spawn(|| {
-                loop {
-                    std::thread::sleep(std::time::Duration::from_secs(1));
-                    // SAFETY: no arguments to uphold; any thread may call it.
-                    unsafe { mi_collect(true) };
-                }
-            });
-    }
-}

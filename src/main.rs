@@ -545,7 +545,6 @@ fn main() -> std::process::ExitCode {
     // A panic while a sink's placement thread holds its locks poisons the
     // sink before the locks go (the hook is the program's to set).
     sink::health::install_panic_hook();
-    heap::start_collector();
     // Warnings and errors are also kept for the status page.
     let problems = observe::RecentProblems::default();
     {

@@ -99,6 +99,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also write the summary here (e.g. ops/soak/results/DATE.md)")
     parser.add_argument("--quick", action="store_true",
                         help="small workload and short delays (the CI run); other flags still win")
+    parser.add_argument("--memory-bound", type=float, default=None, metavar="RATIO",
+                        help="fail unless the sink's RSS once bytes flow again after the last cut is within "
+                             "RATIO x its RSS after the first (e.g. 1.5 with --faults cut); both are reported "
+                             "either way, beside the heap by the program's own count")
     parser.add_argument("--loopback", action="store_true",
                         help="plain loopback even as root (cuts become a SIGSTOP freeze of the sink)")
     parser.add_argument("--keep-data", action="store_true",
@@ -419,6 +423,9 @@ class Cycle:
     metrics: dict = field(default_factory=dict)
     # What the sink holds in memory by its own count, once bytes flow again.
     held: dict = field(default_factory=dict)
+    # The sink's VmRSS and RssAnon (KiB) at that moment.
+    rss_after_kib: int | None = None
+    anon_after_kib: int | None = None
 
 
 class Soak:
@@ -563,6 +570,11 @@ class Soak:
             cycle.recovery_s = round(time.monotonic() - back, 2)
             now = self.status() or {}
             cycle.held = held_figures(now)
+            with self.sink.lock:
+                sink_pid = self.sink.pid
+            got = read_proc(sink_pid) if sink_pid else None
+            if got is not None:
+                cycle.rss_after_kib, cycle.anon_after_kib = got[1], got[2]
             log(f"cycle {number}/{self.args.cycles}: {kind:<12} after {delay:4.1f}s, "
                 f"{'down' if kind != 'cut' else 'cut'} {outage:3.1f}s, bytes flow again in {cycle.recovery_s:.1f}s; "
                 + ", ".join(f"{key} {value}" for key, value in cycle.held.items()))
@@ -825,6 +837,7 @@ class Soak:
             lines += ["", "## Failures", ""] + [f"- {f}" for f in self.failures]
 
         lines += ["", "## Memory and descriptors", ""]
+        lines += self.memory_bound_lines()
         growth = self.growth_table()
         lines += growth
         lines += ["", "## Per cycle", "",
@@ -845,6 +858,32 @@ class Soak:
                          f"{m('watcher', 'fds')} |")
         lines += ["", f"Raw data in the work dir: `samples.csv` ({len(samples)} samples), `cycles.csv`, `logs/`.", ""]
         return "\n".join(lines)
+
+    def memory_after_cuts(self) -> tuple["Cycle", "Cycle"] | None:
+        """The first and the last cut cycles with the sink's RSS taken after them."""
+        cuts = [c for c in self.cycles if c.kind == "cut" and c.rss_after_kib]
+        return (cuts[0], cuts[-1]) if len(cuts) >= 2 else None
+
+    def memory_bound_lines(self) -> list[str]:
+        pair = self.memory_after_cuts()
+        if pair is None:
+            return []
+        first, last = pair
+        ratio = last.rss_after_kib / first.rss_after_kib
+        self.results["memory_after_cuts"] = {"first": first.rss_after_kib, "last": last.rss_after_kib,
+                                             "ratio": round(ratio, 2)}
+        mib = lambda kib: f"{kib / 1024:.0f}"  # noqa: E731
+        heap = lambda c: (f"{c.held.get('heap_live_bytes', 0) / 2**20:.1f} MiB live, "  # noqa: E731
+                          f"{c.held.get('heap_peak_bytes', 0) / 2**20:.1f} MiB peak")
+        bound = self.args.memory_bound
+        verdict = ("" if bound is None else
+                   f" — bound {bound}×: **{'within' if ratio <= bound else 'EXCEEDED'}**")
+        return [f"Sink RSS once bytes flow again after the first cut (cycle {first.number}) and after the last "
+                f"(cycle {last.number}): **{mib(first.rss_after_kib)} → {mib(last.rss_after_kib)} MiB, "
+                f"{ratio:.2f}×**{verdict} (anonymous {mib(first.anon_after_kib)} → {mib(last.anon_after_kib)} MiB). "
+                f"The heap by the program's own count then: {heap(first)} → {heap(last)}; the manifest's "
+                f"RocksDB {first.held.get('manifest_memory_bytes', 0) / 2**20:.1f} → "
+                f"{last.held.get('manifest_memory_bytes', 0) / 2**20:.1f} MiB.", ""]
 
     def growth_table(self) -> list[str]:
         """First vs last cycle, the max, and the judgement: the last
@@ -987,6 +1026,12 @@ def main(argv: list[str]) -> int:
         grew = [k for k, v in soak.results.get("growth", {}).items() if v]
         if code == 0 and grew and args.strict_growth:
             soak.failures.append(f"growth in {', '.join(grew)} (--strict-growth)")
+            summary = soak.summarise(elapsed)
+            code = 3
+        after_cuts = soak.results.get("memory_after_cuts")
+        if code == 0 and args.memory_bound is not None and after_cuts and after_cuts["ratio"] > args.memory_bound:
+            soak.failures.append(f"the sink's RSS after the last cut is {after_cuts['ratio']}× that after the "
+                                 f"first (--memory-bound {args.memory_bound})")
             summary = soak.summarise(elapsed)
             code = 3
         (soak.dir / "summary.md").write_text(summary)
