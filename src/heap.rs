@@ -89,4 +89,3 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         moved
     }
 }
-
