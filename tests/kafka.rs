@@ -12,37 +12,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::kafka::{KafkaBroker, check_events, consume};
+use common::kafka::{KafkaBroker, TOPIC, check_events, consume, events_pipeline, events_status};
 use common::{
     Pipeline, PipelineOptions, assert_clean_audit, files_of_run, scratch, simulate,
     simulate_in_background, status_u64, strings, workload,
 };
 
-const TOPIC: &str = "tailflight.events";
-
-fn events_pipeline(name: &str, brokers: &str) -> Pipeline {
-    Pipeline::in_scratch(
-        name,
-        PipelineOptions {
-            extra_sink_args: strings(&["--kafka-brokers", brokers, "--kafka-topic", TOPIC]),
-            ..PipelineOptions::default()
-        },
-    )
-}
-
-fn events_status(pipeline: &Pipeline) -> Option<serde_json::Value> {
-    pipeline
-        .status()
-        .and_then(|status| status.get("events").cloned())
-}
-
 /// Waits until the relay has published everything the sink recorded.
 fn wait_published(pipeline: &Pipeline, timeout: Duration) -> serde_json::Value {
-    common::kafka::wait_published(
-        || events_status(pipeline),
-        timeout,
-        || format!("--- sink log ---\n{}", pipeline.sink.log_text()),
-    )
+    common::kafka::wait_pipeline_published(pipeline, timeout)
 }
 
 #[test]

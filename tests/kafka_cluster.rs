@@ -11,32 +11,11 @@ mod common;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::kafka::{KafkaCluster, check_events, consume};
-use common::{
-    Pipeline, PipelineOptions, files_of_run, scratch, simulate_in_background, status_u64, strings,
-    workload,
-};
-
-const TOPIC: &str = "tailflight.events";
+use common::kafka::{KafkaCluster, TOPIC, check_events, consume, events_pipeline, events_status};
+use common::{Pipeline, files_of_run, scratch, simulate_in_background, status_u64, workload};
 
 /// Three JVMs per cluster on a 2-core machine: one cluster at a time.
 static ONE_CLUSTER: Mutex<()> = Mutex::new(());
-
-fn events_pipeline(name: &str, brokers: &str) -> Pipeline {
-    Pipeline::in_scratch(
-        name,
-        PipelineOptions {
-            extra_sink_args: strings(&["--kafka-brokers", brokers, "--kafka-topic", TOPIC]),
-            ..PipelineOptions::default()
-        },
-    )
-}
-
-fn events_status(pipeline: &Pipeline) -> Option<serde_json::Value> {
-    pipeline
-        .status()
-        .and_then(|status| status.get("events").cloned())
-}
 
 fn acknowledged(pipeline: &Pipeline) -> u64 {
     events_status(pipeline).map_or(0, |e| status_u64(&e["relay"], "published_events"))
@@ -62,11 +41,7 @@ fn finish_and_check(
     let files = files_of_run(&pipeline.source, "r0001");
     pipeline.wait_sealed(files, Duration::from_secs(180));
     pipeline.wait_identical(Duration::from_secs(60));
-    let published = common::kafka::wait_published(
-        || events_status(pipeline),
-        Duration::from_secs(300),
-        || format!("--- sink log ---\n{}", pipeline.sink.log_text()),
-    );
+    let published = common::kafka::wait_pipeline_published(pipeline, Duration::from_secs(300));
     let told = consume(&cluster.bootstrap(), TOPIC);
     let count = check_events(&told, &pipeline.dest_root, files);
     println!(

@@ -550,13 +550,17 @@ impl Relay {
         position: &mut Position,
     ) -> Result<(), String> {
         let mut lap = Lap(Instant::now());
-        let held = connection
-            .call(
-                "reading the relay's position back",
-                ABANDON_AFTER,
-                &self.stop,
-                |client| client.read_position(),
-            )
+        // A read-back the brokers do not answer shows as failing in
+        // status, as a transaction they do not answer does.
+        self.outbox.waiting_for_brokers(true);
+        let held = connection.call(
+            "reading the relay's position back",
+            ABANDON_AFTER,
+            &self.stop,
+            |client| client.read_position(),
+        );
+        self.outbox.waiting_for_brokers(false);
+        let held = held
             .map_err(|e: CallError| e.to_string())?
             .map_err(|e| format!("{e:#}"))?;
         let confirm_us = lap.next();

@@ -378,11 +378,8 @@ impl KafkaCluster {
     /// The index in `nodes` of the leader of `topic`'s `partition`, as the
     /// brokers' metadata says (waits until it has one).
     pub fn leader_of(&self, topic: &str, partition: i32) -> usize {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let client: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .expect("a metadata client");
+        use rdkafka::consumer::Consumer;
+        let client = self.metadata_client();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let leader = client
@@ -418,11 +415,8 @@ impl KafkaCluster {
     /// included) has all its replicas in sync: before a node of a rolling
     /// restart stops, so no partition drops below min.insync.replicas.
     pub fn wait_fully_replicated(&self) {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let client: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .expect("a metadata client");
+        use rdkafka::consumer::Consumer;
+        let client = self.metadata_client();
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let lagging: Option<Vec<String>> = client
@@ -452,6 +446,13 @@ impl KafkaCluster {
         }
     }
 
+    fn metadata_client(&self) -> rdkafka::consumer::BaseConsumer {
+        rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("a metadata client")
+    }
+
     /// Node ids are 1, 2, 3 in the order of `nodes`.
     fn port_of_id(&self, id: i32) -> u16 {
         usize::try_from(id - 1)
@@ -459,6 +460,37 @@ impl KafkaCluster {
             .and_then(|index| self.nodes.get(index))
             .map_or(0, |node| node.port)
     }
+}
+
+/// The topic the Kafka tests publish to.
+pub const TOPIC: &str = "tailflight.events";
+
+/// A pipeline whose sink publishes its events to `brokers`, topic [`TOPIC`].
+pub fn events_pipeline(name: &str, brokers: &str) -> super::Pipeline {
+    super::Pipeline::in_scratch(
+        name,
+        super::PipelineOptions {
+            extra_sink_args: super::strings(&["--kafka-brokers", brokers, "--kafka-topic", TOPIC]),
+            ..super::PipelineOptions::default()
+        },
+    )
+}
+
+/// The `events` section of the pipeline's sink status.
+pub fn events_status(pipeline: &super::Pipeline) -> Option<serde_json::Value> {
+    pipeline
+        .status()
+        .and_then(|status| status.get("events").cloned())
+}
+
+/// Waits until the pipeline's relay has published everything its sink
+/// recorded; returns the events section.
+pub fn wait_pipeline_published(pipeline: &super::Pipeline, timeout: Duration) -> serde_json::Value {
+    wait_published(
+        || events_status(pipeline),
+        timeout,
+        || format!("--- sink log ---\n{}", pipeline.sink.log_text()),
+    )
 }
 
 /// The Python with confluent-kafka that ops/test.sh prepares.

@@ -334,6 +334,21 @@ def wait_commits(cl: CommitLog, total: int, timeout: float, what: str, procs=())
     raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}: {cl.bytes}/{total} bytes recorded")
 
 
+def wait_same_names(src: Path, dest: Path, timeout: float) -> bool:
+    """Waits until every file under `src` exists under `dest` by the same name: the commit log counts
+    bytes, and a chunk's rename from .inprogress can still be on its way when the last byte is in
+    (a watcher stopped then never sends it, and verify finds the final name missing). False on
+    timeout; verify then says what differs."""
+    def names(root: Path) -> set[str]:
+        return {str(Path(d, f).relative_to(root)) for d, _, fs in os.walk(root) for f in fs}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if names(src) <= names(dest):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def read_write_log(path: Path) -> dict[str, list[tuple[int, int, int]]]:
     """The simulator's --write-log: per file, (offset, length, write time ns) of every write."""
     with open(path) as f:

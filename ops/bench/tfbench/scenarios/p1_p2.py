@@ -11,7 +11,7 @@ import time
 from ..analysis import median, ratio
 from ..config import GB, TARGETS, MiB
 from ..formatting import cpu_line, fmt, fmt_mb, met
-from ..harness import (Bench, BenchError, Pipeline, dir_bytes, now_ns, rmtree, say, trouble_note,
+from ..harness import (wait_same_names, Bench, BenchError, Pipeline, dir_bytes, now_ns, rmtree, say, trouble_note,
                        wait_commits)
 
 
@@ -41,6 +41,7 @@ def throughput_run(b: Bench, name: str, tls: bool, watch_extra=(), sink_extra=()
         total, nfiles = dir_bytes(src)
         wait_commits(pl.cl, total, 900, f"{name} to arrive", (pl.sink, pl.watcher))
         elapsed = (pl.cl.last_ns - t0) / 1e9
+        wait_same_names(src, pl.dest, 60)
         m = pl.finish(total)
     finally:
         pl.kill_all()
