@@ -12,7 +12,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::kafka::{KafkaBroker, TOPIC, check_events, consume, events_pipeline, events_status};
+use common::kafka::{
+    KafkaBroker, TOPIC, check_events, consume, events_pipeline, events_status, finish_and_check,
+    wait_more_acknowledged,
+};
 use common::{
     Pipeline, PipelineOptions, assert_clean_audit, files_of_run, scratch, simulate,
     simulate_in_background, status_u64, strings, workload,
@@ -130,39 +133,24 @@ fn broker_restarts_while_publishing_lose_nothing() {
     let dir = scratch("kafka-restarts");
     let mut broker = KafkaBroker::start(&dir.join("kafka"), 4);
     let pipeline = events_pipeline("kafka-restarts-run", &broker.bootstrap());
-    let mut sim = simulate_in_background(
+    let sim = simulate_in_background(
         &pipeline.dir,
         &pipeline.source,
         &workload("r0001", "3", "1MiB", "600s"),
     );
-    let acknowledged =
-        || events_status(&pipeline).map_or(0, |e| status_u64(&e["relay"], "published_events"));
     for restart in 1..=4 {
-        let before = acknowledged();
-        common::wait_until(
+        wait_more_acknowledged(
+            &pipeline,
             "transactions acknowledged since the last restart",
-            Duration::from_secs(180),
-            || acknowledged() > before,
         );
         broker.restart();
         println!("restart {restart} done");
     }
-    let before = acknowledged();
-    common::wait_until(
-        "transactions acknowledged after the last restart",
-        Duration::from_secs(180),
-        || acknowledged() > before,
-    );
-    sim.stop();
-    let files = files_of_run(&pipeline.source, "r0001");
-    pipeline.wait_sealed(files, Duration::from_secs(120));
-    pipeline.wait_identical(Duration::from_secs(60));
-    let published = wait_published(&pipeline, Duration::from_secs(300));
-    let told = consume(&broker.bootstrap(), TOPIC);
-    let count = check_events(&told, &pipeline.dest_root, files);
-    println!(
-        "{count} events for {files} files across 4 broker restarts; relay: {}",
-        published["relay"]
+    finish_and_check(
+        &pipeline,
+        sim,
+        &broker.bootstrap(),
+        "across 4 broker restarts",
     );
 }
 

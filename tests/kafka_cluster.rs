@@ -9,46 +9,14 @@
 mod common;
 
 use std::sync::Mutex;
-use std::time::Duration;
 
-use common::kafka::{KafkaCluster, TOPIC, check_events, consume, events_pipeline, events_status};
-use common::{Pipeline, files_of_run, scratch, simulate_in_background, status_u64, workload};
+use common::kafka::{
+    KafkaCluster, TOPIC, events_pipeline, finish_and_check, wait_more_acknowledged,
+};
+use common::{scratch, simulate_in_background, workload};
 
 /// Three JVMs per cluster on a 2-core machine: one cluster at a time.
 static ONE_CLUSTER: Mutex<()> = Mutex::new(());
-
-fn acknowledged(pipeline: &Pipeline) -> u64 {
-    events_status(pipeline).map_or(0, |e| status_u64(&e["relay"], "published_events"))
-}
-
-/// Waits until the relay has had more transactions acknowledged than now.
-fn wait_more_acknowledged(pipeline: &Pipeline, what: &str) {
-    let before = acknowledged(pipeline);
-    common::wait_until(what, Duration::from_secs(180), || {
-        acknowledged(pipeline) > before
-    });
-}
-
-/// Ends the run and checks every event the topic holds.
-fn finish_and_check(
-    pipeline: &Pipeline,
-    mut sim: common::Proc,
-    cluster: &KafkaCluster,
-    what: &str,
-) {
-    wait_more_acknowledged(pipeline, "transactions acknowledged after the faults");
-    sim.stop();
-    let files = files_of_run(&pipeline.source, "r0001");
-    pipeline.wait_sealed(files, Duration::from_secs(180));
-    pipeline.wait_identical(Duration::from_secs(60));
-    let published = common::kafka::wait_pipeline_published(pipeline, Duration::from_secs(300));
-    let told = consume(&cluster.bootstrap(), TOPIC);
-    let count = check_events(&told, &pipeline.dest_root, files);
-    println!(
-        "{count} events for {files} files {what}; relay: {}",
-        published["relay"]
-    );
-}
 
 #[test]
 fn killing_the_partition_leader_loses_nothing() {
@@ -67,7 +35,12 @@ fn killing_the_partition_leader_loses_nothing() {
     println!("node {} (leader of {TOPIC}/0) killed", leader + 1);
     wait_more_acknowledged(&pipeline, "transactions acknowledged by two nodes");
     cluster.nodes[leader].start_again();
-    finish_and_check(&pipeline, sim, &cluster, "with the partition leader killed");
+    finish_and_check(
+        &pipeline,
+        sim,
+        &cluster.bootstrap(),
+        "with the partition leader killed",
+    );
 }
 
 #[test]
@@ -87,5 +60,10 @@ fn a_rolling_restart_of_the_cluster_loses_nothing() {
         cluster.nodes[node].restart();
         println!("node {} restarted", node + 1);
     }
-    finish_and_check(&pipeline, sim, &cluster, "across a rolling restart");
+    finish_and_check(
+        &pipeline,
+        sim,
+        &cluster.bootstrap(),
+        "across a rolling restart",
+    );
 }

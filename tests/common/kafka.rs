@@ -493,6 +493,42 @@ pub fn wait_pipeline_published(pipeline: &super::Pipeline, timeout: Duration) ->
     )
 }
 
+/// Transactions the pipeline's relay had acknowledged (`relay.published_events`).
+fn acknowledged(pipeline: &super::Pipeline) -> u64 {
+    events_status(pipeline).map_or(0, |e| super::status_u64(&e["relay"], "published_events"))
+}
+
+/// Waits until the relay has had more transactions acknowledged than now.
+pub fn wait_more_acknowledged(pipeline: &super::Pipeline, what: &str) {
+    let before = acknowledged(pipeline);
+    super::wait_until(what, Duration::from_secs(180), || {
+        acknowledged(pipeline) > before
+    });
+}
+
+/// Ends a run of faults while events flow: once the relay publishes again,
+/// stops the simulator, waits for every file and every event, and checks
+/// what the topic at `bootstrap` holds.
+pub fn finish_and_check(
+    pipeline: &super::Pipeline,
+    mut sim: super::Proc,
+    bootstrap: &str,
+    what: &str,
+) {
+    wait_more_acknowledged(pipeline, "transactions acknowledged after the faults");
+    sim.stop();
+    let files = super::files_of_run(&pipeline.source, "r0001");
+    pipeline.wait_sealed(files, Duration::from_secs(180));
+    pipeline.wait_identical(Duration::from_secs(60));
+    let published = wait_pipeline_published(pipeline, Duration::from_secs(300));
+    let told = consume(bootstrap, TOPIC);
+    let count = check_events(&told, &pipeline.dest_root, files);
+    println!(
+        "{count} events for {files} files {what}; relay: {}",
+        published["relay"]
+    );
+}
+
 /// The Python with confluent-kafka that ops/test.sh prepares.
 pub fn python() -> String {
     std::env::var("TAILFLIGHT_PYTHON").unwrap_or_else(|_| "python3".into())
