@@ -4,6 +4,8 @@
 //! bytes the program holds from what the allocator keeps around them
 //! (RSS). Memory allocated in C and C++ (RocksDB, librdkafka) is not
 //! counted here; the sink reports RocksDB's own in `manifest_memory_bytes`.
+//! Beside it, the resident memory the kernel counts for the process, which
+//! is what an allocator that keeps pages makes grow.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,5 +89,49 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
             self.added(new_size);
         }
         moved
+    }
+}
+
+/// The process's resident memory as the kernel counts it: all of it, and
+/// the anonymous part (heaps of every allocator, stacks), where memory an
+/// allocator keeps for itself shows.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct ResidentFigures {
+    pub resident_bytes: u64,
+    pub anonymous_bytes: u64,
+}
+
+/// Reads `/proc/self/status`; zeros where it cannot be read (not Linux).
+pub fn resident_figures() -> ResidentFigures {
+    let Ok(text) = std::fs::read_to_string("/proc/self/status") else {
+        return ResidentFigures::default();
+    };
+    let kib = |field: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map_or(0, |kib| kib * 1024)
+    };
+    ResidentFigures {
+        resident_bytes: kib("VmRSS:"),
+        anonymous_bytes: kib("RssAnon:"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_counts_this_process_resident() {
+        let figures = resident_figures();
+        assert!(figures.anonymous_bytes > 0);
+        assert!(figures.resident_bytes >= figures.anonymous_bytes);
     }
 }

@@ -27,7 +27,10 @@ pub async fn serve_sink(
 ) -> anyhow::Result<()> {
     let sink = Arc::new(sink::Sink::open(config)?);
     sink.describe_process(|| {
-        serde_json::json!({ "heap": serde_json::to_value(crate::heap_figures()).unwrap_or_default() })
+        serde_json::json!({
+            "heap": serde_json::to_value(crate::heap_figures()).unwrap_or_default(),
+            "memory": serde_json::to_value(crate::heap::resident_figures()).unwrap_or_default(),
+        })
     });
     if let Some(role) = role.clone() {
         sink.describe_fleet(move || serde_json::to_value(role.report()).unwrap_or_default());

@@ -45,14 +45,19 @@ MARKER = ".tailflight-soak"
 NETNS_PREFIX = "tfsoak"
 # The sink's own counts of what it holds in memory, recorded per cycle.
 HELD_FIELDS = ("held_bytes", "placements_waiting", "placements_running", "journal_backlog_bytes",
-               "manifest_memory_bytes", "heap_live_bytes", "heap_peak_bytes")
+               "manifest_memory_bytes", "heap_live_bytes", "heap_peak_bytes", "resident_bytes",
+               "anonymous_bytes")
 
 
 def held_figures(status: dict) -> dict:
     """The HELD_FIELDS of a sink status; the heap's (by the program's allocator count, in
-    status.process.heap) as heap_live_bytes and heap_peak_bytes."""
-    heap = (status.get("process") or {}).get("heap") or {}
-    flat = dict(status, heap_live_bytes=heap.get("live_bytes", 0), heap_peak_bytes=heap.get("peak_bytes", 0))
+    status.process.heap) as heap_live_bytes and heap_peak_bytes, and the resident memory the
+    kernel counts (status.process.memory) as resident_bytes and anonymous_bytes."""
+    process = status.get("process") or {}
+    heap = process.get("heap") or {}
+    memory = process.get("memory") or {}
+    flat = dict(status, heap_live_bytes=heap.get("live_bytes", 0), heap_peak_bytes=heap.get("peak_bytes", 0),
+                resident_bytes=memory.get("resident_bytes", 0), anonymous_bytes=memory.get("anonymous_bytes", 0))
     return {key: flat.get(key, 0) for key in HELD_FIELDS}
 # Quarters of fewer than two cycles each say nothing about growth.
 MIN_CYCLES_TO_JUDGE = 8
@@ -103,6 +108,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="fail unless the sink's RSS once bytes flow again after the last cut is within "
                              "RATIO x its RSS after the first (e.g. 1.5 with --faults cut); both are reported "
                              "either way, beside the heap by the program's own count")
+    parser.add_argument("--warmup", type=parse_duration, default=None,
+                        help="let the workload run this long before the first fault (default 0; with "
+                             "--memory-bound, one burst period of the default workload, 65s, or 15s with "
+                             "--quick), so the first cut's figure is taken at the working set, not before it")
     parser.add_argument("--loopback", action="store_true",
                         help="plain loopback even as root (cuts become a SIGSTOP freeze of the sink)")
     parser.add_argument("--keep-data", action="store_true",
@@ -149,6 +158,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if low < 0 or high < low:
             parser.error(f"--{name}: need 0 <= MIN <= MAX")
     args.sample_every = args.sample_every or (0.5 if quick else 1.0)
+    if args.warmup is None:
+        args.warmup = 0.0 if args.memory_bound is None else (15.0 if quick else 65.0)
     if args.sim is None:
         args.sim = (
             "--streams 2 --rate 50 --frame 16KiB --chunk 1MiB"
@@ -545,6 +556,12 @@ class Soak:
 
     def run_cycles(self) -> None:
         deck = self.deck()
+        if self.args.warmup > 0:
+            log(f"warm-up: the workload runs {self.args.warmup:.0f}s before the first fault")
+            until = time.monotonic() + self.args.warmup
+            while time.monotonic() < until:
+                self.check_alive()
+                time.sleep(min(1.0, max(0.0, until - time.monotonic())))
         for number in range(1, self.args.cycles + 1):
             elapsed = time.monotonic() - self.t0
             if self.args.duration is not None and elapsed >= self.args.duration:
@@ -572,9 +589,15 @@ class Soak:
             cycle.held = held_figures(now)
             with self.sink.lock:
                 sink_pid = self.sink.pid
-            got = read_proc(sink_pid) if sink_pid else None
-            if got is not None:
-                cycle.rss_after_kib, cycle.anon_after_kib = got[1], got[2]
+            # The sink's own status says its resident memory; /proc where an
+            # older binary does not.
+            if cycle.held.get("resident_bytes"):
+                cycle.rss_after_kib = cycle.held["resident_bytes"] // 1024
+                cycle.anon_after_kib = cycle.held["anonymous_bytes"] // 1024
+            else:
+                got = read_proc(sink_pid) if sink_pid else None
+                if got is not None:
+                    cycle.rss_after_kib, cycle.anon_after_kib = got[1], got[2]
             log(f"cycle {number}/{self.args.cycles}: {kind:<12} after {delay:4.1f}s, "
                 f"{'down' if kind != 'cut' else 'cut'} {outage:3.1f}s, bytes flow again in {cycle.recovery_s:.1f}s; "
                 + ", ".join(f"{key} {value}" for key, value in cycle.held.items()))
@@ -783,7 +806,8 @@ class Soak:
                               if self.use_netns else
                               "plain loopback (not root, or --loopback): a cut is a SIGSTOP freeze of the sink"),
             f"- Workload: `tailflight sim {args.sim}`",
-            f"- Timing: fault after {args.delay[0]:g}–{args.delay[1]:g} s; kill→restart "
+            f"- Timing: warm-up {args.warmup:g} s before the first fault; "
+            f"fault after {args.delay[0]:g}–{args.delay[1]:g} s; kill→restart "
             f"{args.down[0]:g}–{args.down[1]:g} s; link down {args.cut[0]:g}–{args.cut[1]:g} s; "
             f"samples every {args.sample_every:g} s",
             f"- Duration: {elapsed / 60:.1f} min ({elapsed:.0f} s), drain after the simulator stopped: "
