@@ -613,8 +613,17 @@ fn raise_fd_limit() {
     }
 }
 
+/// How long an idle thread of tokio's blocking pool waits for more work
+/// before it ends. mimalloc keeps pages for every thread that allocated;
+/// pool threads that outlive a burst of work (the catch-up after a network
+/// cut) keep them all, and each burst may grow the pool. A thread that ends
+/// gives its pages back, so the memory follows the work instead of the
+/// largest burst so far (docs/measurements.md).
+const BLOCKING_THREAD_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
+        .thread_keep_alive(BLOCKING_THREAD_IDLE)
         .enable_all()
         .build()
         .context("cannot start the async runtime")

@@ -59,6 +59,9 @@ def held_figures(status: dict) -> dict:
     flat = dict(status, heap_live_bytes=heap.get("live_bytes", 0), heap_peak_bytes=heap.get("peak_bytes", 0),
                 resident_bytes=memory.get("resident_bytes", 0), anonymous_bytes=memory.get("anonymous_bytes", 0))
     return {key: flat.get(key, 0) for key in HELD_FIELDS}
+# Seconds of readings after a cut whose median is the sink's memory after it
+# (with --memory-bound).
+MEMORY_READING_S = 3.0
 # Quarters of fewer than two cycles each say nothing about growth.
 MIN_CYCLES_TO_JUDGE = 8
 
@@ -105,8 +108,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="small workload and short delays (the CI run); other flags still win")
     parser.add_argument("--memory-bound", type=float, default=None, metavar="RATIO",
-                        help="fail unless the sink's RSS once bytes flow again after the last cut is within "
-                             "RATIO x its RSS after the first (e.g. 1.5 with --faults cut); both are reported "
+                        help="fail unless the sink's RSS once bytes flow again after the last cut (the median of "
+                             "3 s of readings from its status) is within RATIO x that after the first (e.g. 1.5 "
+                             "with --faults cut); both are reported "
                              "either way, beside the heap by the program's own count")
     parser.add_argument("--warmup", type=parse_duration, default=None,
                         help="let the workload run this long before the first fault (default 0; with "
@@ -590,10 +594,19 @@ class Soak:
             with self.sink.lock:
                 sink_pid = self.sink.pid
             # The sink's own status says its resident memory; /proc where an
-            # older binary does not.
+            # older binary does not. For a memory bound, the median over the
+            # seconds after: one reading lands on a moment of the catch-up
+            # (how many threads are busy), the median on its level.
             if cycle.held.get("resident_bytes"):
-                cycle.rss_after_kib = cycle.held["resident_bytes"] // 1024
-                cycle.anon_after_kib = cycle.held["anonymous_bytes"] // 1024
+                readings = [cycle.held]
+                until = time.monotonic() + (MEMORY_READING_S if self.args.memory_bound is not None else 0)
+                while time.monotonic() < until:
+                    time.sleep(0.2)
+                    more = held_figures(self.status() or {})
+                    if more.get("resident_bytes"):
+                        readings.append(more)
+                cycle.rss_after_kib = statistics.median(r["resident_bytes"] for r in readings) // 1024
+                cycle.anon_after_kib = statistics.median(r["anonymous_bytes"] for r in readings) // 1024
             else:
                 got = read_proc(sink_pid) if sink_pid else None
                 if got is not None:
@@ -902,7 +915,7 @@ class Soak:
         bound = self.args.memory_bound
         verdict = ("" if bound is None else
                    f" — bound {bound}×: **{'within' if ratio <= bound else 'EXCEEDED'}**")
-        return [f"Sink RSS once bytes flow again after the first cut (cycle {first.number}) and after the last "
+        return [f"Sink RSS (median of {MEMORY_READING_S:g} s of readings when a bound is set) once bytes flow again after the first cut (cycle {first.number}) and after the last "
                 f"(cycle {last.number}): **{mib(first.rss_after_kib)} → {mib(last.rss_after_kib)} MiB, "
                 f"{ratio:.2f}×**{verdict} (anonymous {mib(first.anon_after_kib)} → {mib(last.anon_after_kib)} MiB). "
                 f"The heap by the program's own count then: {heap(first)} → {heap(last)}; the manifest's "
