@@ -59,6 +59,8 @@ def held_figures(status: dict) -> dict:
     flat = dict(status, heap_live_bytes=heap.get("live_bytes", 0), heap_peak_bytes=heap.get("peak_bytes", 0),
                 resident_bytes=memory.get("resident_bytes", 0), anonymous_bytes=memory.get("anonymous_bytes", 0))
     return {key: flat.get(key, 0) for key in HELD_FIELDS}
+
+
 # Seconds of readings after a cut whose median is the sink's memory after it
 # (with --memory-bound).
 MEMORY_READING_S = 3.0
@@ -591,8 +593,6 @@ class Soak:
             cycle.recovery_s = round(time.monotonic() - back, 2)
             now = self.status() or {}
             cycle.held = held_figures(now)
-            with self.sink.lock:
-                sink_pid = self.sink.pid
             # The sink's own status says its resident memory; /proc where an
             # older binary does not. For a memory bound, the median over the
             # seconds after: one reading lands on a moment of the catch-up
@@ -608,6 +608,8 @@ class Soak:
                 cycle.rss_after_kib = statistics.median(r["resident_bytes"] for r in readings) // 1024
                 cycle.anon_after_kib = statistics.median(r["anonymous_bytes"] for r in readings) // 1024
             else:
+                with self.sink.lock:
+                    sink_pid = self.sink.pid
                 got = read_proc(sink_pid) if sink_pid else None
                 if got is not None:
                     cycle.rss_after_kib, cycle.anon_after_kib = got[1], got[2]
@@ -915,7 +917,8 @@ class Soak:
         bound = self.args.memory_bound
         verdict = ("" if bound is None else
                    f" — bound {bound}×: **{'within' if ratio <= bound else 'EXCEEDED'}**")
-        return [f"Sink RSS (median of {MEMORY_READING_S:g} s of readings when a bound is set) once bytes flow again after the first cut (cycle {first.number}) and after the last "
+        reading = "" if bound is None else f" (median of {MEMORY_READING_S:g} s of readings)"
+        return [f"Sink RSS{reading} once bytes flow again after the first cut (cycle {first.number}) and after the last "
                 f"(cycle {last.number}): **{mib(first.rss_after_kib)} → {mib(last.rss_after_kib)} MiB, "
                 f"{ratio:.2f}×**{verdict} (anonymous {mib(first.anon_after_kib)} → {mib(last.anon_after_kib)} MiB). "
                 f"The heap by the program's own count then: {heap(first)} → {heap(last)}; the manifest's "
