@@ -3,9 +3,13 @@
 //! and removed once published. Keyed by sequence number (u64 BE); a value
 //! is `journal round (u64 BE), recorded ms (u64 BE), key length (u32 BE),
 //! key, payload`. The newest sequence number is kept in the counters, so
-//! numbers are never reused.
+//! numbers are never reused. Beside them, the relay's mark: an opaque value
+//! of the relay's (where its published events can be found), written with
+//! each removal so that the two never disagree.
 
-use crate::sink::{CF_OUTBOX, KEY_OUTBOX_LAST};
+use rocksdb::WriteBatch;
+
+use crate::sink::{CF_COUNTERS, CF_OUTBOX, KEY_OUTBOX_LAST, KEY_RELAY_MARK};
 use crate::store::decode_u64;
 use crate::{OutboxEvent, Result, SinkManifest};
 
@@ -83,19 +87,35 @@ impl SinkManifest {
     /// (published; none is left at or below `after`) and returns the
     /// bytes they took. Not synced: should a crash bring some back, the
     /// relay knows from its own published position that they are.
-    pub fn outbox_remove(&self, after: u64, seq: u64) -> Result<u64> {
+    ///
+    /// With a `mark`, the relay's mark is replaced in the same write: a
+    /// crash keeps both or neither.
+    pub fn outbox_remove(&self, after: u64, seq: u64, mark: Option<&[u8]>) -> Result<u64> {
         let from = after.saturating_add(1).to_be_bytes();
         let end = seq.saturating_add(1).to_be_bytes();
-        let (_, bytes) =
-            self.store()
-                .sum_values(CF_OUTBOX, &from, &end, "size published events")?;
-        self.store().delete_range(
-            CF_OUTBOX,
-            &from,
-            &end,
-            "remove published events from the outbox",
-        )?;
+        let store = self.store();
+        let bytes = if seq > after {
+            store
+                .sum_values(CF_OUTBOX, &from, &end, "size published events")?
+                .1
+        } else {
+            0
+        };
+        let mut batch = WriteBatch::default();
+        if seq > after {
+            batch.delete_range_cf(store.cf(CF_OUTBOX)?, from, end);
+        }
+        if let Some(mark) = mark {
+            batch.put_cf(store.cf(CF_COUNTERS)?, KEY_RELAY_MARK, mark);
+        }
+        store.write(batch, false, "remove published events from the outbox")?;
         Ok(bytes)
+    }
+
+    /// The relay's mark, as last written with [`Self::outbox_remove`].
+    pub fn outbox_mark(&self) -> Result<Option<Vec<u8>>> {
+        self.store()
+            .get(CF_COUNTERS, KEY_RELAY_MARK, "read the relay's mark")
     }
 
     /// What the outbox holds (a scan of it, keeping nothing: at startup).

@@ -26,7 +26,7 @@ use crate::{FileId, FileRecord, JournalBytes, JournalEntry, Result, SinkCommit, 
 
 const CF_FILES: &str = "files";
 const CF_PLACEMENTS: &str = "placements";
-const CF_COUNTERS: &str = "counters";
+pub(crate) const CF_COUNTERS: &str = "counters";
 const CF_JOURNAL: &str = "journal";
 const CF_JOURNAL_ROUNDS: &str = "journal_rounds";
 pub(crate) const CF_OUTBOX: &str = "outbox";
@@ -47,6 +47,8 @@ const KEY_JOURNAL_EPOCH: &[u8] = b"journal_epoch";
 /// The sequence number of the newest outbox event recorded (`u64 BE`);
 /// numbers are never reused, even once their events are published.
 pub(crate) const KEY_OUTBOX_LAST: &[u8] = b"outbox_last";
+/// The event relay's mark (see [`SinkManifest::outbox_remove`]).
+pub(crate) const KEY_RELAY_MARK: &[u8] = b"relay_mark";
 /// This manifest's identity (random, made at its first open): what names
 /// the sink to consumers of its events when no name is configured.
 const KEY_MANIFEST_ID: &[u8] = b"manifest_id";
@@ -724,7 +726,16 @@ mod tests {
         );
         assert_eq!(all[1].1, event(2));
         assert_eq!(m.outbox_after(1, 1, usize::MAX).unwrap()[0].0, 2);
-        assert_eq!(m.outbox_remove(0, 2).unwrap(), 20 + 1 + 1 + 20 + 1 + 2);
+        assert_eq!(
+            m.outbox_remove(0, 2, None).unwrap(),
+            20 + 1 + 1 + 20 + 1 + 2
+        );
+        assert_eq!(m.outbox_mark().unwrap(), None);
+        // A mark alone (nothing more published) is kept, and replaced.
+        assert_eq!(m.outbox_remove(2, 2, Some(b"first")).unwrap(), 0);
+        assert_eq!(m.outbox_mark().unwrap().as_deref(), Some(&b"first"[..]));
+        assert_eq!(m.outbox_remove(2, 2, Some(b"second")).unwrap(), 0);
+        assert_eq!(m.outbox_mark().unwrap().as_deref(), Some(&b"second"[..]));
         let depth = m.outbox_depth().unwrap();
         assert_eq!((depth.events, depth.oldest_unix_ms), (1, Some(1003)));
         // Sequence numbers are never reused.

@@ -277,19 +277,6 @@ impl Store {
         Ok(sums)
     }
 
-    /// Deletes every key in `[from, to)`.
-    pub(crate) fn delete_range(
-        &self,
-        cf: &'static str,
-        from: &[u8],
-        to: &[u8],
-        op: &'static str,
-    ) -> Result<()> {
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(self.cf(cf)?, from, to);
-        self.write(batch, false, op)
-    }
-
     pub(crate) fn is_cf_empty(&self, cf: &'static str, op: &'static str) -> Result<bool> {
         Ok(self.first_key(cf, op)?.is_none())
     }

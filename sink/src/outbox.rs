@@ -97,13 +97,11 @@ pub struct RelayPhases {
     pub begin: u64,
     /// Handing the events to librdkafka.
     pub produce: u64,
-    /// `send_offsets_to_transaction`: the position, two broker round trips.
-    pub offsets: u64,
     /// Until the brokers acknowledged every event.
     pub deliver: u64,
     /// `commit_transaction`: the brokers write the commit markers.
     pub commit: u64,
-    /// Reading the position back (about once a second, and when idle).
+    /// Reading the last records back (about once a second, and when idle).
     pub confirm: u64,
 }
 
@@ -238,16 +236,22 @@ impl Outbox {
             .collect())
     }
 
-    /// Removes the events through `seq`: they are published. Blocking.
-    pub fn published(&self, seq: u64) -> Result<(), SinkError> {
+    /// Removes the events through `seq`: they are published. With a
+    /// `mark` (the relay's: where its published events can be found), it
+    /// replaces the last one in the same write, even if nothing more is
+    /// removed. Blocking.
+    pub fn published(&self, seq: u64, mark: Option<&[u8]>) -> Result<(), SinkError> {
         let seq = seq.min(self.durable_through());
         let before = self.published_through();
-        if seq <= before {
+        if seq <= before && mark.is_none() {
             return Ok(());
         }
-        let removed = self.manifest.outbox_remove(before, seq).map_err(|e| {
-            SinkError::Storage(format!("removing published events from the outbox: {e}"))
-        })?;
+        let removed = self
+            .manifest
+            .outbox_remove(before, seq.max(before), mark)
+            .map_err(|e| {
+                SinkError::Storage(format!("removing published events from the outbox: {e}"))
+            })?;
         self.published.fetch_max(seq, Ordering::SeqCst);
         let _ = self
             .bytes
@@ -255,6 +259,13 @@ impl Outbox {
                 Some(b.saturating_sub(removed))
             });
         Ok(())
+    }
+
+    /// The relay's mark, as last given to [`Self::published`]. Blocking.
+    pub fn mark(&self) -> Result<Option<Vec<u8>>, SinkError> {
+        self.manifest
+            .outbox_mark()
+            .map_err(|e| SinkError::Storage(format!("reading the relay's mark: {e}")))
     }
 
     /// The relay tells what it is doing.

@@ -1,8 +1,9 @@
 //! The relay's Kafka client: one transactional producer and the consumer
-//! that reads the relay's position back, and every librdkafka call the
+//! that reads the relay's records back, and every librdkafka call the
 //! relay makes. Each method blocks; the relay runs them on a
 //! [`super::worker::Worker`] so none can hold it up for good.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -10,12 +11,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use sink::outbox::{CLOUDEVENTS_CONTENT_TYPE, PendingEvent, RelayPhases};
 
 use super::RelayContext;
+use super::position::{Check, RELAY_HEADER, SEQ_HEADER, Written};
 
 /// How long one librdkafka call may block before it counts as failed.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -25,6 +27,12 @@ pub const TRANSACTION_BUDGET: Duration = Duration::from_secs(30);
 /// The header of the records the start-up fence writes and aborts: no
 /// read_committed consumer ever sees them.
 pub const CONTROL_HEADER: &str = "tailflight-control";
+/// How long reading a record back waits for its partition's stable
+/// offset to pass it before it says it is not stable yet.
+const STABLE_PATIENCE: Duration = Duration::from_millis(250);
+/// The delivery opaque of the fence's records (an event's is its sequence
+/// number, never 0).
+const FENCE_OPAQUE: usize = 0;
 
 pub type Transactional = ThreadedProducer<RelayContext>;
 
@@ -38,9 +46,10 @@ pub struct Client {
 }
 
 impl Client {
-    /// Makes the producer's transactions ready, ends whatever an earlier
-    /// producer with this id left unresolved, and returns the relay's
-    /// position as the brokers hold it.
+    /// Makes the producer's transactions ready and ends whatever an earlier
+    /// producer with this id left unresolved. Returns the offset of the
+    /// fence's record in each partition: every record an earlier producer
+    /// of this relay wrote is before it.
     ///
     /// `init_transactions` fences an earlier producer and aborts the
     /// transaction it left open. It does not end records a transaction
@@ -48,16 +57,16 @@ impl Client {
     /// partitions with no leader at that moment, even for a transaction it
     /// reports committed, and the next marker of this producer id in that
     /// partition decides their fate. So the start writes one record to
-    /// every partition and the position, and aborts: whatever was left
-    /// without markers is ended as aborted, position included, before the
-    /// position is read back. Those events are then published again.
-    pub fn start(&mut self, brokers: &str) -> anyhow::Result<u64> {
+    /// every partition (and the position a relay before the record headers
+    /// kept in its consumer group), and aborts: whatever was left without
+    /// markers is ended as aborted before the relay reads its records back.
+    /// Those events are then published again.
+    pub fn start(&mut self, brokers: &str) -> anyhow::Result<BTreeMap<i32, i64>> {
         self.producer
             .init_transactions(CALL_TIMEOUT)
             .with_context(|| format!("starting transactions with the brokers {brokers}"))?;
         let partitions = self.check_topic()?;
-        self.fence(partitions)?;
-        self.read_position()
+        self.fence(partitions)
     }
 
     /// Fails clearly if the topic does not exist and the brokers do not
@@ -93,8 +102,10 @@ impl Client {
 
     /// Writes a control record to each of the topic's `partitions` and the
     /// relay's group, and aborts (see [`Self::start`]).
-    fn fence(&mut self, partitions: i32) -> anyhow::Result<()> {
+    fn fence(&mut self, partitions: i32) -> anyhow::Result<BTreeMap<i32, i64>> {
         let doing = |what: &str| format!("{what} (the start-up fence of topic {:?})", self.topic);
+        self.take_delivered();
+        let reported = self.reports();
         self.producer
             .begin_transaction()
             .with_context(|| doing("beginning a transaction"))?;
@@ -105,11 +116,12 @@ impl Client {
             });
             let empty: &[u8] = &[];
             // Keyed: a compacted topic refuses records without a key.
-            let record: BaseRecord<'_, str, [u8]> = BaseRecord::to(&self.topic)
-                .partition(partition)
-                .key(CONTROL_HEADER)
-                .payload(empty)
-                .headers(headers);
+            let record: BaseRecord<'_, str, [u8], usize> =
+                BaseRecord::with_opaque_to(&self.topic, FENCE_OPAQUE)
+                    .partition(partition)
+                    .key(CONTROL_HEADER)
+                    .payload(empty)
+                    .headers(headers);
             self.send(record)
                 .with_context(|| doing(&format!("writing to partition {partition}")))?;
         }
@@ -123,16 +135,27 @@ impl Client {
         self.producer
             .send_offsets_to_transaction(&position, &group, CALL_TIMEOUT)
             .with_context(|| doing("adding the relay's group"))?;
-        self.wait_delivered(None)
+        self.wait_delivered(None, reported + partitions as u64)
             .with_context(|| doing("delivering"))?;
         // A partition the fence did not reach is not fenced.
         if let Some(failed) = self.take_failed_delivery() {
             anyhow::bail!(doing(&failed));
         }
+        let fenced: BTreeMap<i32, i64> = self
+            .take_delivered()
+            .into_iter()
+            .map(|(partition, written)| (partition, written.offset))
+            .collect();
+        if fenced.len() != partitions as usize {
+            anyhow::bail!(doing(&format!(
+                "{} of {partitions} partitions reported the fence's record",
+                fenced.len()
+            )));
+        }
         self.producer
             .abort_transaction(CALL_TIMEOUT)
             .with_context(|| doing("aborting"))?;
-        Ok(())
+        Ok(fenced)
     }
 
     fn group(&self) -> anyhow::Result<ConsumerGroupMetadata> {
@@ -141,8 +164,8 @@ impl Client {
             .context("the position reader has no group metadata")
     }
 
-    /// The position committed with the last transaction the brokers hold
-    /// (0: none yet). Reads only stable offsets: while a transaction's
+    /// The position a relay before the record headers committed to its
+    /// consumer group with each transaction (0: none). Reads only stable offsets: while a transaction's
     /// markers are outstanding the brokers answer "try again", and after
     /// [`CALL_TIMEOUT`] this fails.
     pub fn read_position(&self) -> anyhow::Result<u64> {
@@ -169,16 +192,18 @@ impl Client {
         })
     }
 
-    /// Publishes `events` and the position `last` in one transaction, and
-    /// says where its time went.
+    /// Publishes `events` in one transaction, and says where its time went
+    /// and the last record it wrote to each partition.
     pub fn transaction(
         &mut self,
         events: &[PendingEvent],
-        last: u64,
         stop: &Arc<AtomicBool>,
-    ) -> anyhow::Result<RelayPhases> {
+    ) -> anyhow::Result<(RelayPhases, BTreeMap<i32, Written>)> {
         self.take_failed_delivery();
-        let first = events.first().map_or(last, |e| e.seq);
+        self.take_delivered();
+        let reported = self.reports();
+        let first = events.first().map_or(0, |e| e.seq);
+        let last = events.last().map_or(0, |e| e.seq);
         let doing =
             |what: &str| format!("{what} (events {first}..={last} to topic {:?})", self.topic);
         let started = Instant::now();
@@ -189,11 +214,21 @@ impl Client {
             .with_context(|| doing("beginning a transaction"))?;
         phases.begin = lap.next();
         for event in events {
-            let headers = OwnedHeaders::new().insert(Header {
-                key: "content-type",
-                value: Some(CLOUDEVENTS_CONTENT_TYPE),
-            });
-            let record = BaseRecord::to(&self.topic)
+            let seq = event.seq.to_string();
+            let headers = OwnedHeaders::new_with_capacity(3)
+                .insert(Header {
+                    key: "content-type",
+                    value: Some(CLOUDEVENTS_CONTENT_TYPE),
+                })
+                .insert(Header {
+                    key: RELAY_HEADER,
+                    value: Some(&self.identity),
+                })
+                .insert(Header {
+                    key: SEQ_HEADER,
+                    value: Some(&seq),
+                });
+            let record = BaseRecord::with_opaque_to(&self.topic, event.seq as usize)
                 .key(&event.key)
                 .payload(&event.payload)
                 .headers(headers)
@@ -202,22 +237,11 @@ impl Client {
                 .with_context(|| doing("producing an event"))?;
         }
         phases.produce = lap.next();
-        let mut position = TopicPartitionList::new();
-        position
-            .add_partition_offset(&self.topic, 0, Offset::Offset(last as i64 + 1))
-            .with_context(|| doing("recording the relay's position"))?;
-        let group = self
-            .group()
-            .with_context(|| doing("adding the relay's position to the transaction"))?;
-        self.producer
-            .send_offsets_to_transaction(&position, &group, CALL_TIMEOUT)
-            .with_context(|| doing("adding the relay's position to the transaction"))?;
-        phases.offsets = lap.next();
         // The crate's commit flushes first, and its flush waits for events
         // in 100 ms polls that only the producer's own thread is served
         // by: each publication took 100 ms more than it needed. Waiting
         // here for the messages to be delivered leaves it nothing to wait for.
-        self.wait_delivered(Some(stop))
+        self.wait_delivered(Some(stop), reported + events.len() as u64)
             .with_context(|| doing("delivering"))?;
         phases.deliver = lap.next();
         loop {
@@ -227,7 +251,7 @@ impl Client {
             match self.producer.commit_transaction(CALL_TIMEOUT) {
                 Ok(()) => {
                     phases.commit = lap.next();
-                    return Ok(phases);
+                    return Ok((phases, self.take_delivered()));
                 }
                 // Retriable: the outcome is unknown; committing again is
                 // how librdkafka finds out.
@@ -248,12 +272,201 @@ impl Client {
         }
     }
 
+    /// The outbox sequence numbers of this relay's committed records in
+    /// the topic, from `from`'s offset in each partition (a partition it
+    /// does not name: from its start) up to the start-up fence's record
+    /// (`fenced`), which every earlier record of this relay precedes.
+    /// Fails if another producer's open transaction holds a partition's
+    /// stable offset before the fence (its records, and any of ours after
+    /// them, cannot be read yet).
+    pub fn scan(
+        &mut self,
+        from: &BTreeMap<i32, i64>,
+        fenced: &BTreeMap<i32, i64>,
+    ) -> anyhow::Result<BTreeSet<u64>> {
+        let topic = self.topic.clone();
+        let doing = |what: &str| format!("{what} (reading this relay's records in {topic:?} back)");
+        let until = Instant::now() + CALL_TIMEOUT;
+        let mut assignment = TopicPartitionList::new();
+        let mut open = BTreeSet::new();
+        for (&partition, &fence) in fenced {
+            let (low, stable) = self
+                .consumer
+                .fetch_watermarks(&topic, partition, CALL_TIMEOUT)
+                .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
+            if stable <= fence {
+                anyhow::bail!(doing(&format!(
+                    "partition {partition} is stable only up to offset {stable}, before this \
+                     relay's fence at {fence}: a transaction of another producer is open there"
+                )));
+            }
+            let start = from.get(&partition).copied().unwrap_or(low).max(low);
+            if start < stable {
+                assignment
+                    .add_partition_offset(&topic, partition, Offset::Offset(start))
+                    .with_context(|| doing("assigning"))?;
+                open.insert(partition);
+            }
+        }
+        let mut found = BTreeSet::new();
+        if open.is_empty() {
+            return Ok(found);
+        }
+        self.consumer
+            .assign(&assignment)
+            .with_context(|| doing("assigning"))?;
+        while !open.is_empty() {
+            if Instant::now() >= until {
+                anyhow::bail!(doing(&format!(
+                    "partitions {open:?} not read to their end within {CALL_TIMEOUT:?}"
+                )));
+            }
+            match self.consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Ok(message)) => {
+                    if let Some(seq) = self.seq_of(&message) {
+                        found.insert(seq);
+                    }
+                    let partition = message.partition();
+                    if fenced
+                        .get(&partition)
+                        .is_some_and(|fence| message.offset() > *fence)
+                    {
+                        open.remove(&partition);
+                    }
+                }
+                // At the stable offset, which is past the fence.
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    open.remove(&partition);
+                }
+                Some(Err(error)) => return Err(error).with_context(|| doing("reading")),
+            }
+        }
+        self.consumer
+            .unassign()
+            .with_context(|| doing("ending the read"))?;
+        Ok(found)
+    }
+
+    /// Reads back the last record this relay wrote to each partition
+    /// (`written`). Within one producer's run every transaction before it
+    /// committed, so a record a read_committed reader sees proves the
+    /// records before it in its partition: a transaction whose markers a
+    /// broker skipped there took the fate of the next marker, a commit.
+    pub fn check(&mut self, written: &BTreeMap<i32, Written>) -> anyhow::Result<Check> {
+        let topic = self.topic.clone();
+        let doing = |what: &str| format!("{what} (reading this relay's last records in {topic:?})");
+        let mut assignment = TopicPartitionList::new();
+        for (&partition, last) in written {
+            // The coordinator writes the markers after it acknowledged the
+            // commit: usually within milliseconds.
+            let patience = Instant::now() + STABLE_PATIENCE;
+            loop {
+                let (_, stable) = self
+                    .consumer
+                    .fetch_watermarks(&topic, partition, CALL_TIMEOUT)
+                    .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
+                if stable > last.offset {
+                    break;
+                }
+                if Instant::now() >= patience {
+                    return Ok(Check::NotYetStable {
+                        partition,
+                        offset: last.offset,
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assignment
+                .add_partition_offset(&topic, partition, Offset::Offset(last.offset))
+                .with_context(|| doing("assigning"))?;
+        }
+        self.consumer
+            .assign(&assignment)
+            .with_context(|| doing("assigning"))?;
+        let until = Instant::now() + CALL_TIMEOUT;
+        let mut open: BTreeSet<i32> = written.keys().copied().collect();
+        let mut outcome = Check::Held;
+        while !open.is_empty() && outcome == Check::Held {
+            if Instant::now() >= until {
+                anyhow::bail!(doing(&format!(
+                    "partitions {open:?} did not answer within {CALL_TIMEOUT:?}"
+                )));
+            }
+            let (partition, seen) = match self.consumer.poll(Duration::from_millis(100)) {
+                None => continue,
+                Some(Ok(message)) => (
+                    message.partition(),
+                    Some((message.offset(), self.seq_of(&message))),
+                ),
+                // The stable offset is past the record: it was skipped.
+                Some(Err(KafkaError::PartitionEOF(partition))) => (partition, None),
+                Some(Err(error)) => return Err(error).with_context(|| doing("reading")),
+            };
+            let Some(last) = written.get(&partition) else {
+                continue;
+            };
+            if !open.remove(&partition) {
+                continue;
+            }
+            if seen != Some((last.offset, Some(last.seq))) {
+                outcome = Check::TakenBack {
+                    partition,
+                    offset: last.offset,
+                    seq: last.seq,
+                };
+            }
+        }
+        self.consumer
+            .unassign()
+            .with_context(|| doing("ending the read"))?;
+        Ok(outcome)
+    }
+
+    /// The outbox sequence number of one of this relay's records; none for
+    /// anyone else's.
+    fn seq_of(&self, message: &BorrowedMessage<'_>) -> Option<u64> {
+        let headers = message.headers()?;
+        let mut ours = false;
+        let mut seq = None;
+        for header in headers.iter() {
+            match header.key {
+                RELAY_HEADER => ours = header.value == Some(self.identity.as_bytes()),
+                SEQ_HEADER => {
+                    seq = header
+                        .value
+                        .and_then(|value| std::str::from_utf8(value).ok())
+                        .and_then(|value| value.parse().ok());
+                }
+                _ => {}
+            }
+        }
+        seq.filter(|_| ours)
+    }
+
     /// Aborts the transaction under way; its records stay invisible to
     /// read_committed consumers.
     pub fn abort(&self) -> anyhow::Result<()> {
         self.producer
             .abort_transaction(CALL_TIMEOUT)
             .context("aborting a failed transaction")
+    }
+
+    /// The last record delivered to each partition since the last call.
+    fn take_delivered(&self) -> BTreeMap<i32, Written> {
+        std::mem::take(
+            &mut *self
+                .producer
+                .context()
+                .delivered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
+    /// Delivery reports served so far.
+    fn reports(&self) -> u64 {
+        self.producer.context().reports.load(Ordering::SeqCst)
     }
 
     fn take_failed_delivery(&self) -> Option<String> {
@@ -266,7 +479,7 @@ impl Client {
     }
 
     /// Queues `record`, letting librdkafka's queue drain while it is full.
-    fn send<K, P>(&self, mut record: BaseRecord<'_, K, P>) -> anyhow::Result<()>
+    fn send<K, P>(&self, mut record: BaseRecord<'_, K, P, usize>) -> anyhow::Result<()>
     where
         K: rdkafka::message::ToBytes + ?Sized,
         P: rdkafka::message::ToBytes + ?Sized,
@@ -286,9 +499,11 @@ impl Client {
         }
     }
 
-    fn wait_delivered(&self, stop: Option<&Arc<AtomicBool>>) -> anyhow::Result<()> {
+    /// Waits until librdkafka holds no record and `reports` delivery
+    /// reports were served: its count drops before the report reaches us.
+    fn wait_delivered(&self, stop: Option<&Arc<AtomicBool>>, reports: u64) -> anyhow::Result<()> {
         let until = Instant::now() + CALL_TIMEOUT;
-        while self.producer.in_flight_count() > 0 {
+        while self.producer.in_flight_count() > 0 || self.reports() < reports {
             if stop.is_some_and(|stop| stop.load(Ordering::SeqCst)) {
                 anyhow::bail!("the sink is stopping");
             }

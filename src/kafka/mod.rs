@@ -3,21 +3,20 @@
 //!
 //! Each publication is one Kafka transaction holding a run of outbox events
 //! (in outbox order, keyed by file, so a file's events keep their order in
-//! one partition) and the relay's position: the sequence number of the last
-//! of them, committed as the offset of a consumer group of the relay's own
-//! (`tailflight-relay.<sink id>`, partition 0 of the topic) through
-//! `send_offsets_to_transaction`. Either both are in Kafka or neither is.
-//! Readers must consume with `isolation.level=read_committed` (librdkafka's
-//! default; the Java client's default is read_uncommitted) to see each
-//! event once.
+//! one partition). Every record names the relay and carries its outbox
+//! sequence number in headers, and that is the relay's position: what the
+//! topic holds ([`position`]). Readers must consume with
+//! `isolation.level=read_committed` (librdkafka's default; the Java
+//! client's default is read_uncommitted) to see each event once.
 //!
-//! The relay trusts only the position it reads back from the brokers: an
-//! acknowledged transaction leaves its events in the outbox until the
-//! position read back covers it, and a position behind what the brokers
-//! acknowledged (a broker restarted while it wrote the markers can take a
+//! The relay trusts only what it reads back from the brokers: an
+//! acknowledged transaction leaves its events in the outbox until the last
+//! record it wrote to each partition is read back committed (at least once
+//! a second, and whenever there is nothing left to publish); a record not
+//! there (a broker restarted while it wrote the markers can take a
 //! transaction back) makes it publish again from there. Every start of a
 //! client first ends whatever an earlier one left without markers (see
-//! [`client::Client::start`]).
+//! [`client::Client::start`]), then reads its records after its mark back.
 //!
 //! Every librdkafka call runs on a worker thread ([`worker`]) with a
 //! deadline: a client stuck in a call is abandoned and a new one with the
@@ -31,8 +30,10 @@
 //! and lets the outbox grow (bounded: see `sink::outbox`).
 
 mod client;
+mod position;
 mod worker;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -46,6 +47,7 @@ use rdkafka::producer::{DeliveryResult, ProducerContext};
 use sink::outbox::Outbox;
 
 use client::{CALL_TIMEOUT, Client, Lap, TRANSACTION_BUDGET, Transactional};
+use position::{Check, Mark, Written};
 use worker::{CallError, Live, Worker};
 
 /// Where and how to publish, validated from the flags.
@@ -84,10 +86,14 @@ const ABORT_ON_STOP: Duration = Duration::from_secs(5);
 /// Clients alive at most, abandoned ones still inside a call included:
 /// each holds librdkafka's threads and buffers.
 const MAX_LIVE_CLIENTS: usize = 4;
-/// While publishing, the position is read back from the brokers at least
-/// this often (and whenever there is nothing left to publish): events
-/// leave the outbox only once the brokers confirm them.
+/// While publishing, the last records are read back from the brokers at
+/// least this often (and whenever there is nothing left to publish):
+/// events leave the outbox only once the brokers confirm them.
 const CONFIRM_EVERY: Duration = Duration::from_secs(1);
+/// A record whose partition is not stable past it this long after its
+/// transaction was acknowledged (markers a broker skipped) is given up on:
+/// the next client's fence ends it, as aborted.
+const STABLE_WITHIN: Duration = CALL_TIMEOUT;
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// One warning per this long while the relay keeps failing.
@@ -157,8 +163,9 @@ struct Relay {
 
 /// Hears librdkafka's errors (brokers down, authentication failed) as
 /// they happen, while a call may still be waiting out its timeout, and
-/// puts them in `status` at once; and keeps the last failed delivery, which
-/// a failed commit only counts.
+/// puts them in `status` at once; keeps the last failed delivery, which a
+/// failed commit only counts; and the last record delivered to each
+/// partition, which the relay reads back.
 pub struct RelayContext {
     outbox: Arc<Outbox>,
     /// This client's number, and the current client's: an abandoned client
@@ -166,6 +173,9 @@ pub struct RelayContext {
     generation: u64,
     current: Arc<AtomicU64>,
     pub failed_delivery: std::sync::Mutex<Option<String>>,
+    pub delivered: std::sync::Mutex<BTreeMap<i32, Written>>,
+    /// Delivery reports served, failed ones included.
+    pub reports: AtomicU64,
 }
 
 impl ClientContext for RelayContext {
@@ -182,21 +192,41 @@ impl ClientContext for RelayContext {
 }
 
 impl ProducerContext for RelayContext {
-    type DeliveryOpaque = ();
+    /// The event's outbox sequence number (0 for the fence's records).
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {
-        if let Err((error, message)) = result {
-            use rdkafka::message::Message;
-            let failed = format!(
-                "a record to {}/{} was not delivered: {error}",
-                message.topic(),
-                message.partition()
-            );
-            *self
-                .failed_delivery
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = Some(failed);
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: Self::DeliveryOpaque) {
+        use rdkafka::message::Message;
+        match result {
+            Ok(message) => {
+                let written = Written {
+                    offset: message.offset(),
+                    seq: seq as u64,
+                };
+                self.delivered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(message.partition())
+                    .and_modify(|last| {
+                        if written.offset > last.offset {
+                            *last = written;
+                        }
+                    })
+                    .or_insert(written);
+            }
+            Err((error, message)) => {
+                let failed = format!(
+                    "a record to {}/{} was not delivered: {error}",
+                    message.topic(),
+                    message.partition()
+                );
+                *self
+                    .failed_delivery
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(failed);
+            }
         }
+        self.reports.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -210,7 +240,14 @@ struct Position {
     next_after: u64,
     /// The last event of the last transaction the brokers acknowledged.
     acknowledged: u64,
-    /// When the position was last read back and found to match.
+    /// The last record of each partition written by transactions
+    /// acknowledged since the last confirmation.
+    unconfirmed: BTreeMap<i32, Written>,
+    /// Since when a partition's stable offset has stayed before one of them.
+    unstable_since: Option<Instant>,
+    /// Where this relay's records after the confirmed ones start (the mark).
+    from: BTreeMap<i32, i64>,
+    /// When the last records were last read back and found.
     confirmed_at: Instant,
 }
 
@@ -274,6 +311,8 @@ impl Relay {
             generation: self.generation.load(Ordering::SeqCst),
             current: self.generation.clone(),
             failed_delivery: std::sync::Mutex::new(None),
+            delivered: std::sync::Mutex::new(BTreeMap::new()),
+            reports: AtomicU64::new(0),
         };
         Ok(self
             .with_user_properties(config)
@@ -285,8 +324,12 @@ impl Relay {
         config
             .set("group.id", &self.identity)
             .set("enable.auto.commit", "false")
-            // Also makes librdkafka ask for stable offsets only.
-            .set("isolation.level", "read_committed");
+            // Also makes librdkafka ask for stable offsets only, and its
+            // watermarks' high one the stable offset.
+            .set("isolation.level", "read_committed")
+            // Reading records back ends at the stable offset.
+            .set("enable.partition.eof", "true")
+            .set("fetch.wait.max.ms", "20");
         config
     }
 
@@ -379,8 +422,8 @@ impl Relay {
     }
 
     /// A client whose transactions are ready, and the relay's position: the
-    /// newest outbox event the brokers hold.
-    fn connect(&mut self) -> Result<(Connection, u64), String> {
+    /// newest outbox event the topic holds with every one before it.
+    fn connect(&mut self) -> Result<(Connection, Position), String> {
         self.generation.fetch_add(1, Ordering::SeqCst);
         let client = Client {
             producer: self.producer().map_err(|e| format!("{e:#}"))?,
@@ -391,7 +434,7 @@ impl Relay {
         let mut connection = Worker::spawn("kafka-client", client, &self.live)
             .map_err(|e| format!("starting the Kafka client's thread: {e}"))?;
         let brokers = self.settings.brokers.clone();
-        let position = connection
+        let fenced = connection
             .call(
                 "starting transactions",
                 START_ABANDON_AFTER,
@@ -400,15 +443,55 @@ impl Relay {
             )
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("{e:#}"))?;
+        let mark = self
+            .outbox
+            .mark()
+            .map_err(|e| e.to_string())?
+            .and_then(|bytes| Mark::decode(&bytes, &self.settings.topic));
         let recorded = self.outbox.durable_through();
+        let position = match mark {
+            // A sink whose relay never published, or published before the
+            // record headers: that relay kept its position in its group.
+            None => connection
+                .call(
+                    "reading the relay's position",
+                    ABANDON_AFTER,
+                    &self.stop,
+                    |client| client.read_position(),
+                )
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("{e:#}"))?,
+            Some(mark) => {
+                let (from, fence) = (mark.from.clone(), fenced.clone());
+                let found = connection
+                    .call(
+                        "reading the relay's records back",
+                        ABANDON_AFTER,
+                        &self.stop,
+                        move |client| client.scan(&from, &fence),
+                    )
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("{e:#}"))?;
+                if let Some(&newest) = found.last()
+                    && newest > recorded
+                {
+                    return Err(self.ahead_of_outbox(newest, recorded));
+                }
+                let position = self.contiguous(mark.through, &found)?;
+                if found.last().is_some_and(|newest| *newest > position) {
+                    tracing::warn!(
+                        position,
+                        newest = found.last().copied(),
+                        "the topic holds events of this relay after one it does not hold (a \
+                         transaction that brokers committed in some partitions only): they are \
+                         published again, so consumers see them twice (same ids)"
+                    );
+                }
+                position
+            }
+        };
         if position > recorded {
-            return Err(format!(
-                "the topic says this sink published through event {position}, but its outbox \
-                 has only recorded {recorded}: a state directory restored from an older copy, or \
-                 another sink with the same --sink-id ({}); nothing is published until that is \
-                 resolved",
-                self.outbox.sink_id()
-            ));
+            return Err(self.ahead_of_outbox(position, recorded));
         }
         if let Some(confirmed) = self.confirmed.filter(|confirmed| position < *confirmed) {
             // Only a broker that takes back what it confirmed gets here;
@@ -416,13 +499,22 @@ impl Relay {
             tracing::error!(
                 position,
                 confirmed,
-                "the brokers hold the relay's position behind a transaction whose position they \
-                 had confirmed: the events after it, no longer in the outbox, are missing from \
-                 the topic"
+                "the brokers no longer hold events of a transaction they had confirmed: the \
+                 events after it, no longer in the outbox, are missing from the topic"
             );
         }
+        // Every later record of this relay comes after the fence's.
+        let from: BTreeMap<i32, i64> = fenced
+            .iter()
+            .map(|(&partition, &fence)| (partition, fence + 1))
+            .collect();
+        let mark = Mark {
+            topic: self.settings.topic.clone(),
+            through: position,
+            from: from.clone(),
+        };
         self.outbox
-            .published(position)
+            .published(position, Some(&mark.encode()))
             .map_err(|e| format!("removing events the topic already holds: {e}"))?;
         let stuck = self.live.count().saturating_sub(1);
         self.outbox.report(|report| {
@@ -436,17 +528,58 @@ impl Relay {
             position,
             "the Kafka relay is connected; publishing the outbox after its position"
         );
-        Ok((connection, position))
+        Ok((
+            connection,
+            Position {
+                next_after: position,
+                acknowledged: position,
+                unconfirmed: BTreeMap::new(),
+                unstable_since: None,
+                from,
+                confirmed_at: Instant::now(),
+            },
+        ))
+    }
+
+    fn ahead_of_outbox(&self, position: u64, recorded: u64) -> String {
+        format!(
+            "the topic says this sink published through event {position}, but its outbox has \
+             only recorded {recorded}: a state directory restored from an older copy, or another \
+             sink with the same --sink-id ({}); nothing is published until that is resolved",
+            self.outbox.sink_id()
+        )
+    }
+
+    /// The last outbox event after `after` that is in `found` with every
+    /// one between them (see [`position::contiguous`]).
+    fn contiguous(
+        &self,
+        after: u64,
+        found: &std::collections::BTreeSet<u64>,
+    ) -> Result<u64, String> {
+        let Some(&newest) = found.last() else {
+            return Ok(after);
+        };
+        let mut position = after;
+        loop {
+            let events = self
+                .outbox
+                .read(position, BATCH_EVENTS, BATCH_BYTES)
+                .map_err(|e| e.to_string())?;
+            let Some(last) = events.last().map(|event| event.seq) else {
+                return Ok(position);
+            };
+            let reached = position::contiguous(position, events.iter().map(|e| e.seq), found);
+            if reached < last || reached >= newest {
+                return Ok(reached);
+            }
+            position = reached;
+        }
     }
 
     /// Publishes until a call fails or the sink stops. Returns whether
     /// anything was published, and why it ended.
-    fn publish(&mut self, connection: &mut Connection, start: u64) -> (bool, String) {
-        let mut position = Position {
-            next_after: start,
-            acknowledged: start,
-            confirmed_at: Instant::now(),
-        };
+    fn publish(&mut self, connection: &mut Connection, mut position: Position) -> (bool, String) {
         let mut published_any = false;
         let mut idle_reported = false;
         while !self.stopping() {
@@ -465,7 +598,8 @@ impl Relay {
                 // Events a withdrawal removed leave numbers no event has:
                 // nothing to publish up to what was durable at the read.
                 position.next_after = position.next_after.max(durable);
-                if position.next_after > self.outbox.published_through()
+                if (position.next_after > self.outbox.published_through()
+                    || !position.unconfirmed.is_empty())
                     && let Err(reason) = self.confirm(connection, &mut position)
                 {
                     return (published_any, reason);
@@ -498,13 +632,14 @@ impl Relay {
                 "publishing a transaction",
                 ABANDON_AFTER,
                 &self.stop,
-                move |client| client.transaction(&events, last, &stop),
+                move |client| client.transaction(&events, &stop),
             );
             self.outbox.waiting_for_brokers(false);
             match published {
-                Ok(Ok(phases)) => {
+                Ok(Ok((phases, written))) => {
                     position.next_after = last;
                     position.acknowledged = last;
+                    position.unconfirmed.extend(written);
                     published_any = true;
                     let now_ms = unix_ms();
                     self.outbox.report(|report| {
@@ -518,7 +653,6 @@ impl Relay {
                         sum.read += read_us;
                         sum.begin += phases.begin;
                         sum.produce += phases.produce;
-                        sum.offsets += phases.offsets;
                         sum.deliver += phases.deliver;
                         sum.commit += phases.commit;
                     });
@@ -540,55 +674,79 @@ impl Relay {
         (published_any, "the sink is stopping".into())
     }
 
-    /// Reads the position back from the brokers and, if it covers every
-    /// transaction they acknowledged, removes the events through
-    /// `next_after` from the outbox. A position behind them means the
-    /// brokers took a transaction back: the relay starts again from there.
+    /// Reads back the last record each partition got from the transactions
+    /// acknowledged since the last time and, once every one is there,
+    /// removes the events through `next_after` from the outbox, with the
+    /// new mark. A record not there means the brokers took its transaction
+    /// back: the relay starts again from what the topic holds. A partition
+    /// not yet stable past its record is read again later, and given up on
+    /// after [`STABLE_WITHIN`].
     fn confirm(
         &mut self,
         connection: &mut Connection,
         position: &mut Position,
     ) -> Result<(), String> {
-        let mut lap = Lap(Instant::now());
-        // A read-back the brokers do not answer shows as failing in
-        // status, as a transaction they do not answer does.
-        self.outbox.waiting_for_brokers(true);
-        let held = connection.call(
-            "reading the relay's position back",
-            ABANDON_AFTER,
-            &self.stop,
-            |client| client.read_position(),
-        );
-        self.outbox.waiting_for_brokers(false);
-        let held = held
-            .map_err(|e: CallError| e.to_string())?
-            .map_err(|e| format!("{e:#}"))?;
-        let confirm_us = lap.next();
-        self.outbox
-            .report(|report| report.phase_us.confirm += confirm_us);
-        if held < position.acknowledged {
-            let reason = format!(
-                "the brokers hold the relay's position at event {held}, behind event {} of a \
-                 transaction they acknowledged (a broker that lost its markers): publishing \
-                 again from event {}",
-                position.acknowledged,
-                held + 1
+        if !position.unconfirmed.is_empty() {
+            let mut lap = Lap(Instant::now());
+            let written = position.unconfirmed.clone();
+            // A read-back the brokers do not answer shows as failing in
+            // status, as a transaction they do not answer does.
+            self.outbox.waiting_for_brokers(true);
+            let check = connection.call(
+                "reading the relay's last records back",
+                ABANDON_AFTER,
+                &self.stop,
+                move |client| client.check(&written),
             );
-            tracing::warn!("{reason}");
-            self.outbox.report(|report| report.taken_back += 1);
-            return Err(reason);
+            self.outbox.waiting_for_brokers(false);
+            let check = check
+                .map_err(|e: CallError| e.to_string())?
+                .map_err(|e| format!("{e:#}"))?;
+            let confirm_us = lap.next();
+            self.outbox
+                .report(|report| report.phase_us.confirm += confirm_us);
+            match check {
+                Check::Held => {}
+                Check::NotYetStable { partition, offset } => {
+                    let since = *position.unstable_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() < STABLE_WITHIN {
+                        return Ok(());
+                    }
+                    return Err(format!(
+                        "partition {partition} of the topic has not been stable past this \
+                         relay's record at offset {offset} for {STABLE_WITHIN:?} after its \
+                         transaction was acknowledged (markers not written): a new client's \
+                         fence ends it, and what the topic then holds is published from there"
+                    ));
+                }
+                Check::TakenBack {
+                    partition,
+                    offset,
+                    seq,
+                } => {
+                    let reason = format!(
+                        "event {seq}, acknowledged by the brokers at offset {offset} of \
+                         partition {partition}, is not in the topic (a broker that lost its \
+                         transaction's markers): publishing again from what the topic holds"
+                    );
+                    tracing::warn!("{reason}");
+                    self.outbox.report(|report| report.taken_back += 1);
+                    return Err(reason);
+                }
+            }
+            for (partition, last) in std::mem::take(&mut position.unconfirmed) {
+                position.from.insert(partition, last.offset + 1);
+            }
+            position.unstable_since = None;
+            self.confirmed = Some(position.acknowledged);
         }
-        if held > position.acknowledged {
-            return Err(format!(
-                "the brokers hold the relay's position at event {held}, beyond event {} of this \
-                 relay's last transaction: another relay with the transactional id {} publishes \
-                 (two sinks with one --sink-id?)",
-                position.acknowledged, self.identity
-            ));
-        }
-        self.confirmed = Some(held);
+        let mark = Mark {
+            topic: self.settings.topic.clone(),
+            through: position.next_after,
+            from: position.from.clone(),
+        };
         self.outbox
-            .published(position.next_after)
+            .published(position.next_after, Some(&mark.encode()))
             .map_err(|e| format!("removing published events from the outbox: {e}"))?;
         position.confirmed_at = Instant::now();
         Ok(())

@@ -204,7 +204,7 @@ def events_run(b: Bench, brokers: str, broker_dir: Path) -> dict:
     return m
 
 
-PHASES = ("waited", "read", "begin", "produce", "offsets", "deliver", "commit", "confirm")
+PHASES = ("waited", "read", "begin", "produce", "deliver", "commit", "confirm")
 
 
 def relay_phases(relay: dict) -> dict | None:
@@ -347,8 +347,7 @@ def scenario_p12(b: Bench):
     ph = run.get("relay_phases")
     b.row(id="P12", scenario="… where the relay's time goes, mean ms per transaction (the sink's relay.phase_us): "
           "waited = the oldest event's wait for the transaction before it; read = the outbox; begin, produce, "
-          "offsets = send_offsets_to_transaction, deliver, commit = commit_transaction; confirm = reading the "
-          "position back (~1/s)", figure=phases_text(ph) if ph else "—", peer="—", ratio=None,
+          "deliver, commit = commit_transaction; confirm = reading the last records back (~1/s)", figure=phases_text(ph) if ph else "—", peer="—", ratio=None,
           target="(info)", met="—")
     ab = run.get("arrivals") or {}
     b.row(id="P12", scenario="… how the events reached the consumer: batches (one per fetch that found some, "
