@@ -233,6 +233,25 @@ impl ProducerContext for RelayContext {
 /// The relay's client on its worker thread.
 type Connection = Worker<Client>;
 
+/// When a confirmation reads records back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Confirm {
+    /// Those of every transaction acknowledged so far (nothing left to
+    /// publish: waiting for the newest one's markers holds nothing up).
+    Now,
+    /// Those set aside the time before; the newer ones are set aside.
+    SetAside,
+}
+
+/// What one confirmation reads back, and what it then confirms.
+struct Confirming {
+    written: BTreeMap<i32, Written>,
+    /// `next_after` and `acknowledged` when it began.
+    through: u64,
+    acknowledged: u64,
+    since: Instant,
+}
+
 /// Where publication stands between the relay and the brokers.
 struct Position {
     /// Events are read after this one: the last published, or the last
@@ -241,10 +260,12 @@ struct Position {
     /// The last event of the last transaction the brokers acknowledged.
     acknowledged: u64,
     /// The last record of each partition written by transactions
-    /// acknowledged since the last confirmation.
+    /// acknowledged since the last confirmation began.
     unconfirmed: BTreeMap<i32, Written>,
-    /// Since when a partition's stable offset has stayed before one of them.
-    unstable_since: Option<Instant>,
+    /// The confirmation under way: fixed when it begins, so that the
+    /// transactions published while it waits for a stable offset do not
+    /// move what it waits for.
+    confirming: Option<Confirming>,
     /// Where this relay's records after the confirmed ones start (the mark).
     from: BTreeMap<i32, i64>,
     /// When the last records were last read back and found.
@@ -534,7 +555,7 @@ impl Relay {
                 next_after: position,
                 acknowledged: position,
                 unconfirmed: BTreeMap::new(),
-                unstable_since: None,
+                confirming: None,
                 from,
                 confirmed_at: Instant::now(),
             },
@@ -599,8 +620,9 @@ impl Relay {
                 // nothing to publish up to what was durable at the read.
                 position.next_after = position.next_after.max(durable);
                 if (position.next_after > self.outbox.published_through()
-                    || !position.unconfirmed.is_empty())
-                    && let Err(reason) = self.confirm(connection, &mut position)
+                    || !position.unconfirmed.is_empty()
+                    || position.confirming.is_some())
+                    && let Err(reason) = self.confirm(connection, &mut position, Confirm::Now)
                 {
                     return (published_any, reason);
                 }
@@ -666,7 +688,7 @@ impl Relay {
                 Err(error) => return (published_any, error.to_string()),
             }
             if position.confirmed_at.elapsed() >= CONFIRM_EVERY
-                && let Err(reason) = self.confirm(connection, &mut position)
+                && let Err(reason) = self.confirm(connection, &mut position, Confirm::SetAside)
             {
                 return (published_any, reason);
             }
@@ -675,79 +697,109 @@ impl Relay {
     }
 
     /// Reads back the last record each partition got from the transactions
-    /// acknowledged since the last time and, once every one is there,
-    /// removes the events through `next_after` from the outbox, with the
-    /// new mark. A record not there means the brokers took its transaction
-    /// back: the relay starts again from what the topic holds. A partition
-    /// not yet stable past its record is read again later, and given up on
-    /// after [`STABLE_WITHIN`].
+    /// acknowledged since the last confirmation and, once every one is
+    /// there, removes their events from the outbox, with the new mark. A
+    /// record not there means the brokers took its transaction back: the
+    /// relay starts again from what the topic holds. A partition not yet
+    /// stable past its record is read again at the next confirmation, and
+    /// given up on after [`STABLE_WITHIN`].
+    ///
+    /// While publishing ([`Confirm::SetAside`]) it reads back what it set
+    /// aside the time before, whose markers are written by now, and sets
+    /// aside what was published since: a read-back of the transaction just
+    /// acknowledged would wait for its markers, holding up the next one.
     fn confirm(
         &mut self,
         connection: &mut Connection,
         position: &mut Position,
+        how: Confirm,
     ) -> Result<(), String> {
-        if !position.unconfirmed.is_empty() {
-            let mut lap = Lap(Instant::now());
-            let written = position.unconfirmed.clone();
-            // A read-back the brokers do not answer shows as failing in
-            // status, as a transaction they do not answer does.
-            self.outbox.waiting_for_brokers(true);
-            let check = connection.call(
-                "reading the relay's last records back",
-                ABANDON_AFTER,
-                &self.stop,
-                move |client| client.check(&written),
-            );
-            self.outbox.waiting_for_brokers(false);
-            let check = check
-                .map_err(|e: CallError| e.to_string())?
-                .map_err(|e| format!("{e:#}"))?;
-            let confirm_us = lap.next();
-            self.outbox
-                .report(|report| report.phase_us.confirm += confirm_us);
-            match check {
-                Check::Held => {}
-                Check::NotYetStable { partition, offset } => {
-                    let since = *position.unstable_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() < STABLE_WITHIN {
-                        return Ok(());
-                    }
-                    return Err(format!(
-                        "partition {partition} of the topic has not been stable past this \
-                         relay's record at offset {offset} for {STABLE_WITHIN:?} after its \
-                         transaction was acknowledged (markers not written): a new client's \
-                         fence ends it, and what the topic then holds is published from there"
-                    ));
-                }
-                Check::TakenBack {
-                    partition,
-                    offset,
-                    seq,
-                } => {
-                    let reason = format!(
-                        "event {seq}, acknowledged by the brokers at offset {offset} of \
-                         partition {partition}, is not in the topic (a broker that lost its \
-                         transaction's markers): publishing again from what the topic holds"
-                    );
-                    tracing::warn!("{reason}");
-                    self.outbox.report(|report| report.taken_back += 1);
-                    return Err(reason);
-                }
+        let set_aside = |position: &mut Position| {
+            if position.confirming.is_none() && !position.unconfirmed.is_empty() {
+                position.confirming = Some(Confirming {
+                    written: std::mem::take(&mut position.unconfirmed),
+                    through: position.next_after,
+                    acknowledged: position.acknowledged,
+                    since: Instant::now(),
+                });
             }
-            for (partition, last) in std::mem::take(&mut position.unconfirmed) {
-                position.from.insert(partition, last.offset + 1);
-            }
-            position.unstable_since = None;
-            self.confirmed = Some(position.acknowledged);
+        };
+        if how == Confirm::SetAside && position.confirming.is_none() {
+            set_aside(position);
+            position.confirmed_at = Instant::now();
+            return Ok(());
         }
+        set_aside(position);
+        let through = match &position.confirming {
+            None => position.next_after,
+            Some(confirming) => {
+                let mut lap = Lap(Instant::now());
+                let written = confirming.written.clone();
+                // A read-back the brokers do not answer shows as failing in
+                // status, as a transaction they do not answer does.
+                self.outbox.waiting_for_brokers(true);
+                let check = connection.call(
+                    "reading the relay's last records back",
+                    ABANDON_AFTER,
+                    &self.stop,
+                    move |client| client.check(&written),
+                );
+                self.outbox.waiting_for_brokers(false);
+                let check = check
+                    .map_err(|e: CallError| e.to_string())?
+                    .map_err(|e| format!("{e:#}"))?;
+                let confirm_us = lap.next();
+                self.outbox
+                    .report(|report| report.phase_us.confirm += confirm_us);
+                match check {
+                    Check::Held => {}
+                    Check::NotYetStable { partition, offset } => {
+                        if confirming.since.elapsed() < STABLE_WITHIN {
+                            position.confirmed_at = Instant::now();
+                            return Ok(());
+                        }
+                        return Err(format!(
+                            "partition {partition} of the topic has not been stable past this \
+                             relay's record at offset {offset} for {STABLE_WITHIN:?} after its \
+                             transaction was acknowledged (markers not written): a new client's \
+                             fence ends it, and what the topic then holds is published from there"
+                        ));
+                    }
+                    Check::TakenBack {
+                        partition,
+                        offset,
+                        seq,
+                    } => {
+                        let reason = format!(
+                            "event {seq}, acknowledged by the brokers at offset {offset} of \
+                             partition {partition}, is not in the topic (a broker that lost its \
+                             transaction's markers): publishing again from what the topic holds"
+                        );
+                        tracing::warn!("{reason}");
+                        self.outbox.report(|report| report.taken_back += 1);
+                        return Err(reason);
+                    }
+                }
+                for (&partition, last) in &confirming.written {
+                    position.from.insert(partition, last.offset + 1);
+                }
+                self.confirmed = Some(confirming.acknowledged);
+                let through = confirming.through;
+                position.confirming = None;
+                through
+            }
+        };
         let mark = Mark {
             topic: self.settings.topic.clone(),
-            through: position.next_after,
+            through,
             from: position.from.clone(),
         };
         self.outbox
-            .published(position.next_after, Some(&mark.encode()))
+            .published(through, Some(&mark.encode()))
             .map_err(|e| format!("removing published events from the outbox: {e}"))?;
+        if how == Confirm::SetAside {
+            set_aside(position);
+        }
         position.confirmed_at = Instant::now();
         Ok(())
     }

@@ -575,6 +575,24 @@ pub fn check_events(events: &[serde_json::Value], dest_root: &Path, files: u64) 
         duplicates.is_empty(),
         "events in the topic more than once: {duplicates:?}"
     );
+    // Each record names its relay and its event's number in the outbox:
+    // the relay's position. A number is never published twice.
+    let mut numbers: HashMap<(&str, u64), usize> = HashMap::new();
+    for event in events {
+        let relay = event["headers"]["tailflight-relay"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no tailflight-relay header: {event}"));
+        assert!(relay.starts_with("tailflight-relay."), "{event}");
+        let seq = event["headers"]["tailflight-seq"]
+            .as_str()
+            .and_then(|seq| seq.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no tailflight-seq header: {event}"));
+        *numbers.entry((relay, seq)).or_default() += 1;
+    }
+    assert!(
+        numbers.values().all(|n| *n == 1),
+        "an outbox number published twice"
+    );
 
     let mut by_file: BTreeMap<(String, String, u64), Vec<&serde_json::Value>> = BTreeMap::new();
     for event in events {

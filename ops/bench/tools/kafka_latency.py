@@ -9,6 +9,14 @@ before the first message; the first `--warmup-s` of messages (connections,
 metadata) are not measured. Logs each measured message: its send time (ns),
 its arrival (ns) and its record timestamp (ms).
 
+`relay`: a plain transactional relay, the peer of the sink's. Events are
+made at `--rate` a second (each stamped with the time it was made) and
+published in back-to-back transactions of every event waiting (at most
+`--max-batch`), keyed over `--keys` keys, by a transactional producer
+(linger.ms=1, as the sink's relay) to a read_committed consumer in the same
+process. It keeps no position and checks nothing: what any relay that
+publishes in transactions pays. Measured and logged as `floor`.
+
 `events`: a read_committed consumer of a fresh group on the sink's topic,
 from each partition's end at assignment, until SIGTERM or `--timeout`. Logs
 each record: its arrival (ns), its record timestamp (ms: the sink's commit
@@ -20,6 +28,7 @@ every latency there is arrival minus record timestamp, as P12 measures it.
 """
 
 import argparse
+import collections
 import json
 import math
 import re
@@ -192,6 +201,94 @@ def floor(args):
     print(json.dumps(out), flush=True)
 
 
+def relay(args):
+    ensure_topic(args.bootstrap, args.topic, args.partitions)
+    consumer = assigned_consumer(args.bootstrap, args.topic, "relay")
+    producer = Producer({"bootstrap.servers": args.bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 1, "transactional.id": f"tfbench-p12-relay-{uuid.uuid4()}"})
+    producer.init_transactions(30)
+    pad = b"x" * max(0, args.size - 48)
+    waiting = collections.deque()
+    made = [0]
+    sent = [0]
+    transactions = [0]
+    errors = []
+    start = time.monotonic()
+    warm_until, end = start + args.warmup_s, start + args.warmup_s + args.seconds
+    stop = threading.Event()
+
+    def make():
+        # Events fall due at a steady rate; each 1 ms tick makes the ones due by then.
+        measuring = False
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= end:
+                break
+            if not measuring and now >= warm_until:
+                measuring = True
+                print("measuring", flush=True)
+            due = int((now - start) * args.rate) - made[0]
+            made_ns = time.time_ns()
+            for _ in range(max(0, due)):
+                waiting.append((made[0], made_ns, not measuring))
+                made[0] += 1
+            time.sleep(0.001)
+        stop.set()
+
+    def delivered(err, _msg):
+        if err is not None:
+            errors.append(str(err))
+
+    def publish():
+        while not (stop.is_set() and not waiting):
+            if not waiting:
+                time.sleep(0.0005)
+                continue
+            batch = [waiting.popleft() for _ in range(min(len(waiting), args.max_batch))]
+            producer.begin_transaction()
+            for n, made_ns, warm in batch:
+                producer.produce(args.topic, b"%d %d " % (int(warm), made_ns) + pad,
+                                 key=b"file-%d" % (n % args.keys), timestamp=made_ns // 1_000_000,
+                                 on_delivery=delivered)
+            producer.commit_transaction(30)
+            transactions[0] += 1
+            sent[0] += sum(1 for _, _, warm in batch if not warm)
+
+    threads = [threading.Thread(target=make, daemon=True), threading.Thread(target=publish, daemon=True)]
+    for thread in threads:
+        thread.start()
+    log = open(args.log, "w") if args.log else None
+    by_ts, exact = [], []
+    drain_deadline = None
+    bound = end + 60
+    while time.monotonic() < bound:
+        if not threads[1].is_alive():
+            drain_deadline = drain_deadline or time.monotonic() + 10
+            if len(by_ts) >= sent[0] or time.monotonic() > drain_deadline:
+                break
+        recv_ns, msgs = receive(consumer, 0.05)
+        for msg in msgs:
+            if not check(msg):
+                continue
+            warm, made_ns = msg.value().split(b" ", 2)[:2]
+            if warm == b"1":
+                continue
+            made_ns = int(made_ns)
+            ts_ms = msg.timestamp()[1]
+            by_ts.append((recv_ns - ts_ms * 1_000_000) / 1e6)
+            exact.append((recv_ns - made_ns) / 1e6)
+            if log:
+                log.write(f"{made_ns}\t{recv_ns}\t{ts_ms}\n")
+    stop.set()
+    if log:
+        log.close()
+    consumer.close()
+    out = {"mode": "relay", "transactional": True, "rate": args.rate, "sent": sent[0], "received": len(by_ts),
+           "transactions": transactions[0], "delivery_errors": errors[:5], **summary(by_ts),
+           "exact": summary(exact)}
+    print(json.dumps(out), flush=True)
+
+
 def events(args):
     ensure_topic(args.bootstrap, args.topic, args.partitions)
     stop = threading.Event()
@@ -221,7 +318,7 @@ def events(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="mode", required=True)
-    for name in ("floor", "events"):
+    for name in ("floor", "relay", "events"):
         p = sub.add_parser(name)
         p.add_argument("--bootstrap", required=True)
         p.add_argument("--topic", required=True)
@@ -233,12 +330,19 @@ def main():
     f.add_argument("--warmup-s", type=float, default=1.0)
     f.add_argument("--size", type=int, default=400, help="bytes per message (a commit event's order)")
     f.add_argument("--transactional", action="store_true")
+    r = sub.choices["relay"]
+    r.add_argument("--seconds", type=float, required=True, help="how long measured events are made")
+    r.add_argument("--rate", type=float, required=True, help="events a second")
+    r.add_argument("--warmup-s", type=float, default=1.0)
+    r.add_argument("--size", type=int, default=400)
+    r.add_argument("--keys", type=int, default=100)
+    r.add_argument("--max-batch", type=int, default=2000, help="events per transaction at most (as the sink's)")
     e = sub.choices["events"]
     e.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
     if args.mode == "events" and not args.log:
         ap.error("events needs --log")
-    (floor if args.mode == "floor" else events)(args)
+    {"floor": floor, "relay": relay, "events": events}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ it, also without transactions (an idempotent producer). Goal: range.committed ev
 ≤ 2× the floor's p50. The sink's status says where the relay's time went (relay.phase_us,
 summed over its transactions): reported per transaction.
 
+Beside it, the peer of the relay: after the events run, the same workload into a sink that publishes
+nothing, while `tools/kafka_latency.py relay` (confluent-kafka, the same librdkafka) makes events at the
+rate the sink published them and publishes them in back-to-back transactions of every event waiting, with
+the floor beside it again. It keeps no position and checks nothing: what any relay that batches events into
+transactions pays on this machine. Reported: the relay's p50 against the peer's (each in its own run).
+
 Then what events cost ingest: P1's workload with events on and off, alternating (as P11).
 Goal: ≥ 0.95× the throughput without events.
 
@@ -43,6 +49,8 @@ TOPIC = "tfbench.p12.events"
 # Unmeasured messages a floor client sends first: its connections and metadata, and the JIT of a
 # broker that has just started.
 FLOOR_WARMUP_S = 2
+# The peer relay's record size: the sink's CloudEvents are 450-500 bytes (docs/events/examples.jsonl).
+PEER_EVENT_BYTES = 480
 
 
 def kafka_python() -> str:
@@ -222,6 +230,57 @@ def relay_phases(relay: dict) -> dict | None:
     return out
 
 
+def peer_run(b: Bench, brokers: str, rate: float) -> dict:
+    """P3's workload into a sink that publishes nothing, beside the peer relay at `rate` events a second
+    and the floor (both during the workload)."""
+    seconds = b.p["p12_seconds"]
+    d = b.fresh("p12", "peer")
+    src = b.fresh_src("p12", "peer")
+    logs = b.fresh_src("p12-logs", "peer")
+    peer = floor = pl = None
+    try:
+        pl = Pipeline(b, d, src, logdir=logs)
+        pl.start_watcher()
+        first_file(pl, src)
+        peer = Proc("peer-relay", [kafka_python(), TOOL, "relay", "--bootstrap", brokers, "--topic",
+                                   "tfbench.p12.peer", "--seconds", seconds + 2, "--warmup-s", FLOOR_WARMUP_S,
+                                   "--rate", f"{rate:.0f}", "--size", PEER_EVENT_BYTES,
+                                   "--log", logs / "peer-relay-messages.log"], logs)
+        wait_log(peer, "measuring", 90)
+        floor = start_floor(brokers, logs, "floor", seconds + 2, transactional=True)
+        sim = b.sim(logs, "sim", src, *p3_sim_args(b, seconds=seconds), "--write-log", logs / "writes.log")
+        if sim.wait(seconds + 60) != 0:
+            raise BenchError(f"sim failed: {sim.log_tail()}")
+        total, _ = dir_bytes(src)
+        wait_commits(pl.cl, total, 300, "P12 peer run's data to arrive", (pl.sink, pl.watcher))
+        for proc in (peer, floor):
+            if proc.wait(seconds + 90) != 0:
+                raise BenchError(f"{proc.name} failed: {proc.log_tail()}")
+        pl.finish(total)
+    finally:
+        for proc in (peer, floor):
+            if proc is not None:
+                proc.stop()
+        if pl is not None:
+            pl.kill_all()
+    writes = read_write_log(logs / "writes.log")
+    times = [t for ws in writes.values() for _, _, t in ws]
+    first_ns, last_ns = min(times), max(times)
+    out = {"rate": rate, "peer": floor_result(peer, logs, first_ns, last_ns),
+           "floor": floor_result(floor, logs, first_ns, last_ns)}
+    out["peer"]["transactions"] = last_json(peer).get("transactions")
+    for log in logs.iterdir():
+        shutil.move(log, d / log.name)
+    rmtree(src)
+    rmtree(pl.dest_root)
+    pe, fl = out["peer"], out["floor"]
+    say(f"  peer relay at {rate:.0f} events/s: p50 {fmt_ms(pe['p50_ms'])}, p99 {fmt_ms(pe['p99_ms'])} "
+        f"({pe['n']} events, lost {pe['missing']}, {pe['transactions']} transactions); the broker's floor during "
+        f"it p50 {fmt_ms(fl['p50_ms'])}")
+    return out
+
+
+
 def phases_text(p: dict) -> str:
     parts = ", ".join(f"{k} {p[k]:.1f}" for k in PHASES)
     return (f"{parts} (cycle without waiting {p['cycle_ms']:.1f} ms; {p['transactions']} transactions of "
@@ -301,6 +360,13 @@ def scenario_p12(b: Bench):
         except Exception as e:  # the ingest comparison still runs; the scenario fails at the end
             failure = e
             say(f"  events run FAILED: {e}")
+        published = (res.get("run") or {}).get("published_events")
+        if published:
+            try:
+                res["peer_run"] = peer_run(b, brokers, published / b.p["p12_seconds"])
+            except Exception as e:  # information only: must not lose the scenario
+                say(f"  peer relay run FAILED: {e}")
+                b.results["errors"]["P12 peer relay"] = str(e)
         # One unmeasured run first, as in P1 and P11.
         ingest_run(b, "events-warm-up", None, broker_dir)
         for i in range(b.p["runs"]):
@@ -338,6 +404,16 @@ def scenario_p12(b: Bench):
           "the workload), p50",
           figure=fmt_ms(ev.get("p50_ms")), peer=fmt_ms(fl.get("p50_ms")), ratio=r50,
           target=f"≤{LATENCY_TARGET}× the floor", met=met_le(r50, LATENCY_TARGET))
+    pr = res.get("peer_run") or {}
+    pe, pfl = pr.get("peer") or {}, pr.get("floor") or {}
+    r_peer = ratio(ev.get("p50_ms"), pe.get("p50_ms"))
+    res.update({"peer_p50_ms": pe.get("p50_ms"), "x_peer_p50": r_peer})
+    b.row(id="P12", scenario="… vs a plain transactional relay (the peer: tools/kafka_latency.py relay, "
+          "confluent-kafka, events made at the rate the sink published them, back-to-back transactions of every "
+          "event waiting, no position kept) during the same workload in a run of its own, p50 (the broker's "
+          f"floor during that run: {fmt_ms(pfl.get('p50_ms'))})",
+          figure=fmt_ms(ev.get("p50_ms")), peer=fmt_ms(pe.get("p50_ms")), ratio=r_peer,
+          target="(report)", met="—")
     b.row(id="P12", scenario="… p99", figure=fmt_ms(ev.get("p99_ms")), peer=fmt_ms(fl.get("p99_ms")), ratio=r99,
           target="(report)", met="—")
     du = run.get("durable") or {}
