@@ -85,12 +85,18 @@ impl SinkManifest {
 
     /// Removes the outbox events after `after` up to and including `seq`
     /// (published; none is left at or below `after`) and returns the
-    /// bytes they took. Not synced: should a crash bring some back, the
-    /// relay knows from its own published position that they are.
+    /// bytes they took. Not synced unless asked: should a crash bring some
+    /// back, the relay finds them in the topic from its mark.
     ///
     /// With a `mark`, the relay's mark is replaced in the same write: a
-    /// crash keeps both or neither.
-    pub fn outbox_remove(&self, after: u64, seq: u64, mark: Option<&[u8]>) -> Result<u64> {
+    /// crash keeps both or neither. `sync`: durable before it returns.
+    pub fn outbox_remove(
+        &self,
+        after: u64,
+        seq: u64,
+        mark: Option<&[u8]>,
+        sync: bool,
+    ) -> Result<u64> {
         let from = after.saturating_add(1).to_be_bytes();
         let end = seq.saturating_add(1).to_be_bytes();
         let store = self.store();
@@ -108,7 +114,7 @@ impl SinkManifest {
         if let Some(mark) = mark {
             batch.put_cf(store.cf(CF_COUNTERS)?, KEY_RELAY_MARK, mark);
         }
-        store.write(batch, false, "remove published events from the outbox")?;
+        store.write(batch, sync, "remove published events from the outbox")?;
         Ok(bytes)
     }
 

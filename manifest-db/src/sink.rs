@@ -727,14 +727,14 @@ mod tests {
         assert_eq!(all[1].1, event(2));
         assert_eq!(m.outbox_after(1, 1, usize::MAX).unwrap()[0].0, 2);
         assert_eq!(
-            m.outbox_remove(0, 2, None).unwrap(),
+            m.outbox_remove(0, 2, None, false).unwrap(),
             20 + 1 + 1 + 20 + 1 + 2
         );
         assert_eq!(m.outbox_mark().unwrap(), None);
         // A mark alone (nothing more published) is kept, and replaced.
-        assert_eq!(m.outbox_remove(2, 2, Some(b"first")).unwrap(), 0);
+        assert_eq!(m.outbox_remove(2, 2, Some(b"first"), true).unwrap(), 0);
         assert_eq!(m.outbox_mark().unwrap().as_deref(), Some(&b"first"[..]));
-        assert_eq!(m.outbox_remove(2, 2, Some(b"second")).unwrap(), 0);
+        assert_eq!(m.outbox_remove(2, 2, Some(b"second"), false).unwrap(), 0);
         assert_eq!(m.outbox_mark().unwrap().as_deref(), Some(&b"second"[..]));
         let depth = m.outbox_depth().unwrap();
         assert_eq!((depth.events, depth.oldest_unix_ms), (1, Some(1003)));

@@ -239,8 +239,8 @@ impl Outbox {
     /// Removes the events through `seq`: they are published. With a
     /// `mark` (the relay's: where its published events can be found), it
     /// replaces the last one in the same write, even if nothing more is
-    /// removed. Blocking.
-    pub fn published(&self, seq: u64, mark: Option<&[u8]>) -> Result<(), SinkError> {
+    /// removed; `sync`: durable before it returns. Blocking.
+    pub fn published(&self, seq: u64, mark: Option<&[u8]>, sync: bool) -> Result<(), SinkError> {
         let seq = seq.min(self.durable_through());
         let before = self.published_through();
         if seq <= before && mark.is_none() {
@@ -248,7 +248,7 @@ impl Outbox {
         }
         let removed = self
             .manifest
-            .outbox_remove(before, seq.max(before), mark)
+            .outbox_remove(before, seq.max(before), mark, sync)
             .map_err(|e| {
                 SinkError::Storage(format!("removing published events from the outbox: {e}"))
             })?;

@@ -27,6 +27,8 @@ pub const TRANSACTION_BUDGET: Duration = Duration::from_secs(30);
 /// The header of the records the start-up fence writes and aborts: no
 /// read_committed consumer ever sees them.
 pub const CONTROL_HEADER: &str = "tailflight-control";
+/// How long the start waits for the fence's abort markers to be written.
+const FENCE_PATIENCE: Duration = Duration::from_secs(5);
 /// How long reading a record back waits for its partition's stable
 /// offset to pass it before it says it is not stable yet.
 const STABLE_PATIENCE: Duration = Duration::from_millis(250);
@@ -40,8 +42,9 @@ pub struct Client {
     pub producer: Transactional,
     pub consumer: BaseConsumer,
     pub topic: String,
-    /// `tailflight-relay.<sink id>`: the transactional id, and the group
-    /// that holds the relay's position.
+    /// `tailflight-relay.<sink id>`: the transactional id, the value of
+    /// the records' relay header, and the group where a relay before the
+    /// headers kept its position.
     pub identity: String,
 }
 
@@ -57,16 +60,19 @@ impl Client {
     /// partitions with no leader at that moment, even for a transaction it
     /// reports committed, and the next marker of this producer id in that
     /// partition decides their fate. So the start writes one record to
-    /// every partition (and the position a relay before the record headers
-    /// kept in its consumer group), and aborts: whatever was left without
+    /// every partition, and aborts: whatever was left without
     /// markers is ended as aborted before the relay reads its records back.
     /// Those events are then published again.
-    pub fn start(&mut self, brokers: &str) -> anyhow::Result<BTreeMap<i32, i64>> {
+    ///
+    /// `with_group`: the fence also covers the consumer group where a relay
+    /// before the record headers kept its position, which is then read
+    /// (only a relay without a mark reads it).
+    pub fn start(&mut self, brokers: &str, with_group: bool) -> anyhow::Result<BTreeMap<i32, i64>> {
         self.producer
             .init_transactions(CALL_TIMEOUT)
             .with_context(|| format!("starting transactions with the brokers {brokers}"))?;
         let partitions = self.check_topic()?;
-        self.fence(partitions)
+        self.fence(partitions, with_group)
     }
 
     /// Fails clearly if the topic does not exist and the brokers do not
@@ -100,9 +106,9 @@ impl Client {
         Ok(found.partitions().len() as i32)
     }
 
-    /// Writes a control record to each of the topic's `partitions` and the
-    /// relay's group, and aborts (see [`Self::start`]).
-    fn fence(&mut self, partitions: i32) -> anyhow::Result<BTreeMap<i32, i64>> {
+    /// Writes a control record to each of the topic's `partitions` (and,
+    /// `with_group`, the relay's group), and aborts (see [`Self::start`]).
+    fn fence(&mut self, partitions: i32, with_group: bool) -> anyhow::Result<BTreeMap<i32, i64>> {
         let doing = |what: &str| format!("{what} (the start-up fence of topic {:?})", self.topic);
         self.take_delivered();
         let reported = self.reports();
@@ -125,16 +131,18 @@ impl Client {
             self.send(record)
                 .with_context(|| doing(&format!("writing to partition {partition}")))?;
         }
-        let group = self
-            .group()
-            .with_context(|| doing("adding the relay's group"))?;
-        let mut position = TopicPartitionList::new();
-        position
-            .add_partition_offset(&self.topic, 0, Offset::Offset(0))
-            .with_context(|| doing("adding the relay's group"))?;
-        self.producer
-            .send_offsets_to_transaction(&position, &group, CALL_TIMEOUT)
-            .with_context(|| doing("adding the relay's group"))?;
+        if with_group {
+            let group = self
+                .group()
+                .with_context(|| doing("adding the relay's group"))?;
+            let mut position = TopicPartitionList::new();
+            position
+                .add_partition_offset(&self.topic, 0, Offset::Offset(0))
+                .with_context(|| doing("adding the relay's group"))?;
+            self.producer
+                .send_offsets_to_transaction(&position, &group, CALL_TIMEOUT)
+                .with_context(|| doing("adding the relay's group"))?;
+        }
         self.wait_delivered(None, reported + partitions as u64)
             .with_context(|| doing("delivering"))?;
         // A partition the fence did not reach is not fenced.
@@ -286,20 +294,30 @@ impl Client {
     ) -> anyhow::Result<BTreeSet<u64>> {
         let topic = self.topic.clone();
         let doing = |what: &str| format!("{what} (reading this relay's records in {topic:?} back)");
-        let until = Instant::now() + CALL_TIMEOUT;
+        let mut until = Instant::now() + CALL_TIMEOUT;
         let mut assignment = TopicPartitionList::new();
         let mut open = BTreeSet::new();
         for (&partition, &fence) in fenced {
-            let (low, stable) = self
-                .consumer
-                .fetch_watermarks(&topic, partition, CALL_TIMEOUT)
-                .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
-            if stable <= fence {
-                anyhow::bail!(doing(&format!(
-                    "partition {partition} is stable only up to offset {stable}, before this \
-                     relay's fence at {fence}: a transaction of another producer is open there"
-                )));
-            }
+            // The fence's abort markers are written after the brokers
+            // answered the abort.
+            let patience = Instant::now() + FENCE_PATIENCE;
+            let (low, stable) = loop {
+                let (low, stable) = self
+                    .consumer
+                    .fetch_watermarks(&topic, partition, left(until))
+                    .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
+                if stable > fence {
+                    break (low, stable);
+                }
+                if Instant::now() >= patience {
+                    anyhow::bail!(doing(&format!(
+                        "partition {partition} is stable only up to offset {stable}, before this \
+                         relay's fence at {fence}, {FENCE_PATIENCE:?} after the fence's abort: a \
+                         transaction of another producer is open there"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
             let start = from.get(&partition).copied().unwrap_or(low).max(low);
             if start < stable {
                 assignment
@@ -315,15 +333,23 @@ impl Client {
         self.consumer
             .assign(&assignment)
             .with_context(|| doing("assigning"))?;
+        // Other producers' records since the mark are read too: the read
+        // may take long, but fails only once it stops moving.
+        until = Instant::now() + CALL_TIMEOUT;
         while !open.is_empty() {
             if Instant::now() >= until {
                 anyhow::bail!(doing(&format!(
-                    "partitions {open:?} not read to their end within {CALL_TIMEOUT:?}"
+                    "partitions {open:?} gave nothing for {CALL_TIMEOUT:?} before their end"
                 )));
             }
             match self.consumer.poll(Duration::from_millis(100)) {
                 None => {}
+                // Brokers going away and coming back: the deadline decides.
+                Some(Err(KafkaError::MessageConsumption(code))) => {
+                    tracing::debug!(%code, "reading this relay's records back");
+                }
                 Some(Ok(message)) => {
+                    until = Instant::now() + CALL_TIMEOUT;
                     if let Some(seq) = self.seq_of(&message) {
                         found.insert(seq);
                     }
@@ -356,6 +382,7 @@ impl Client {
     pub fn check(&mut self, written: &BTreeMap<i32, Written>) -> anyhow::Result<Check> {
         let topic = self.topic.clone();
         let doing = |what: &str| format!("{what} (reading this relay's last records in {topic:?})");
+        let until = Instant::now() + CALL_TIMEOUT;
         let mut assignment = TopicPartitionList::new();
         for (&partition, last) in written {
             // The coordinator writes the markers after it acknowledged the
@@ -364,7 +391,7 @@ impl Client {
             loop {
                 let (_, stable) = self
                     .consumer
-                    .fetch_watermarks(&topic, partition, CALL_TIMEOUT)
+                    .fetch_watermarks(&topic, partition, left(until))
                     .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
                 if stable > last.offset {
                     break;
@@ -384,7 +411,6 @@ impl Client {
         self.consumer
             .assign(&assignment)
             .with_context(|| doing("assigning"))?;
-        let until = Instant::now() + CALL_TIMEOUT;
         let mut open: BTreeSet<i32> = written.keys().copied().collect();
         let mut outcome = Check::Held;
         while !open.is_empty() && outcome == Check::Held {
@@ -395,6 +421,11 @@ impl Client {
             }
             let (partition, seen) = match self.consumer.poll(Duration::from_millis(100)) {
                 None => continue,
+                // Brokers going away and coming back: the deadline decides.
+                Some(Err(KafkaError::MessageConsumption(code))) => {
+                    tracing::debug!(%code, "reading this relay's last records back");
+                    continue;
+                }
                 Some(Ok(message)) => (
                     message.partition(),
                     Some((message.offset(), self.seq_of(&message))),
@@ -517,6 +548,13 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// What is left of the time until `until`, at least a millisecond.
+fn left(until: Instant) -> Duration {
+    until
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
 }
 
 /// Microseconds between successive calls of [`Lap::next`].

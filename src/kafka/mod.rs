@@ -80,6 +80,10 @@ const ABANDON_AFTER: Duration = TRANSACTION_BUDGET.saturating_add(Duration::from
 /// The same for a client's start: six calls in a row, each with its
 /// [`CALL_TIMEOUT`].
 const START_ABANDON_AFTER: Duration = Duration::from_secs(90);
+/// The same for reading the relay's records back at a start: it reads
+/// every record since the mark, other producers' too, and fails on its own
+/// once it stops moving for [`CALL_TIMEOUT`].
+const SCAN_ABANDON_AFTER: Duration = Duration::from_secs(600);
 /// How long a stopping relay waits for the abort of a transaction under
 /// way, so read_committed readers need not wait for its timeout.
 const ABORT_ON_STOP: Duration = Duration::from_secs(5);
@@ -146,8 +150,9 @@ struct Relay {
     settings: KafkaSettings,
     runtime: tokio::runtime::Handle,
     stop: Arc<AtomicBool>,
-    /// `tailflight-relay.<sink id>`: the transactional id and the group
-    /// that holds the relay's position.
+    /// `tailflight-relay.<sink id>`: the transactional id, the value of
+    /// the records' relay header, and the group where a relay before the
+    /// headers kept its position.
     identity: String,
     live: Live,
     /// The number of the current client (see [`RelayContext`]).
@@ -236,8 +241,9 @@ type Connection = Worker<Client>;
 /// When a confirmation reads records back.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Confirm {
-    /// Those of every transaction acknowledged so far (nothing left to
-    /// publish: waiting for the newest one's markers holds nothing up).
+    /// Those set aside, or else those of every transaction acknowledged so
+    /// far (nothing left to publish: waiting for the newest one's markers
+    /// holds nothing up).
     Now,
     /// Those set aside the time before; the newer ones are set aside.
     SetAside,
@@ -454,21 +460,22 @@ impl Relay {
         };
         let mut connection = Worker::spawn("kafka-client", client, &self.live)
             .map_err(|e| format!("starting the Kafka client's thread: {e}"))?;
-        let brokers = self.settings.brokers.clone();
-        let fenced = connection
-            .call(
-                "starting transactions",
-                START_ABANDON_AFTER,
-                &self.stop,
-                move |client| client.start(&brokers),
-            )
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("{e:#}"))?;
         let mark = self
             .outbox
             .mark()
             .map_err(|e| e.to_string())?
             .and_then(|bytes| Mark::decode(&bytes, &self.settings.topic));
+        let brokers = self.settings.brokers.clone();
+        let with_group = mark.is_none();
+        let fenced = connection
+            .call(
+                "starting transactions",
+                START_ABANDON_AFTER,
+                &self.stop,
+                move |client| client.start(&brokers, with_group),
+            )
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("{e:#}"))?;
         let recorded = self.outbox.durable_through();
         let position = match mark {
             // A sink whose relay never published, or published before the
@@ -487,7 +494,7 @@ impl Relay {
                 let found = connection
                     .call(
                         "reading the relay's records back",
-                        ABANDON_AFTER,
+                        SCAN_ABANDON_AFTER,
                         &self.stop,
                         move |client| client.scan(&from, &fence),
                     )
@@ -534,8 +541,11 @@ impl Relay {
             through: position,
             from: from.clone(),
         };
+        // Synced: without it, a machine's crash could leave no mark at all
+        // (on the first start) and the next start would publish again
+        // what this client publishes.
         self.outbox
-            .published(position, Some(&mark.encode()))
+            .published(position, Some(&mark.encode()), true)
             .map_err(|e| format!("removing events the topic already holds: {e}"))?;
         let stuck = self.live.count().saturating_sub(1);
         self.outbox.report(|report| {
@@ -761,8 +771,9 @@ impl Relay {
                         return Err(format!(
                             "partition {partition} of the topic has not been stable past this \
                              relay's record at offset {offset} for {STABLE_WITHIN:?} after its \
-                             transaction was acknowledged (markers not written): a new client's \
-                             fence ends it, and what the topic then holds is published from there"
+                             transaction was acknowledged: its markers were not written (a new \
+                             client's fence ends it, and what the topic then holds is published \
+                             from there), or another producer's transaction is open before it"
                         ));
                     }
                     Check::TakenBack {
@@ -795,7 +806,7 @@ impl Relay {
             from: position.from.clone(),
         };
         self.outbox
-            .published(through, Some(&mark.encode()))
+            .published(through, Some(&mark.encode()), false)
             .map_err(|e| format!("removing published events from the outbox: {e}"))?;
         if how == Confirm::SetAside {
             set_aside(position);

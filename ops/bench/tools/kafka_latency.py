@@ -122,6 +122,38 @@ def check(msg):
     raise KafkaException(err)
 
 
+def measure(consumer, producing, sent, bound, log_path):
+    """Reads the messages a producer thread (`producing`) sends, until it has ended and every measured one
+    (`sent[0]`) arrived (or 10 s more passed), or until `bound` (monotonic). Each value starts with its
+    warm-up flag and its send time (ns). Returns the latencies (ms) from the record timestamp and from the
+    send time to the arrival, and closes the consumer."""
+    log = open(log_path, "w") if log_path else None
+    by_ts, exact = [], []
+    drain_deadline = None
+    while time.monotonic() < bound:
+        if not producing.is_alive():
+            drain_deadline = drain_deadline or time.monotonic() + 10
+            if len(by_ts) >= sent[0] or time.monotonic() > drain_deadline:
+                break
+        recv_ns, msgs = receive(consumer, 0.05)
+        for msg in msgs:
+            if not check(msg):
+                continue
+            warm, sent_ns = msg.value().split(b" ", 2)[:2]
+            if warm == b"1":
+                continue
+            sent_ns = int(sent_ns)
+            ts_ms = msg.timestamp()[1]
+            by_ts.append((recv_ns - ts_ms * 1_000_000) / 1e6)
+            exact.append((recv_ns - sent_ns) / 1e6)
+            if log:
+                log.write(f"{sent_ns}\t{recv_ns}\t{ts_ms}\n")
+    if log:
+        log.close()
+    consumer.close()
+    return by_ts, exact
+
+
 def floor(args):
     ensure_topic(args.bootstrap, args.topic, args.partitions)
     consumer = assigned_consumer(args.bootstrap, args.topic, "floor")
@@ -170,31 +202,8 @@ def floor(args):
 
     thread = threading.Thread(target=produce, daemon=True)
     thread.start()
-    log = open(args.log, "w") if args.log else None
-    by_ts, exact = [], []
-    drain_deadline = None
-    bound = time.monotonic() + args.warmup_s + args.seconds + 60
-    while time.monotonic() < bound:
-        if not thread.is_alive():
-            drain_deadline = drain_deadline or time.monotonic() + 10
-            if len(by_ts) >= sent[0] or time.monotonic() > drain_deadline:
-                break
-        recv_ns, msgs = receive(consumer, 0.05)
-        for msg in msgs:
-            if not check(msg):
-                continue
-            warm, sent_ns = msg.value().split(b" ", 2)[:2]
-            if warm == b"1":
-                continue
-            sent_ns = int(sent_ns)
-            ts_ms = msg.timestamp()[1]
-            by_ts.append((recv_ns - ts_ms * 1_000_000) / 1e6)
-            exact.append((recv_ns - sent_ns) / 1e6)
-            if log:
-                log.write(f"{sent_ns}\t{recv_ns}\t{ts_ms}\n")
-    if log:
-        log.close()
-    consumer.close()
+    by_ts, exact = measure(consumer, thread, sent, time.monotonic() + args.warmup_s + args.seconds + 60,
+                           args.log)
     out = {"mode": "floor", "transactional": args.transactional, "every_ms": args.every_ms,
            "sent": sent[0], "received": len(by_ts), "delivery_errors": errors[:5],
            **summary(by_ts), "exact": summary(exact)}
@@ -257,32 +266,8 @@ def relay(args):
     threads = [threading.Thread(target=make, daemon=True), threading.Thread(target=publish, daemon=True)]
     for thread in threads:
         thread.start()
-    log = open(args.log, "w") if args.log else None
-    by_ts, exact = [], []
-    drain_deadline = None
-    bound = end + 60
-    while time.monotonic() < bound:
-        if not threads[1].is_alive():
-            drain_deadline = drain_deadline or time.monotonic() + 10
-            if len(by_ts) >= sent[0] or time.monotonic() > drain_deadline:
-                break
-        recv_ns, msgs = receive(consumer, 0.05)
-        for msg in msgs:
-            if not check(msg):
-                continue
-            warm, made_ns = msg.value().split(b" ", 2)[:2]
-            if warm == b"1":
-                continue
-            made_ns = int(made_ns)
-            ts_ms = msg.timestamp()[1]
-            by_ts.append((recv_ns - ts_ms * 1_000_000) / 1e6)
-            exact.append((recv_ns - made_ns) / 1e6)
-            if log:
-                log.write(f"{made_ns}\t{recv_ns}\t{ts_ms}\n")
+    by_ts, exact = measure(consumer, threads[1], sent, end + 60, args.log)
     stop.set()
-    if log:
-        log.close()
-    consumer.close()
     out = {"mode": "relay", "transactional": True, "rate": args.rate, "sent": sent[0], "received": len(by_ts),
            "transactions": transactions[0], "delivery_errors": errors[:5], **summary(by_ts),
            "exact": summary(exact)}

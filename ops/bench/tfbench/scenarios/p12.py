@@ -172,14 +172,8 @@ def events_run(b: Bench, brokers: str, broker_dir: Path) -> dict:
         consumer.stop()
         m = pl.finish(total)
     finally:
-        for proc in (consumer, floor):
-            if proc is not None:
-                proc.stop()
-        if pl is not None:
-            pl.kill_all()
-    writes = read_write_log(logs / "writes.log")
-    times = [t for ws in writes.values() for _, _, t in ws]
-    first_ns, last_ns = min(times), max(times)
+        stop_all(pl, consumer, floor)
+    writes, first_ns, last_ns = write_window(logs)
     with open(logs / "events.log") as f:
         records = parse_event_log(f)
     since_ms = first_ns // 1_000_000
@@ -189,7 +183,8 @@ def events_run(b: Bench, brokers: str, broker_dir: Path) -> dict:
               "arrivals": arrival_batches(records, since_ms),
               "events_consumer": last_json(consumer), "events_consumer_cpu_s": consumer_cpu_s,
               "floor": floor_result(floor, logs, first_ns, last_ns), "durable": latency_summary(durable, missing),
-              "writes": len(times), "seconds": seconds, "published_events": published, "broker_cpu_s": broker_cpu,
+              "writes": sum(len(ws) for ws in writes.values()), "seconds": seconds, "published_events": published,
+              "broker_cpu_s": broker_cpu,
               "relay_phases": relay_phases(relay)})
     for log in logs.iterdir():
         shutil.move(log, d / log.name)
@@ -258,14 +253,8 @@ def peer_run(b: Bench, brokers: str, rate: float) -> dict:
                 raise BenchError(f"{proc.name} failed: {proc.log_tail()}")
         pl.finish(total)
     finally:
-        for proc in (peer, floor):
-            if proc is not None:
-                proc.stop()
-        if pl is not None:
-            pl.kill_all()
-    writes = read_write_log(logs / "writes.log")
-    times = [t for ws in writes.values() for _, _, t in ws]
-    first_ns, last_ns = min(times), max(times)
+        stop_all(pl, peer, floor)
+    _, first_ns, last_ns = write_window(logs)
     out = {"rate": rate, "peer": floor_result(peer, logs, first_ns, last_ns),
            "floor": floor_result(floor, logs, first_ns, last_ns)}
     out["peer"]["transactions"] = last_json(peer).get("transactions")
@@ -279,6 +268,20 @@ def peer_run(b: Bench, brokers: str, rate: float) -> dict:
         f"it p50 {fmt_ms(fl['p50_ms'])}")
     return out
 
+
+def stop_all(pl: Pipeline | None, *procs: Proc | None) -> None:
+    for proc in procs:
+        if proc is not None:
+            proc.stop()
+    if pl is not None:
+        pl.kill_all()
+
+
+def write_window(logs: Path) -> tuple[dict, int, int]:
+    """The simulator's writes (its --write-log in logs) and the times of the first and the last."""
+    writes = read_write_log(logs / "writes.log")
+    times = [t for ws in writes.values() for _, _, t in ws]
+    return writes, min(times), max(times)
 
 
 def phases_text(p: dict) -> str:
