@@ -101,7 +101,8 @@ pub struct RelayPhases {
     pub deliver: u64,
     /// `commit_transaction`: the brokers write the commit markers.
     pub commit: u64,
-    /// Reading the last records back (about once a second, and when idle).
+    /// Reading the last records back (about once a second beside
+    /// publishing, on a thread of its own, and when idle).
     pub confirm: u64,
 }
 

@@ -1,6 +1,7 @@
-//! The relay's Kafka client: one transactional producer and the consumer
-//! that reads the relay's records back, and every librdkafka call the
-//! relay makes. Each method blocks; the relay runs them on a
+//! The relay's Kafka clients: one transactional producer with the consumer
+//! that reads the relay's records back at a start, the consumer that reads
+//! back what the brokers acknowledged while publishing, and every
+//! librdkafka call the relay makes. Each method blocks; the relay runs them on a
 //! [`super::worker::Worker`] so none can hold it up for good.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -350,7 +351,7 @@ impl Client {
                 }
                 Some(Ok(message)) => {
                     until = Instant::now() + CALL_TIMEOUT;
-                    if let Some(seq) = self.seq_of(&message) {
+                    if let Some(seq) = seq_of(&self.identity, &message) {
                         found.insert(seq);
                     }
                     let partition = message.partition();
@@ -372,107 +373,6 @@ impl Client {
             .unassign()
             .with_context(|| doing("ending the read"))?;
         Ok(found)
-    }
-
-    /// Reads back the last record this relay wrote to each partition
-    /// (`written`). Within one producer's run every transaction before it
-    /// committed, so a record a read_committed reader sees proves the
-    /// records before it in its partition: a transaction whose markers a
-    /// broker skipped there took the fate of the next marker, a commit.
-    pub fn check(&mut self, written: &BTreeMap<i32, Written>) -> anyhow::Result<Check> {
-        let topic = self.topic.clone();
-        let doing = |what: &str| format!("{what} (reading this relay's last records in {topic:?})");
-        let until = Instant::now() + CALL_TIMEOUT;
-        let mut assignment = TopicPartitionList::new();
-        for (&partition, last) in written {
-            // The coordinator writes the markers after it acknowledged the
-            // commit: usually within milliseconds.
-            let patience = Instant::now() + STABLE_PATIENCE;
-            loop {
-                let (_, stable) = self
-                    .consumer
-                    .fetch_watermarks(&topic, partition, left(until))
-                    .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
-                if stable > last.offset {
-                    break;
-                }
-                if Instant::now() >= patience {
-                    return Ok(Check::NotYetStable {
-                        partition,
-                        offset: last.offset,
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            assignment
-                .add_partition_offset(&topic, partition, Offset::Offset(last.offset))
-                .with_context(|| doing("assigning"))?;
-        }
-        self.consumer
-            .assign(&assignment)
-            .with_context(|| doing("assigning"))?;
-        let mut open: BTreeSet<i32> = written.keys().copied().collect();
-        let mut outcome = Check::Held;
-        while !open.is_empty() && outcome == Check::Held {
-            if Instant::now() >= until {
-                anyhow::bail!(doing(&format!(
-                    "partitions {open:?} did not answer within {CALL_TIMEOUT:?}"
-                )));
-            }
-            let (partition, seen) = match self.consumer.poll(Duration::from_millis(100)) {
-                None => continue,
-                // Brokers going away and coming back: the deadline decides.
-                Some(Err(KafkaError::MessageConsumption(code))) => {
-                    tracing::debug!(%code, "reading this relay's last records back");
-                    continue;
-                }
-                Some(Ok(message)) => (
-                    message.partition(),
-                    Some((message.offset(), self.seq_of(&message))),
-                ),
-                // The stable offset is past the record: it was skipped.
-                Some(Err(KafkaError::PartitionEOF(partition))) => (partition, None),
-                Some(Err(error)) => return Err(error).with_context(|| doing("reading")),
-            };
-            let Some(last) = written.get(&partition) else {
-                continue;
-            };
-            if !open.remove(&partition) {
-                continue;
-            }
-            if seen != Some((last.offset, Some(last.seq))) {
-                outcome = Check::TakenBack {
-                    partition,
-                    offset: last.offset,
-                    seq: last.seq,
-                };
-            }
-        }
-        self.consumer
-            .unassign()
-            .with_context(|| doing("ending the read"))?;
-        Ok(outcome)
-    }
-
-    /// The outbox sequence number of one of this relay's records; none for
-    /// anyone else's.
-    fn seq_of(&self, message: &BorrowedMessage<'_>) -> Option<u64> {
-        let headers = message.headers()?;
-        let mut ours = false;
-        let mut seq = None;
-        for header in headers.iter() {
-            match header.key {
-                RELAY_HEADER => ours = header.value == Some(self.identity.as_bytes()),
-                SEQ_HEADER => {
-                    seq = header
-                        .value
-                        .and_then(|value| std::str::from_utf8(value).ok())
-                        .and_then(|value| value.parse().ok());
-                }
-                _ => {}
-            }
-        }
-        seq.filter(|_| ours)
     }
 
     /// Aborts the transaction under way; its records stay invisible to
@@ -551,6 +451,119 @@ impl Client {
 }
 
 /// What is left of the time until `until`, at least a millisecond.
+/// The consumer that reads back, beside publishing, the last records of
+/// the transactions the brokers acknowledged: on a thread of its own, so a
+/// read-back never holds up the next transaction.
+pub struct ReadBack {
+    pub consumer: BaseConsumer,
+    pub topic: String,
+    /// The value of the relay header on this relay's records.
+    pub identity: String,
+}
+
+impl ReadBack {
+    /// Reads back the last record this relay wrote to each partition
+    /// (`written`). Within one producer's run every transaction before it
+    /// committed, so a record a read_committed reader sees proves the
+    /// records before it in its partition: a transaction whose markers a
+    /// broker skipped there took the fate of the next marker, a commit.
+    pub fn check(&mut self, written: &BTreeMap<i32, Written>) -> anyhow::Result<Check> {
+        let topic = self.topic.clone();
+        let doing = |what: &str| format!("{what} (reading this relay's last records in {topic:?})");
+        let until = Instant::now() + CALL_TIMEOUT;
+        let mut assignment = TopicPartitionList::new();
+        for (&partition, last) in written {
+            // The coordinator writes the markers after it acknowledged the
+            // commit: usually within milliseconds.
+            let patience = Instant::now() + STABLE_PATIENCE;
+            loop {
+                let (_, stable) = self
+                    .consumer
+                    .fetch_watermarks(&topic, partition, left(until))
+                    .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
+                if stable > last.offset {
+                    break;
+                }
+                if Instant::now() >= patience {
+                    return Ok(Check::NotYetStable {
+                        partition,
+                        offset: last.offset,
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assignment
+                .add_partition_offset(&topic, partition, Offset::Offset(last.offset))
+                .with_context(|| doing("assigning"))?;
+        }
+        self.consumer
+            .assign(&assignment)
+            .with_context(|| doing("assigning"))?;
+        let mut open: BTreeSet<i32> = written.keys().copied().collect();
+        let mut outcome = Check::Held;
+        while !open.is_empty() && outcome == Check::Held {
+            if Instant::now() >= until {
+                anyhow::bail!(doing(&format!(
+                    "partitions {open:?} did not answer within {CALL_TIMEOUT:?}"
+                )));
+            }
+            let (partition, seen) = match self.consumer.poll(Duration::from_millis(100)) {
+                None => continue,
+                // Brokers going away and coming back: the deadline decides.
+                Some(Err(KafkaError::MessageConsumption(code))) => {
+                    tracing::debug!(%code, "reading this relay's last records back");
+                    continue;
+                }
+                Some(Ok(message)) => (
+                    message.partition(),
+                    Some((message.offset(), seq_of(&self.identity, &message))),
+                ),
+                // The stable offset is past the record: it was skipped.
+                Some(Err(KafkaError::PartitionEOF(partition))) => (partition, None),
+                Some(Err(error)) => return Err(error).with_context(|| doing("reading")),
+            };
+            let Some(last) = written.get(&partition) else {
+                continue;
+            };
+            if !open.remove(&partition) {
+                continue;
+            }
+            if seen != Some((last.offset, Some(last.seq))) {
+                outcome = Check::TakenBack {
+                    partition,
+                    offset: last.offset,
+                    seq: last.seq,
+                };
+            }
+        }
+        self.consumer
+            .unassign()
+            .with_context(|| doing("ending the read"))?;
+        Ok(outcome)
+    }
+}
+
+/// The outbox sequence number of one of the relay `identity`'s records;
+/// none for anyone else's.
+fn seq_of(identity: &str, message: &BorrowedMessage<'_>) -> Option<u64> {
+    let headers = message.headers()?;
+    let mut ours = false;
+    let mut seq = None;
+    for header in headers.iter() {
+        match header.key {
+            RELAY_HEADER => ours = header.value == Some(identity.as_bytes()),
+            SEQ_HEADER => {
+                seq = header
+                    .value
+                    .and_then(|value| std::str::from_utf8(value).ok())
+                    .and_then(|value| value.parse().ok());
+            }
+            _ => {}
+        }
+    }
+    seq.filter(|_| ours)
+}
+
 fn left(until: Instant) -> Duration {
     until
         .saturating_duration_since(Instant::now())

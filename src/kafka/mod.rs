@@ -11,8 +11,9 @@
 //!
 //! The relay trusts only what it reads back from the brokers: an
 //! acknowledged transaction leaves its events in the outbox until the last
-//! record it wrote to each partition is read back committed (at least once
-//! a second, and whenever there is nothing left to publish); a record not
+//! record it wrote to each partition is read back committed (by a consumer
+//! on a thread of its own, beside publishing, at least once a second, and
+//! whenever there is nothing left to publish); a record not
 //! there (a broker restarted while it wrote the markers can take a
 //! transaction back) makes it publish again from there. Every start of a
 //! client first ends whatever an earlier one left without markers (see
@@ -46,9 +47,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use sink::outbox::Outbox;
 
-use client::{CALL_TIMEOUT, Client, Lap, TRANSACTION_BUDGET, Transactional};
+use client::{CALL_TIMEOUT, Client, Lap, ReadBack, TRANSACTION_BUDGET, Transactional};
 use position::{Check, Mark, Written};
-use worker::{CallError, Live, Worker};
+use worker::{CallError, Live, Pending, Worker};
 
 /// Where and how to publish, validated from the flags.
 #[derive(Clone, Debug)]
@@ -87,8 +88,9 @@ const SCAN_ABANDON_AFTER: Duration = Duration::from_secs(600);
 /// How long a stopping relay waits for the abort of a transaction under
 /// way, so read_committed readers need not wait for its timeout.
 const ABORT_ON_STOP: Duration = Duration::from_secs(5);
-/// Clients alive at most, abandoned ones still inside a call included:
-/// each holds librdkafka's threads and buffers.
+/// Abandoned clients still inside a call (producers and read-back
+/// consumers alike) at most before a new connection starts: each holds
+/// librdkafka's threads and buffers.
 const MAX_LIVE_CLIENTS: usize = 4;
 /// While publishing, the last records are read back from the brokers at
 /// least this often (and whenever there is nothing left to publish):
@@ -235,19 +237,27 @@ impl ProducerContext for RelayContext {
     }
 }
 
-/// The relay's client on its worker thread.
-type Connection = Worker<Client>;
+/// The relay's clients, each on its worker thread: the producer, and the
+/// consumer that reads back beside it.
+struct Connection {
+    client: Worker<Client>,
+    read_back: Worker<ReadBack>,
+}
 
-/// When a confirmation reads records back.
+/// Whether a confirmation waits for its read-back.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Confirm {
-    /// Those set aside, or else those of every transaction acknowledged so
-    /// far (nothing left to publish: waiting for the newest one's markers
-    /// holds nothing up).
+    /// Nothing is left to publish: waits for the read-back under way, then
+    /// reads back every transaction acknowledged since.
     Now,
-    /// Those set aside the time before; the newer ones are set aside.
-    SetAside,
+    /// While publishing: takes the read-back's answer if it is there, and
+    /// begins the next read-back once [`CONFIRM_EVERY`] has passed.
+    Beside,
 }
+
+/// A read-back on the [`ReadBack`] worker: what it found, and how long it
+/// took (µs).
+type ReadingBack = Pending<anyhow::Result<(Check, u64)>>;
 
 /// What one confirmation reads back, and what it then confirms.
 struct Confirming {
@@ -256,6 +266,9 @@ struct Confirming {
     through: u64,
     acknowledged: u64,
     since: Instant,
+    /// The read-back under way; none between the tries of a record whose
+    /// partition was not stable yet.
+    check: Option<ReadingBack>,
 }
 
 /// Where publication stands between the relay and the brokers.
@@ -274,7 +287,7 @@ struct Position {
     confirming: Option<Confirming>,
     /// Where this relay's records after the confirmed ones start (the mark).
     from: BTreeMap<i32, i64>,
-    /// When the last records were last read back and found.
+    /// When the last read-back began.
     confirmed_at: Instant,
 }
 
@@ -423,7 +436,10 @@ impl Relay {
                         CALL_TIMEOUT * 2
                     };
                     let never = AtomicBool::new(false);
-                    match connection.call("aborting", deadline, &never, |c| c.abort()) {
+                    match connection
+                        .client
+                        .call("aborting", deadline, &never, |c| c.abort())
+                    {
                         Ok(Ok(())) => {}
                         Ok(Err(error)) => tracing::debug!(error = %format!("{error:#}"), "abort"),
                         Err(error) => tracing::debug!(%error, "abort"),
@@ -458,8 +474,17 @@ impl Relay {
             topic: self.settings.topic.clone(),
             identity: self.identity.clone(),
         };
-        let mut connection = Worker::spawn("kafka-client", client, &self.live)
-            .map_err(|e| format!("starting the Kafka client's thread: {e}"))?;
+        let read_back = ReadBack {
+            consumer: self.consumer().map_err(|e| format!("{e:#}"))?,
+            topic: self.settings.topic.clone(),
+            identity: self.identity.clone(),
+        };
+        let mut connection = Connection {
+            client: Worker::spawn("kafka-client", client, &self.live)
+                .map_err(|e| format!("starting the Kafka client's thread: {e}"))?,
+            read_back: Worker::spawn("kafka-read-back", read_back, &self.live)
+                .map_err(|e| format!("starting the Kafka read-back's thread: {e}"))?,
+        };
         let mark = self
             .outbox
             .mark()
@@ -468,6 +493,7 @@ impl Relay {
         let brokers = self.settings.brokers.clone();
         let with_group = mark.is_none();
         let fenced = connection
+            .client
             .call(
                 "starting transactions",
                 START_ABANDON_AFTER,
@@ -481,6 +507,7 @@ impl Relay {
             // A sink whose relay never published, or published before the
             // record headers: that relay kept its position in its group.
             None => connection
+                .client
                 .call(
                     "reading the relay's position",
                     ABANDON_AFTER,
@@ -492,6 +519,7 @@ impl Relay {
             Some(mark) => {
                 let (from, fence) = (mark.from.clone(), fenced.clone());
                 let found = connection
+                    .client
                     .call(
                         "reading the relay's records back",
                         SCAN_ABANDON_AFTER,
@@ -547,7 +575,8 @@ impl Relay {
         self.outbox
             .published(position, Some(&mark.encode()), true)
             .map_err(|e| format!("removing events the topic already holds: {e}"))?;
-        let stuck = self.live.count().saturating_sub(1);
+        // Less this connection's two.
+        let stuck = self.live.count().saturating_sub(2);
         self.outbox.report(|report| {
             report.state = "publishing".into();
             report.error = None;
@@ -660,7 +689,7 @@ impl Relay {
             let count = events.len() as u64;
             let stop = self.stop.clone();
             self.outbox.waiting_for_brokers(true);
-            let published = connection.call(
+            let published = connection.client.call(
                 "publishing a transaction",
                 ABANDON_AFTER,
                 &self.stop,
@@ -697,109 +726,159 @@ impl Relay {
                 Ok(Err(error)) => return (published_any, format!("{error:#}")),
                 Err(error) => return (published_any, error.to_string()),
             }
-            if position.confirmed_at.elapsed() >= CONFIRM_EVERY
-                && let Err(reason) = self.confirm(connection, &mut position, Confirm::SetAside)
-            {
+            if let Err(reason) = self.confirm(connection, &mut position, Confirm::Beside) {
                 return (published_any, reason);
             }
         }
         (published_any, "the sink is stopping".into())
     }
 
-    /// Reads back the last record each partition got from the transactions
-    /// acknowledged since the last confirmation and, once every one is
-    /// there, removes their events from the outbox, with the new mark. A
-    /// record not there means the brokers took its transaction back: the
-    /// relay starts again from what the topic holds. A partition not yet
-    /// stable past its record is read again at the next confirmation, and
-    /// given up on after [`STABLE_WITHIN`].
+    /// Reads back, on the read-back's worker, the last record each
+    /// partition got from the transactions acknowledged since the last
+    /// read-back began and, once every one is there, removes their events
+    /// from the outbox, with the new mark. A record not there means the
+    /// brokers took its transaction back: the relay starts again from what
+    /// the topic holds. A partition not yet stable past its record is read
+    /// again at the next confirmation, and given up on after
+    /// [`STABLE_WITHIN`].
     ///
-    /// While publishing ([`Confirm::SetAside`]) it reads back what it set
-    /// aside the time before, whose markers are written by now, and sets
-    /// aside what was published since: a read-back of the transaction just
-    /// acknowledged would wait for its markers, holding up the next one.
+    /// While publishing ([`Confirm::Beside`]) nothing here waits: the next
+    /// transaction goes out while the last ones are read back.
     fn confirm(
         &mut self,
         connection: &mut Connection,
         position: &mut Position,
         how: Confirm,
     ) -> Result<(), String> {
-        let set_aside = |position: &mut Position| {
+        loop {
+            if let Some(pending) = position
+                .confirming
+                .as_mut()
+                .and_then(|confirming| confirming.check.take())
+            {
+                let answer = match how {
+                    Confirm::Now => {
+                        // A read-back the brokers do not answer shows as
+                        // failing in status, as a transaction does.
+                        self.outbox.waiting_for_brokers(true);
+                        let answer = connection.read_back.wait(pending, &self.stop);
+                        self.outbox.waiting_for_brokers(false);
+                        answer
+                    }
+                    Confirm::Beside => match connection.read_back.ready(&pending, &self.stop) {
+                        Some(answer) => answer,
+                        None => {
+                            if let Some(confirming) = &mut position.confirming {
+                                confirming.check = Some(pending);
+                            }
+                            return Ok(());
+                        }
+                    },
+                };
+                let (check, confirm_us) = answer
+                    .map_err(|e: CallError| e.to_string())?
+                    .map_err(|e| format!("{e:#}"))?;
+                self.outbox
+                    .report(|report| report.phase_us.confirm += confirm_us);
+                if !self.checked(position, check)? {
+                    return Ok(());
+                }
+            }
+            if how == Confirm::Beside && position.confirmed_at.elapsed() < CONFIRM_EVERY {
+                return Ok(());
+            }
             if position.confirming.is_none() && !position.unconfirmed.is_empty() {
                 position.confirming = Some(Confirming {
                     written: std::mem::take(&mut position.unconfirmed),
                     through: position.next_after,
                     acknowledged: position.acknowledged,
                     since: Instant::now(),
+                    check: None,
                 });
             }
-        };
-        if how == Confirm::SetAside && position.confirming.is_none() {
-            set_aside(position);
-            position.confirmed_at = Instant::now();
-            return Ok(());
-        }
-        set_aside(position);
-        let through = match &position.confirming {
-            None => position.next_after,
-            Some(confirming) => {
-                let mut lap = Lap(Instant::now());
-                let written = confirming.written.clone();
-                // A read-back the brokers do not answer shows as failing in
-                // status, as a transaction they do not answer does.
-                self.outbox.waiting_for_brokers(true);
-                let check = connection.call(
-                    "reading the relay's last records back",
-                    ABANDON_AFTER,
-                    &self.stop,
-                    move |client| client.check(&written),
-                );
-                self.outbox.waiting_for_brokers(false);
-                let check = check
-                    .map_err(|e: CallError| e.to_string())?
-                    .map_err(|e| format!("{e:#}"))?;
-                let confirm_us = lap.next();
-                self.outbox
-                    .report(|report| report.phase_us.confirm += confirm_us);
-                match check {
-                    Check::Held => {}
-                    Check::NotYetStable { partition, offset } => {
-                        if confirming.since.elapsed() < STABLE_WITHIN {
-                            position.confirmed_at = Instant::now();
-                            return Ok(());
-                        }
-                        return Err(format!(
-                            "partition {partition} of the topic has not been stable past this \
-                             relay's record at offset {offset} for {STABLE_WITHIN:?} after its \
-                             transaction was acknowledged: its markers were not written (a new \
-                             client's fence ends it, and what the topic then holds is published \
-                             from there), or another producer's transaction is open before it"
-                        ));
-                    }
-                    Check::TakenBack {
-                        partition,
-                        offset,
-                        seq,
-                    } => {
-                        let reason = format!(
-                            "event {seq}, acknowledged by the brokers at offset {offset} of \
-                             partition {partition}, is not in the topic (a broker that lost its \
-                             transaction's markers): publishing again from what the topic holds"
-                        );
-                        tracing::warn!("{reason}");
-                        self.outbox.report(|report| report.taken_back += 1);
-                        return Err(reason);
+            match &mut position.confirming {
+                Some(confirming) => {
+                    let written = confirming.written.clone();
+                    confirming.check = Some(
+                        connection
+                            .read_back
+                            .begin(
+                                "reading the relay's last records back",
+                                ABANDON_AFTER,
+                                move |reader| {
+                                    let mut lap = Lap(Instant::now());
+                                    reader.check(&written).map(|check| (check, lap.next()))
+                                },
+                            )
+                            .map_err(|e| e.to_string())?,
+                    );
+                    position.confirmed_at = Instant::now();
+                    if how == Confirm::Beside {
+                        return Ok(());
                     }
                 }
+                None => {
+                    // Every acknowledged transaction is confirmed: what is
+                    // left up to `next_after` are numbers a withdrawal
+                    // left without events.
+                    if how == Confirm::Now && position.next_after > self.outbox.published_through()
+                    {
+                        self.mark_published(position, position.next_after)?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Acts on a read-back's answer; whether the records it read were
+    /// confirmed (and not to be read again yet).
+    fn checked(&mut self, position: &mut Position, check: Check) -> Result<bool, String> {
+        let Some(confirming) = position.confirming.take() else {
+            return Ok(false);
+        };
+        match check {
+            Check::Held => {
                 for (&partition, last) in &confirming.written {
                     position.from.insert(partition, last.offset + 1);
                 }
                 self.confirmed = Some(confirming.acknowledged);
-                let through = confirming.through;
-                position.confirming = None;
-                through
+                self.mark_published(position, confirming.through)?;
+                Ok(true)
             }
-        };
+            Check::NotYetStable { partition, offset } => {
+                if confirming.since.elapsed() < STABLE_WITHIN {
+                    position.confirming = Some(confirming);
+                    return Ok(false);
+                }
+                Err(format!(
+                    "partition {partition} of the topic has not been stable past this relay's \
+                     record at offset {offset} for {STABLE_WITHIN:?} after its transaction was \
+                     acknowledged: its markers were not written (a new client's fence ends it, \
+                     and what the topic then holds is published from there), or another \
+                     producer's transaction is open before it"
+                ))
+            }
+            Check::TakenBack {
+                partition,
+                offset,
+                seq,
+            } => {
+                let reason = format!(
+                    "event {seq}, acknowledged by the brokers at offset {offset} of partition \
+                     {partition}, is not in the topic (a broker that lost its transaction's \
+                     markers): publishing again from what the topic holds"
+                );
+                tracing::warn!("{reason}");
+                self.outbox.report(|report| report.taken_back += 1);
+                Err(reason)
+            }
+        }
+    }
+
+    /// Removes the events through `through` from the outbox, with the mark
+    /// of where this relay's records after them start.
+    fn mark_published(&self, position: &Position, through: u64) -> Result<(), String> {
         let mark = Mark {
             topic: self.settings.topic.clone(),
             through,
@@ -807,12 +886,7 @@ impl Relay {
         };
         self.outbox
             .published(through, Some(&mark.encode()), false)
-            .map_err(|e| format!("removing published events from the outbox: {e}"))?;
-        if how == Confirm::SetAside {
-            set_aside(position);
-        }
-        position.confirmed_at = Instant::now();
-        Ok(())
+            .map_err(|e| format!("removing published events from the outbox: {e}"))
     }
 
     /// Says the relay is failing: in `status` at once, in the log at most

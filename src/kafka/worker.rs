@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,14 @@ impl Drop for Alive {
 }
 
 type Job<C> = Box<dyn FnOnce(&mut C) + Send>;
+
+/// A call queued on a worker whose answer is taken later.
+pub struct Pending<R> {
+    doing: String,
+    deadline: Duration,
+    started: Instant,
+    answer: mpsc::Receiver<R>,
+}
 
 /// One client on its own thread; calls are made one at a time.
 pub struct Worker<C> {
@@ -94,11 +102,22 @@ impl<C: Send + 'static> Worker<C> {
         stop: &AtomicBool,
         job: impl FnOnce(&mut C) -> R + Send + 'static,
     ) -> Result<R, CallError> {
-        let gone = || CallError::Gone {
-            doing: doing.to_owned(),
-        };
+        let pending = self.begin(doing, deadline, job)?;
+        self.wait(pending, stop)
+    }
+
+    /// Queues `job` on the client and returns at once; its answer is taken
+    /// with [`Worker::ready`] or [`Worker::wait`], within `deadline` from now.
+    pub fn begin<R: Send + 'static>(
+        &mut self,
+        doing: &str,
+        deadline: Duration,
+        job: impl FnOnce(&mut C) -> R + Send + 'static,
+    ) -> Result<Pending<R>, CallError> {
         let Some(jobs) = &self.jobs else {
-            return Err(gone());
+            return Err(CallError::Gone {
+                doing: doing.to_owned(),
+            });
         };
         let (reply, answer) = mpsc::sync_channel(1);
         let job: Job<C> = Box::new(move |client: &mut C| {
@@ -106,32 +125,73 @@ impl<C: Send + 'static> Worker<C> {
         });
         if jobs.send(job).is_err() {
             self.jobs = None;
-            return Err(gone());
+            return Err(CallError::Gone {
+                doing: doing.to_owned(),
+            });
         }
-        let started = Instant::now();
+        Ok(Pending {
+            doing: doing.to_owned(),
+            deadline,
+            started: Instant::now(),
+            answer,
+        })
+    }
+
+    /// Waits for the answer of a call begun earlier, or abandons the client
+    /// as [`Worker::call`] does.
+    pub fn wait<R>(&mut self, pending: Pending<R>, stop: &AtomicBool) -> Result<R, CallError> {
         loop {
-            let left = deadline.saturating_sub(started.elapsed());
-            if left.is_zero() {
+            let left = pending.deadline.saturating_sub(pending.started.elapsed());
+            let answer = if left.is_zero() {
+                taken(pending.answer.try_recv())
+            } else {
+                pending.answer.recv_timeout(left.min(STOP_POLL))
+            };
+            if let Some(outcome) = self.settle(&pending, answer, stop) {
+                return outcome;
+            }
+        }
+    }
+
+    /// The answer of a call begun earlier if it is there; `None` while it
+    /// is under way within its deadline.
+    pub fn ready<R>(
+        &mut self,
+        pending: &Pending<R>,
+        stop: &AtomicBool,
+    ) -> Option<Result<R, CallError>> {
+        let answer = taken(pending.answer.try_recv());
+        self.settle(pending, answer, stop)
+    }
+
+    fn settle<R>(
+        &mut self,
+        pending: &Pending<R>,
+        answer: Result<R, RecvTimeoutError>,
+        stop: &AtomicBool,
+    ) -> Option<Result<R, CallError>> {
+        match answer {
+            Ok(answer) => Some(Ok(answer)),
+            Err(RecvTimeoutError::Disconnected) => {
+                self.jobs = None;
+                Some(Err(CallError::Gone {
+                    doing: pending.doing.clone(),
+                }))
+            }
+            Err(RecvTimeoutError::Timeout) if pending.started.elapsed() >= pending.deadline => {
                 self.abandon();
-                return Err(CallError::Stuck {
-                    doing: doing.to_owned(),
-                    after: deadline,
-                });
+                Some(Err(CallError::Stuck {
+                    doing: pending.doing.clone(),
+                    after: pending.deadline,
+                }))
             }
-            match answer.recv_timeout(left.min(STOP_POLL)) {
-                Ok(answer) => return Ok(answer),
-                Err(RecvTimeoutError::Timeout) if stop.load(Ordering::SeqCst) => {
-                    self.abandon();
-                    return Err(CallError::Stopping {
-                        doing: doing.to_owned(),
-                    });
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.jobs = None;
-                    return Err(gone());
-                }
+            Err(RecvTimeoutError::Timeout) if stop.load(Ordering::SeqCst) => {
+                self.abandon();
+                Some(Err(CallError::Stopping {
+                    doing: pending.doing.clone(),
+                }))
             }
+            Err(RecvTimeoutError::Timeout) => None,
         }
     }
 
@@ -140,6 +200,14 @@ impl<C: Send + 'static> Worker<C> {
         self.jobs = None;
         self.thread = None;
     }
+}
+
+/// A non-blocking receive's outcome in a blocking one's terms.
+fn taken<R>(answer: Result<R, TryRecvError>) -> Result<R, RecvTimeoutError> {
+    answer.map_err(|error| match error {
+        TryRecvError::Empty => RecvTimeoutError::Timeout,
+        TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+    })
 }
 
 impl<C> Drop for Worker<C> {
@@ -236,6 +304,39 @@ mod tests {
             matches!(answer, Err(CallError::Stopping { .. })),
             "{answer:?}"
         );
+    }
+
+    #[test]
+    fn a_call_begun_is_taken_when_ready_or_abandoned_after_its_deadline() {
+        let live = Live::default();
+        let stop = AtomicBool::new(false);
+        let (release, held) = mpsc::channel::<u32>();
+        let mut worker = Worker::spawn("begun-worker", held, &live).expect("spawn");
+        let pending = worker
+            .begin("waiting for a number", Duration::from_secs(3600), |held| {
+                held.recv().ok()
+            })
+            .expect("queued");
+        assert!(worker.ready(&pending, &stop).is_none(), "still under way");
+        release.send(7).expect("the call is waiting");
+        let answer = worker.wait(pending, &stop).expect("an answer");
+        assert_eq!(answer, Some(7));
+
+        let pending = worker
+            .begin("waiting forever", Duration::ZERO, |held| held.recv().ok())
+            .expect("queued");
+        assert!(
+            matches!(
+                worker.ready(&pending, &stop),
+                Some(Err(CallError::Stuck { .. }))
+            ),
+            "a call past its deadline is abandoned"
+        );
+        assert!(matches!(
+            worker.begin("again", Duration::from_secs(30), |_| ()),
+            Err(CallError::Gone { .. })
+        ));
+        drop(release);
     }
 
     #[test]
