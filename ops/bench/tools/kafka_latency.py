@@ -154,6 +154,27 @@ def measure(consumer, producing, sent, bound, log_path):
     return by_ts, exact
 
 
+class Schedule:
+    """A run's clock: a warm-up of `warmup_s`, then `seconds` measured; says "measuring" on stdout
+    when the measured part starts."""
+
+    def __init__(self, warmup_s, seconds):
+        self.start = time.monotonic()
+        self.warm_until = self.start + warmup_s
+        self.end = self.warm_until + seconds
+        self.measuring = False
+
+    def now(self):
+        """The monotonic time, or None once the run is over."""
+        now = time.monotonic()
+        if now >= self.end:
+            return None
+        if not self.measuring and now >= self.warm_until:
+            self.measuring = True
+            print("measuring", flush=True)
+        return now
+
+
 def floor(args):
     ensure_topic(args.bootstrap, args.topic, args.partitions)
     consumer = assigned_consumer(args.bootstrap, args.topic, "floor")
@@ -175,16 +196,10 @@ def floor(args):
     def produce():
         # Warm-up messages first (flag 1), then the measured ones (flag 0), at a fixed pace;
         # a late tick is not made up for with a burst.
-        start = time.monotonic()
-        warm_until, end = start + args.warmup_s, start + args.warmup_s + args.seconds
-        next_at, measuring = start, False
-        while True:
-            now = time.monotonic()
-            if now >= end:
-                break
-            if not measuring and now >= warm_until:
-                measuring = True
-                print("measuring", flush=True)
+        clock = Schedule(args.warmup_s, args.seconds)
+        next_at = clock.start
+        while clock.now() is not None:
+            measuring = clock.measuring
             sent_ns = time.time_ns()
             value = b"%d %d " % (int(not measuring), sent_ns) + pad
             if args.transactional:
@@ -222,21 +237,17 @@ def relay(args):
     sent = [0]
     transactions = [0]
     errors = []
-    start = time.monotonic()
-    warm_until, end = start + args.warmup_s, start + args.warmup_s + args.seconds
+    clock = Schedule(args.warmup_s, args.seconds)
     stop = threading.Event()
 
     def make():
         # Events fall due at a steady rate; each 1 ms tick makes the ones due by then.
-        measuring = False
         while not stop.is_set():
-            now = time.monotonic()
-            if now >= end:
+            now = clock.now()
+            if now is None:
                 break
-            if not measuring and now >= warm_until:
-                measuring = True
-                print("measuring", flush=True)
-            due = int((now - start) * args.rate) - made[0]
+            measuring = clock.measuring
+            due = int((now - clock.start) * args.rate) - made[0]
             made_ns = time.time_ns()
             for _ in range(max(0, due)):
                 waiting.append((made[0], made_ns, not measuring))
@@ -266,7 +277,7 @@ def relay(args):
     threads = [threading.Thread(target=make, daemon=True), threading.Thread(target=publish, daemon=True)]
     for thread in threads:
         thread.start()
-    by_ts, exact = measure(consumer, threads[1], sent, end + 60, args.log)
+    by_ts, exact = measure(consumer, threads[1], sent, clock.end + 60, args.log)
     stop.set()
     out = {"mode": "relay", "transactional": True, "rate": args.rate, "sent": sent[0], "received": len(by_ts),
            "transactions": transactions[0], "delivery_errors": errors[:5], **summary(by_ts),
