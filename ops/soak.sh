@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak (issue 32): simulator -> watcher -> sink for many cycles, each one
+# The soak: simulator -> watcher -> sink for many cycles, each one
 # killing (-9) the sink, the watcher or both at a random moment, or cutting
 # the network for a few seconds; at the end verify (byte-identical) and audit
 # (manifest vs files) must be clean. Peak RSS and open descriptors of the

@@ -1,4 +1,4 @@
-//! Connection abuse (issue 32, item 9): while a real watcher transfers a
+//! Connection abuse: while a real watcher transfers a
 //! run, hostile peers hold 1,000 idle TCP connections, open more DoPut
 //! streams than one address may hold and never send on them, and trickle
 //! an HTTP/2 preface one byte a second. The watcher's transfer completes

@@ -1,4 +1,4 @@
-//! Full disks (issue 32, items 5, 6 and 7), on size-limited tmpfs mounts
+//! Full disks, on size-limited tmpfs mounts
 //! the tests make (they need root, as CI has; elsewhere they say so and
 //! pass without checking anything).
 //!

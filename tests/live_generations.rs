@@ -1,4 +1,4 @@
-//! Live readers across new generations (issue 28): while files grow and are
+//! Live readers across new generations: while files grow and are
 //! replaced at their paths (deleted and created again as they grow), a
 //! reader of every destination file, old generations included, never reads
 //! a byte that is not its generation's, under `--superseded keep` (old

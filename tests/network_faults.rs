@@ -1,4 +1,4 @@
-//! Network faults (issue 32). The sink runs in a network namespace of the
+//! Network faults. The sink runs in a network namespace of the
 //! test's own, joined to the host by a veth pair (see `common::netns`):
 //!
 //! - the link goes down for 30 s mid-transfer, then up;

@@ -1,4 +1,4 @@
-//! Odd entries in a watched tree (issue 32, item 11): names with a newline
+//! Odd entries in a watched tree: names with a newline
 //! and of 255 bytes are transferred; a name that is not UTF-8, symbolic
 //! links (a source directory replaced by one among them) and a FIFO are
 //! not, and the watcher says so, in its log and its status, never silently;

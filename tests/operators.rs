@@ -1,4 +1,4 @@
-//! What operators see (issue 31): a watcher and a sink serving
+//! What operators see: a watcher and a sink serving
 //! `--metrics-listen` during a simulator run. The metrics agree with the
 //! run (bytes committed equal the bytes the source holds, lag returns to 0
 //! once the writer stops), the status page and its JSON answer, readiness

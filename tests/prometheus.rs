@@ -1,8 +1,8 @@
 //! A real Prometheus server (Debian's 2.42, installed by ops/test.sh and
 //! named by TAILFLIGHT_PROMETHEUS) scrapes a watcher and a sink during a
-//! simulator run, with the project's alert rules loaded (issue 31, tests 1
-//! and 2): the series agree with the run, the "stalled" alert's expression
-//! turns true while the sink is paused and false again after, a scrape
+//! simulator run, with the project's alert rules loaded: the series agree
+//! with the run, the "stalled" alert's expression turns true while the sink
+//! is paused and false again after, a scrape
 //! passes `promtool check metrics`, the rules pass `promtool check rules`,
 //! and every PromQL expression of the Grafana dashboard returns data.
 

@@ -1,5 +1,5 @@
-//! A watcher stops when told to, even while its sink does not answer
-//! (issue 27, defect 5): here the sink is SIGSTOPped mid-run, as an
+//! A watcher stops when told to, even while its sink does not answer:
+//! here the sink is SIGSTOPped mid-run, as an
 //! operator might, with more appended than the watcher can have in flight.
 //! Once the sink runs again, a restarted watcher sends what was never
 //! acknowledged.

@@ -1,4 +1,4 @@
-//! Live-tail subscriptions (issue 29), through `tailflight tail` and a raw
+//! Live-tail subscriptions, through `tailflight tail` and a raw
 //! Flight client, against a sink fed by the simulator and a watcher, each a
 //! process of its own: consumers rebuild the source tree exactly (renames
 //! and seals included) while it is written, resume from their cursor after

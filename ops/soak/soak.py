@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The soak of issue 32: simulator -> watcher -> sink for many cycles, each
+"""The soak: simulator -> watcher -> sink for many cycles, each
 cycle killing (-9) the sink, the watcher or both at a random moment, or
 cutting the network for a few seconds; then verify (byte-identical), audit
 (manifest vs files) and a summary with the processes' memory and descriptors.

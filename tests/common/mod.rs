@@ -862,7 +862,7 @@ impl LiveReading {
 }
 
 /// A live reader read the files while they grew and never read a byte that
-/// differs from the source (issue 28: no holes, no zeros for data).
+/// differs from the source (no holes, no zeros for data).
 pub fn assert_live_reads_match(report: LiveReport) {
     assert!(
         report.mismatched == 0,

@@ -1,4 +1,4 @@
-//! A stop must end the watcher whatever its sinks do (issue 27, defect 5).
+//! A stop must end the watcher whatever its sinks do.
 //!
 //! The sinks here are TCP listeners that accept connections and never say a
 //! word: that is what a SIGSTOPped sink looks like from the outside (the

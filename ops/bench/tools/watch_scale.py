@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The watcher at scale: 100,000 files in 10,000 directories, inotify vs
-fanotify vs poll (issue 32, item 10).
+fanotify vs poll.
 
 Builds the tree once under /tmp (10,000 directories of 10 files of 1 KiB,
 removed at the end, also on failure), then for each mode starts a sink and

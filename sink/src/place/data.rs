@@ -4,7 +4,7 @@
 //! [`crate::durability::direct`]; a small one is also journaled); a range
 //! that starts past the end waits in memory ([`Held`]) until the range
 //! before it arrives, and is written then, by that batch, which records it.
-//! A reader of the destination file thus never reads a hole (issue 28):
+//! A reader of the destination file thus never reads a hole:
 //! whatever lies below the file's size is the source's bytes.
 //!
 //! Holding costs memory: [`Placer::hold_limit`] bounds it for the whole

@@ -1,4 +1,4 @@
-//! A failed write against a failed fdatasync (issue 32, item 5): a write
+//! A failed write against a failed fdatasync: a write
 //! that fails leaves nothing the page cache claims, so its batch is refused
 //! as retryable and the sink goes on; a flush that fails means the page
 //! cache can no longer be trusted (the kernel reports a writeback error
