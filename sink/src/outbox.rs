@@ -69,7 +69,9 @@ pub struct RelayReport {
     /// Why it last did.
     #[serde(default)]
     pub last_restart_reason: Option<String>,
-    /// Clients abandoned inside a librdkafka call that has not returned.
+    /// Clients (the relay's producers and read-back consumers) left inside
+    /// a librdkafka call that has not returned: abandoned, or still
+    /// finishing when their connection ended.
     #[serde(default)]
     pub stuck_clients: u64,
     /// Times the position read back was behind a transaction the brokers

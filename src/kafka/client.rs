@@ -450,7 +450,6 @@ impl Client {
     }
 }
 
-/// What is left of the time until `until`, at least a millisecond.
 /// The consumer that reads back, beside publishing, the last records of
 /// the transactions the brokers acknowledged: on a thread of its own, so a
 /// read-back never holds up the next transaction.
@@ -564,6 +563,7 @@ fn seq_of(identity: &str, message: &BorrowedMessage<'_>) -> Option<u64> {
     seq.filter(|_| ours)
 }
 
+/// What is left of the time until `until`, at least a millisecond.
 fn left(until: Instant) -> Duration {
     until
         .saturating_duration_since(Instant::now())

@@ -92,9 +92,10 @@ const ABORT_ON_STOP: Duration = Duration::from_secs(5);
 /// consumers alike) at most before a new connection starts: each holds
 /// librdkafka's threads and buffers.
 const MAX_LIVE_CLIENTS: usize = 4;
-/// While publishing, the last records are read back from the brokers at
-/// least this often (and whenever there is nothing left to publish):
-/// events leave the outbox only once the brokers confirm them.
+/// While publishing, a read-back of the last records begins after the
+/// first transaction this long after the last one began (and one runs
+/// whenever there is nothing left to publish): events leave the outbox only
+/// once the brokers confirm them.
 const CONFIRM_EVERY: Duration = Duration::from_secs(1);
 /// A record whose partition is not stable past it this long after its
 /// transaction was acknowledged (markers a broker skipped) is given up on:
@@ -255,9 +256,9 @@ enum Confirm {
     Beside,
 }
 
-/// A read-back on the [`ReadBack`] worker: what it found, and how long it
-/// took (µs).
-type ReadingBack = Pending<anyhow::Result<(Check, u64)>>;
+/// A read-back on the [`ReadBack`] worker: what it found, how long it took
+/// (µs), and when it answered.
+type ReadingBack = Pending<anyhow::Result<(Check, u64, Instant)>>;
 
 /// What one confirmation reads back, and what it then confirms.
 struct Confirming {
@@ -287,7 +288,7 @@ struct Position {
     confirming: Option<Confirming>,
     /// Where this relay's records after the confirmed ones start (the mark).
     from: BTreeMap<i32, i64>,
-    /// When the last read-back began.
+    /// When the last read-back began (or the connection was made).
     confirmed_at: Instant,
 }
 
@@ -775,12 +776,12 @@ impl Relay {
                         }
                     },
                 };
-                let (check, confirm_us) = answer
+                let (check, confirm_us, answered) = answer
                     .map_err(|e: CallError| e.to_string())?
                     .map_err(|e| format!("{e:#}"))?;
                 self.outbox
                     .report(|report| report.phase_us.confirm += confirm_us);
-                if !self.checked(position, check)? {
+                if !self.checked(position, check, answered)? {
                     return Ok(());
                 }
             }
@@ -807,7 +808,9 @@ impl Relay {
                                 ABANDON_AFTER,
                                 move |reader| {
                                     let mut lap = Lap(Instant::now());
-                                    reader.check(&written).map(|check| (check, lap.next()))
+                                    reader
+                                        .check(&written)
+                                        .map(|check| (check, lap.next(), Instant::now()))
                                 },
                             )
                             .map_err(|e| e.to_string())?,
@@ -831,9 +834,15 @@ impl Relay {
         }
     }
 
-    /// Acts on a read-back's answer; whether the records it read were
+    /// Acts on a read-back's answer, made at `answered` (it may be taken
+    /// later, after a transaction); whether the records it read were
     /// confirmed (and not to be read again yet).
-    fn checked(&mut self, position: &mut Position, check: Check) -> Result<bool, String> {
+    fn checked(
+        &mut self,
+        position: &mut Position,
+        check: Check,
+        answered: Instant,
+    ) -> Result<bool, String> {
         let Some(confirming) = position.confirming.take() else {
             return Ok(false);
         };
@@ -847,7 +856,7 @@ impl Relay {
                 Ok(true)
             }
             Check::NotYetStable { partition, offset } => {
-                if confirming.since.elapsed() < STABLE_WITHIN {
+                if answered.saturating_duration_since(confirming.since) < STABLE_WITHIN {
                     position.confirming = Some(confirming);
                     return Ok(false);
                 }
