@@ -68,6 +68,23 @@ def ensure_topic(bootstrap, topic, partitions):
                 raise
 
 
+# A topic just created has partitions without a leader for a moment.
+LEADER_PENDING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                  KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def end_offset(consumer, tp, deadline):
+    """The partition's high watermark as the broker answers now; waits, until `deadline`, for a
+    partition of a new topic to have a leader."""
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+        except KafkaException as e:
+            if e.args[0].code() not in LEADER_PENDING or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
 def assigned_consumer(bootstrap, topic, role, timeout=60.0):
     """A read_committed consumer of a fresh group, subscribed to `topic` and assigned, each partition
     positioned at its end as the broker answers now (not later, at its first fetch: a message sent
@@ -85,8 +102,7 @@ def assigned_consumer(bootstrap, topic, role, timeout=60.0):
 
     def on_assign(c, partitions):
         for tp in partitions:
-            _, high = c.get_watermark_offsets(tp, timeout=10, cached=False)
-            tp.offset = high
+            tp.offset = end_offset(c, tp, time.monotonic() + timeout)
         c.assign(partitions)
         done.set()
 
