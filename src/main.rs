@@ -515,7 +515,7 @@ pub struct AuditArgs {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    detector_sim::parse_duration(s).map_err(|e| e.to_string())
+    units::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// A size, or "auto" (None) for the default the sink picks.
@@ -530,7 +530,7 @@ fn parse_size_or_auto(s: &str) -> Result<SizeOrAuto, String> {
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    detector_sim::parse_size(s).map_err(|e| e.to_string())
+    units::parse_size(s).map_err(|e| e.to_string())
 }
 
 fn main() -> std::process::ExitCode {

@@ -12,10 +12,8 @@ pub mod delay_line;
 pub mod floor;
 mod pacing;
 mod stream;
-mod units;
 
 pub use content::{fill, first_mismatch};
-pub use units::{parse_duration, parse_size};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde::{Deserialize, Serialize};

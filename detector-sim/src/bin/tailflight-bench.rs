@@ -70,7 +70,7 @@ enum FloorCommand {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    detector_sim::parse_duration(s).map_err(|e| e.to_string())
+    units::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn main() -> anyhow::Result<()> {
