@@ -301,24 +301,22 @@ impl Client {
         for (&partition, &fence) in fenced {
             // The fence's abort markers are written after the brokers
             // answered the abort.
-            let patience = Instant::now() + FENCE_PATIENCE;
-            let (low, stable) = loop {
-                let (low, stable) = self
-                    .consumer
-                    .fetch_watermarks(&topic, partition, left(until))
-                    .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
-                if stable > fence {
-                    break (low, stable);
-                }
-                if Instant::now() >= patience {
-                    anyhow::bail!(doing(&format!(
-                        "partition {partition} is stable only up to offset {stable}, before this \
-                         relay's fence at {fence}, {FENCE_PATIENCE:?} after the fence's abort: a \
-                         transaction of another producer is open there"
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            };
+            let (low, stable) = stable_past(
+                &self.consumer,
+                &topic,
+                partition,
+                fence,
+                FENCE_PATIENCE,
+                until,
+            )
+            .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
+            if stable <= fence {
+                anyhow::bail!(doing(&format!(
+                    "partition {partition} is stable only up to offset {stable}, before this \
+                     relay's fence at {fence}, {FENCE_PATIENCE:?} after the fence's abort: a \
+                     transaction of another producer is open there"
+                )));
+            }
             let start = from.get(&partition).copied().unwrap_or(low).max(low);
             if start < stable {
                 assignment
@@ -474,22 +472,20 @@ impl ReadBack {
         for (&partition, last) in written {
             // The coordinator writes the markers after it acknowledged the
             // commit: usually within milliseconds.
-            let patience = Instant::now() + STABLE_PATIENCE;
-            loop {
-                let (_, stable) = self
-                    .consumer
-                    .fetch_watermarks(&topic, partition, left(until))
-                    .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
-                if stable > last.offset {
-                    break;
-                }
-                if Instant::now() >= patience {
-                    return Ok(Check::NotYetStable {
-                        partition,
-                        offset: last.offset,
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(5));
+            let (_, stable) = stable_past(
+                &self.consumer,
+                &topic,
+                partition,
+                last.offset,
+                STABLE_PATIENCE,
+                until,
+            )
+            .with_context(|| doing(&format!("the offsets of partition {partition}")))?;
+            if stable <= last.offset {
+                return Ok(Check::NotYetStable {
+                    partition,
+                    offset: last.offset,
+                });
             }
             assignment
                 .add_partition_offset(&topic, partition, Offset::Offset(last.offset))
@@ -561,6 +557,27 @@ fn seq_of(identity: &str, message: &BorrowedMessage<'_>) -> Option<u64> {
         }
     }
     seq.filter(|_| ours)
+}
+
+/// A partition's low watermark and stable offset, once the stable offset
+/// is past `offset` or `patience` has passed (then as they are), each
+/// read within what is left until `until`.
+fn stable_past(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    patience: Duration,
+    until: Instant,
+) -> anyhow::Result<(i64, i64)> {
+    let given_up = Instant::now() + patience;
+    loop {
+        let (low, stable) = consumer.fetch_watermarks(topic, partition, left(until))?;
+        if stable > offset || Instant::now() >= given_up {
+            return Ok((low, stable));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// What is left of the time until `until`, at least a millisecond.
