@@ -12,6 +12,7 @@ mod identity;
 mod kafka;
 mod limits;
 mod observe;
+mod send;
 mod serve;
 mod service_manager;
 mod tail;
@@ -79,6 +80,8 @@ enum Command {
     Tail(tail::TailArgs),
     /// A terminal view of a watcher or a sink (its --metrics-listen address).
     Top(top::TopArgs),
+    /// Copy files and trees to a sink once (resumable, sealed, digest checked), as bbcp or xrdcp do.
+    Send(send::SendArgs),
 }
 
 #[derive(Args, Clone)]
@@ -561,8 +564,13 @@ fn main() -> std::process::ExitCode {
             },
             _ => None,
         };
-        let filter =
-            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into());
+        // A send keeps the terminal for its progress: its log says only
+        // what goes wrong, unless asked for more.
+        let log = match &cli.command {
+            Command::Send(_) if cli.log == "info" => "warn",
+            _ => cli.log.as_str(),
+        };
+        let filter = tracing_subscriber::EnvFilter::try_new(log).unwrap_or_else(|_| "info".into());
         let registry = tracing_subscriber::registry()
             .with(filter)
             .with(problems.clone());
@@ -899,6 +907,7 @@ fn run(
         Command::Demo(args) => return demo::run(args),
         Command::Tail(args) => return tail::run(args),
         Command::Top(args) => return top::run(args),
+        Command::Send(args) => return send::run(args),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -7,6 +7,7 @@
 //! - [`progress`]: what the watcher reports about itself;
 //! - [`lag`]: how far behind each file is, and its state;
 //! - `reconcile`: what the sinks hold, for a watcher without state;
+//! - [`send`]: a one-shot copy of files and trees (`tailflight send`);
 //! - `stop`: the stop signal every part of the watcher honours.
 //!
 //! The tailer does blocking file I/O on a thread of its own; the connections
@@ -22,6 +23,7 @@ mod model_tests;
 pub mod progress;
 mod reconcile;
 mod seal_hash;
+pub mod send;
 mod stop;
 mod tail;
 #[cfg(test)]

@@ -1,0 +1,609 @@
+//! A one-shot send (`tailflight send`): copies files and trees to a sink on
+//! the watcher's machinery (the same parallel connections, batches, and
+//! seals with a whole-file digest that the sink checks against what it
+//! placed), and returns when every file is sealed or has a reason not to be.
+//!
+//! - `plan`: what the command line names, and what it passes over;
+//! - `resume`: where each file starts, from what the sink already holds
+//!   (its watermarks), so a rerun sends only the rest, with no state of
+//!   its own;
+//! - `reader`: the thread that reads, digests and follows growing files;
+//! - this module: the driver, which owns what the sink acknowledged and
+//!   decides each file's outcome.
+
+mod plan;
+mod reader;
+mod resume;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use flight_server::client::{ClientConfig, Delivery, Outgoing};
+use flight_server::tls::ClientTls;
+use flight_server::{BatchBuilder, FlightPool, SealDigest};
+use serde::Serialize;
+
+pub use plan::{Passed, Planned, check_prefix};
+
+use reader::{BatchRow, ReadJob, Reader, ReaderConfig, ReaderEvent};
+use resume::{Start, Unreachable};
+
+/// A validated send.
+#[derive(Clone, Debug)]
+pub struct SendConfig {
+    pub sources: Vec<PathBuf>,
+    pub recursive: bool,
+    /// `http(s)://host:port` of the sink.
+    pub sink: String,
+    /// The source name the sink files them under.
+    pub source: String,
+    /// Where under the source's directory they land ("" for its top).
+    pub prefix: String,
+    pub connections: usize,
+    pub window_bytes: u64,
+    pub max_message_bytes: usize,
+    pub batch_bytes: usize,
+    pub max_row_bytes: usize,
+    pub tls: Option<ClientTls>,
+    /// Follow a growing file until it has been unchanged for `settle`
+    /// (else send it up to its size when first read, and leave it unsealed).
+    pub follow: bool,
+    pub settle: Duration,
+    pub digest: SealDigest,
+    /// How long the sink may be out of reach (no connection and nothing
+    /// acknowledged) before the send gives up.
+    pub retry_for: Duration,
+    pub limit_rate: Option<u64>,
+}
+
+/// What became of one file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum Outcome {
+    /// Sent (or its rest sent) and sealed: the sink checked its digest.
+    Sealed,
+    /// The sink already held it whole and sealed.
+    AlreadySealed,
+    /// Sent up to `size` and not sealed: it was still growing.
+    Incomplete { size: u64 },
+    /// Reading it failed (unreadable, truncated while sent...).
+    Failed { reason: String },
+    /// The sink refused it.
+    Refused { reason: String },
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FileReport {
+    pub local: String,
+    pub key: String,
+    pub size: u64,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// Why a send ended before every file had its outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "ended", rename_all = "kebab-case")]
+pub enum Cut {
+    /// The sink was out of reach for longer than `retry_for`.
+    Unreachable {
+        detail: String,
+    },
+    /// The sink refused the whole send (its watermarks request).
+    Refused {
+        reason: String,
+    },
+    Interrupted,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SendReport {
+    pub files: Vec<FileReport>,
+    pub passed: Vec<Passed>,
+    /// Bytes of the files sent.
+    pub total_bytes: u64,
+    /// Bytes the sink held before this run (not sent again).
+    pub already_bytes: u64,
+    /// File bytes sent in this run, and acknowledged.
+    pub sent_bytes: u64,
+    pub acked_bytes: u64,
+    /// Bytes on the wire (batches' IPC headers and bodies, resent ones
+    /// included).
+    pub wire_bytes: u64,
+    pub seconds: f64,
+    pub cut: Option<Cut>,
+}
+
+impl SendReport {
+    pub fn count(&self, pick: impl Fn(&Outcome) -> bool) -> usize {
+        self.files.iter().filter(|f| pick(&f.outcome)).count()
+    }
+
+    /// Every file named was sent and sealed, and nothing was passed over.
+    pub fn complete(&self) -> bool {
+        self.cut.is_none()
+            && self.passed.is_empty()
+            && self
+                .files
+                .iter()
+                .all(|f| matches!(f.outcome, Outcome::Sealed | Outcome::AlreadySealed))
+    }
+}
+
+/// What a send reports while it runs, for a progress bar.
+#[derive(Debug, Default)]
+pub struct SendProgress {
+    pub files_total: AtomicU64,
+    pub files_done: AtomicU64,
+    pub bytes_total: AtomicU64,
+    /// Acknowledged, or held by the sink before the run.
+    pub bytes_done: AtomicU64,
+    pub connected: AtomicU64,
+    /// Set once the plan and the sink's watermarks are known.
+    pub started: AtomicBool,
+}
+
+/// A file as the driver follows it.
+struct Run {
+    planned: Planned,
+    generation: u64,
+    resume_from: u64,
+    acked: u64,
+    /// The reader found it settled: seal at this size with this digest.
+    settled: Option<(u64, String)>,
+    left_growing: Option<u64>,
+    seal_sent: bool,
+    outcome: Option<Outcome>,
+}
+
+impl Run {
+    fn sealable(&self) -> Option<(u64, &str)> {
+        let (size, digest) = self.settled.as_ref()?;
+        (self.outcome.is_none() && !self.seal_sent && self.resume_from + self.acked >= *size)
+            .then_some((*size, digest.as_str()))
+    }
+}
+
+/// Runs a send to its end: every file sealed or with its reason, or the
+/// whole send cut (unreachable, refused, `shutdown`).
+pub async fn send(
+    config: SendConfig,
+    progress: Arc<SendProgress>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<SendReport> {
+    let started = Instant::now();
+    tokio::pin!(shutdown);
+    let (sources, recursive, prefix) = (
+        config.sources.clone(),
+        config.recursive,
+        config.prefix.clone(),
+    );
+    let plan =
+        tokio::task::spawn_blocking(move || plan::plan(&sources, recursive, &prefix)).await?;
+    let mut report = SendReport {
+        passed: plan.passed,
+        total_bytes: plan.files.iter().map(|f| f.size).sum(),
+        ..SendReport::default()
+    };
+    progress
+        .files_total
+        .store(plan.files.len() as u64, Ordering::Relaxed);
+    progress
+        .bytes_total
+        .store(report.total_bytes, Ordering::Relaxed);
+    let client = ClientConfig {
+        endpoint: config.sink.clone(),
+        source: config.source.clone(),
+        connections: config.connections,
+        window_bytes: config.window_bytes,
+        max_message_bytes: config.max_message_bytes,
+        tls: config.tls.clone(),
+        connect_timeout: Duration::from_secs(5),
+    };
+    let (pool, deliveries) = FlightPool::start(client)?;
+    let pool = Arc::new(pool);
+    let marks = tokio::select! {
+        marks = resume::watermarks(&pool, &config.source, config.retry_for) => marks,
+        () = &mut shutdown => Err(Unreachable::Interrupted),
+    };
+    let marks = match marks {
+        Ok(marks) => marks,
+        Err(cut) => {
+            report.cut = Some(cut.into());
+            report.files = plan
+                .files
+                .into_iter()
+                .map(|planned| FileReport {
+                    local: planned.local.display().to_string(),
+                    key: planned.key,
+                    size: planned.size,
+                    outcome: Outcome::Failed {
+                        reason: "not sent: the send was cut before it began".into(),
+                    },
+                })
+                .collect();
+            report.seconds = started.elapsed().as_secs_f64();
+            return Ok(report);
+        }
+    };
+    let starts = {
+        let files = plan.files.clone();
+        tokio::task::spawn_blocking(move || resume::starts(&files, &marks)).await?
+    };
+    let mut runs: Vec<Run> = plan
+        .files
+        .into_iter()
+        .zip(starts)
+        .map(|(planned, start)| {
+            let (generation, resume_from, outcome) = match start {
+                Start::Sealed { generation } => {
+                    (generation, planned.size, Some(Outcome::AlreadySealed))
+                }
+                Start::Resume { generation, from } => (generation, from, None),
+                Start::Fresh { generation } => (generation, 0, None),
+            };
+            Run {
+                planned,
+                generation,
+                resume_from,
+                acked: 0,
+                settled: None,
+                left_growing: None,
+                seal_sent: false,
+                outcome,
+            }
+        })
+        .collect();
+    report.already_bytes = runs.iter().map(|r| r.resume_from).sum();
+    let mut driver = Driver {
+        pool: pool.clone(),
+        deliveries,
+        progress: progress.clone(),
+        tokens: HashMap::new(),
+        next_token: 0,
+        undecided: runs.iter().filter(|r| r.outcome.is_none()).count(),
+        seal_candidates: Vec::new(),
+        last_progress: Instant::now(),
+        retry_for: config.retry_for,
+        sent_bytes: 0,
+    };
+    progress
+        .files_done
+        .store((runs.len() - driver.undecided) as u64, Ordering::Relaxed);
+    progress
+        .bytes_done
+        .store(report.already_bytes, Ordering::Relaxed);
+    progress.started.store(true, Ordering::Relaxed);
+    let cut = driver.run(&config, &mut runs, &mut shutdown).await;
+    report.cut = cut;
+    report.sent_bytes = driver.sent_bytes;
+    report.acked_bytes = runs.iter().map(|r| r.acked).sum();
+    report.wire_bytes = pool.connection_stats().iter().map(|c| c.sent_bytes).sum();
+    report.files = runs
+        .into_iter()
+        .map(|run| FileReport {
+            local: run.planned.local.display().to_string(),
+            key: run.planned.key,
+            size: run.settled.map_or(run.planned.size, |(size, _)| size),
+            outcome: run.outcome.unwrap_or_else(|| Outcome::Failed {
+                reason: "not finished when the send was cut".into(),
+            }),
+        })
+        .collect();
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// What a batch carried, by row: the file, and its data bytes (0 for an
+/// Open or a Seal row).
+enum Carried {
+    Data(Vec<BatchRow>),
+    Opens(Vec<usize>),
+    Seals(Vec<usize>),
+}
+
+struct Driver {
+    pool: Arc<FlightPool>,
+    deliveries: tokio::sync::mpsc::UnboundedReceiver<Delivery>,
+    progress: Arc<SendProgress>,
+    tokens: HashMap<u64, Carried>,
+    next_token: u64,
+    /// Files without an outcome yet.
+    undecided: usize,
+    /// Files that may have become sealable since the last look.
+    seal_candidates: Vec<usize>,
+    /// When the sink last acknowledged anything, or a connection was up.
+    last_progress: Instant,
+    retry_for: Duration,
+    sent_bytes: u64,
+}
+
+impl Driver {
+    /// Gives a file its outcome, unless it has one already.
+    fn decide(&mut self, run: &mut Run, outcome: Outcome) {
+        if run.outcome.is_some() {
+            return;
+        }
+        match &outcome {
+            Outcome::Failed { reason } => {
+                tracing::warn!(file = %run.planned.local.display(), %reason, "not sent")
+            }
+            Outcome::Refused { reason } => {
+                tracing::error!(file = %run.planned.local.display(), %reason, "the sink refused the file")
+            }
+            _ => {}
+        }
+        run.outcome = Some(outcome);
+        self.undecided -= 1;
+        self.progress.files_done.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn token(&mut self, carried: Carried) -> u64 {
+        self.next_token += 1;
+        self.tokens.insert(self.next_token, carried);
+        self.next_token
+    }
+
+    async fn run(
+        &mut self,
+        config: &SendConfig,
+        runs: &mut [Run],
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Option<Cut> {
+        // Later generations are opened first, on their own: their data may
+        // travel on any connection, and must not arrive before the Open.
+        let opens: Vec<usize> = (0..runs.len())
+            .filter(|&i| {
+                runs[i].outcome.is_none() && runs[i].generation > 1 && runs[i].resume_from == 0
+            })
+            .collect();
+        if !opens.is_empty() {
+            let mut builder = BatchBuilder::with_capacity(opens.len(), 0);
+            for &i in &opens {
+                builder.push_open(
+                    &runs[i].planned.key,
+                    runs[i].generation,
+                    &runs[i].planned.key,
+                );
+            }
+            let token = self.token(Carried::Opens(opens));
+            self.pool
+                .send(Outgoing {
+                    token,
+                    batch: builder.finish_encoded(),
+                })
+                .await;
+            while self.tokens.contains_key(&token) {
+                if let Some(cut) = self.next_delivery(runs, shutdown).await {
+                    return Some(cut);
+                }
+            }
+        }
+        let jobs: Vec<ReadJob> = runs
+            .iter()
+            .enumerate()
+            .filter(|(_, run)| run.outcome.is_none())
+            .map(|(file, run)| ReadJob {
+                file,
+                local: run.planned.local.clone(),
+                key: run.planned.key.clone(),
+                generation: run.generation,
+                resume_from: run.resume_from,
+            })
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (events_tx, mut events) = tokio::sync::mpsc::channel(4);
+        let reader = Reader::new(
+            ReaderConfig {
+                follow: config.follow,
+                settle: config.settle,
+                batch_bytes: config.batch_bytes,
+                max_row_bytes: config.max_row_bytes,
+                digest: config.digest,
+                limit_rate: config.limit_rate,
+            },
+            events_tx,
+            stop.clone(),
+        );
+        let reading = std::thread::Builder::new()
+            .name("send-reader".into())
+            .spawn(move || reader.run(jobs));
+        let reading = match reading {
+            Ok(handle) => handle,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the reader thread");
+                return Some(Cut::Refused {
+                    reason: format!("cannot start the reader thread: {e}"),
+                });
+            }
+        };
+        let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<Outgoing>(1);
+        let pool = self.pool.clone();
+        let sender = tokio::spawn(async move {
+            while let Some(out) = out_rx.recv().await {
+                pool.send(out).await;
+            }
+        });
+        let mut reader_done = false;
+        let mut pending: Option<Outgoing> = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let cut = loop {
+            if reader_done && self.undecided == 0 {
+                break None;
+            }
+            tokio::select! {
+                permit = out_tx.reserve(), if pending.is_some() => {
+                    if let (Ok(permit), Some(out)) = (permit, pending.take()) {
+                        permit.send(out);
+                    }
+                }
+                event = events.recv(), if pending.is_none() && !reader_done => match event {
+                    None => reader_done = true,
+                    Some(event) => pending = self.on_reader(event, runs),
+                },
+                delivery = self.deliveries.recv() => match delivery {
+                    Some(delivery) => self.on_delivery(delivery, runs),
+                    None => break Some(Cut::Unreachable { detail: "the connection pool ended".into() }),
+                },
+                _ = tick.tick() => {
+                    if let Some(cut) = self.check_reach() {
+                        break Some(cut);
+                    }
+                }
+                () = shutdown.as_mut() => break Some(Cut::Interrupted),
+            }
+            if pending.is_none() {
+                pending = self.seals(runs);
+            }
+        };
+        stop.store(true, Ordering::Relaxed);
+        drop(events);
+        sender.abort();
+        let _ = tokio::task::spawn_blocking(move || reading.join()).await;
+        cut
+    }
+
+    /// Waits for one delivery (used while Opens are in flight).
+    async fn next_delivery(
+        &mut self,
+        runs: &mut [Run],
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Option<Cut> {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                delivery = self.deliveries.recv() => return match delivery {
+                    Some(delivery) => {
+                        self.on_delivery(delivery, runs);
+                        None
+                    }
+                    None => Some(Cut::Unreachable { detail: "the connection pool ended".into() }),
+                },
+                _ = tick.tick() => {
+                    if let Some(cut) = self.check_reach() {
+                        return Some(cut);
+                    }
+                }
+                () = shutdown.as_mut() => return Some(Cut::Interrupted),
+            }
+        }
+    }
+
+    /// Gives up once the sink has been out of reach for `retry_for`.
+    fn check_reach(&mut self) -> Option<Cut> {
+        let connected = self.pool.connected();
+        self.progress
+            .connected
+            .store(connected as u64, Ordering::Relaxed);
+        if connected > 0 || self.tokens.is_empty() {
+            self.last_progress = Instant::now();
+            return None;
+        }
+        (self.last_progress.elapsed() >= self.retry_for).then(|| Cut::Unreachable {
+            detail: format!(
+                "no connection to {} for {:?} with batches waiting",
+                self.pool.name(),
+                self.retry_for
+            ),
+        })
+    }
+
+    fn on_reader(&mut self, event: ReaderEvent, runs: &mut [Run]) -> Option<Outgoing> {
+        match event {
+            ReaderEvent::Batch { batch, rows } => {
+                self.sent_bytes += rows.iter().map(|r| r.bytes).sum::<u64>();
+                let token = self.token(Carried::Data(rows));
+                return Some(Outgoing { token, batch });
+            }
+            ReaderEvent::Settled { file, size, digest } => {
+                runs[file].settled = Some((size, digest));
+                self.seal_candidates.push(file);
+            }
+            ReaderEvent::LeftGrowing { file, size } => {
+                runs[file].left_growing = Some(size);
+                self.judge_left_growing(&mut runs[file]);
+            }
+            ReaderEvent::Failed { file, reason } => {
+                self.decide(&mut runs[file], Outcome::Failed { reason })
+            }
+        }
+        None
+    }
+
+    fn judge_left_growing(&mut self, run: &mut Run) {
+        if let Some(size) = run.left_growing
+            && run.resume_from + run.acked >= size
+        {
+            self.decide(run, Outcome::Incomplete { size });
+        }
+    }
+
+    fn on_delivery(&mut self, delivery: Delivery, runs: &mut [Run]) {
+        self.last_progress = Instant::now();
+        let (token, refusal, ack) = match delivery {
+            Delivery::Acked { token, ack } => (token, None, Some(ack)),
+            Delivery::Refused { token, error } => (token, Some(error), None),
+        };
+        let Some(carried) = self.tokens.remove(&token) else {
+            return;
+        };
+        let rejected: HashMap<usize, String> = ack
+            .map(|ack| ack.rejected.into_iter().map(|r| (r.row, r.error)).collect())
+            .unwrap_or_default();
+        let files: Vec<(usize, u64)> = match &carried {
+            Carried::Data(rows) => rows.iter().map(|r| (r.file, r.bytes)).collect(),
+            Carried::Opens(files) | Carried::Seals(files) => {
+                files.iter().map(|&f| (f, 0)).collect()
+            }
+        };
+        for (row, (file, bytes)) in files.into_iter().enumerate() {
+            let run = &mut runs[file];
+            if let Some(reason) = refusal
+                .as_deref()
+                .or(rejected.get(&row).map(String::as_str))
+            {
+                let reason = reason.to_owned();
+                self.decide(run, Outcome::Refused { reason });
+                continue;
+            }
+            run.acked += bytes;
+            self.progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+            match carried {
+                Carried::Seals(_) => self.decide(run, Outcome::Sealed),
+                Carried::Data(_) => {
+                    self.seal_candidates.push(file);
+                    self.judge_left_growing(run);
+                }
+                Carried::Opens(_) => {}
+            }
+        }
+    }
+
+    /// A batch of seals for the files whose every byte is acknowledged.
+    fn seals(&mut self, runs: &mut [Run]) -> Option<Outgoing> {
+        let mut due = std::mem::take(&mut self.seal_candidates);
+        due.sort_unstable();
+        due.dedup();
+        due.retain(|&i| runs[i].sealable().is_some());
+        if due.is_empty() {
+            return None;
+        }
+        let mut builder = BatchBuilder::with_capacity(due.len(), 0);
+        for &i in &due {
+            let run = &mut runs[i];
+            if let Some((size, digest)) = run.sealable() {
+                builder.push_seal(&run.planned.key, run.generation, size, digest);
+            }
+            run.seal_sent = true;
+        }
+        let token = self.token(Carried::Seals(due));
+        Some(Outgoing {
+            token,
+            batch: builder.finish_encoded(),
+        })
+    }
+}
