@@ -564,10 +564,10 @@ fn main() -> std::process::ExitCode {
             },
             _ => None,
         };
-        // A send keeps the terminal for its progress: its log says only
-        // what goes wrong, unless asked for more.
+        // A send keeps the terminal for its progress and says what went
+        // wrong in its summary; its log is there when asked for (--log).
         let log = match &cli.command {
-            Command::Send(_) if cli.log == "info" => "warn",
+            Command::Send(_) if cli.log == "info" => "off",
             _ => cli.log.as_str(),
         };
         let filter = tracing_subscriber::EnvFilter::try_new(log).unwrap_or_else(|_| "info".into());
