@@ -16,7 +16,7 @@ sudo=""
 
 # Debian packages: peers, ceilings and the namespace/tbf tools.
 missing=()
-for pair in iperf3:iperf3 fio:fio rsync:rsync lsyncd:lsyncd ip:iproute2 tc:iproute2 etcd:etcd-server etcdctl:etcd-client; do
+for pair in iperf3:iperf3 fio:fio rsync:rsync lsyncd:lsyncd ip:iproute2 tc:iproute2 etcd:etcd-server etcdctl:etcd-client xrootd:xrootd-server xrdcp:xrootd-client; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
 done
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
