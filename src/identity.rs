@@ -161,7 +161,7 @@ impl FleetArgs {
     }
 }
 
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|name| name.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())

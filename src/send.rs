@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::Args;
-use watcher::send::{Cut, Outcome, SendConfig, SendProgress, SendReport, check_prefix};
+use watcher::send::{Cut, Outcome, SendConfig, SendProgress, SendReport, SinkTarget, check_prefix};
 
 use crate::ClientTlsArgs;
+use crate::identity::FleetArgs;
 
 /// Exit codes, as `tailflight send --help` lists them.
 pub mod exit {
@@ -40,9 +41,11 @@ Run it again after any of them: it sends only what the sink does not hold."
 )]
 pub struct SendArgs {
     /// Files and directories to send, then the destination
-    /// http(s)://HOST:PORT[/SOURCE[/PATH]]: the files land under the sink's
-    /// directory for SOURCE (default: this host's name), in PATH. A
-    /// directory `d` lands as PATH/d/..., `d/` puts its contents in PATH.
+    /// http(s)://HOST:PORT[/SOURCE[/PATH]] (with --coordinator:
+    /// SOURCE[/PATH], the files spread over the fleet's sink identities):
+    /// the files land under the sink's directory for SOURCE (default: this
+    /// host's name), in PATH. A directory `d` lands as PATH/d/..., `d/`
+    /// puts its contents in PATH.
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
     paths: Vec<String>,
     /// Send directories and everything under them.
@@ -91,6 +94,8 @@ pub struct SendArgs {
     progress_every: Duration,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    #[command(flatten)]
+    fleet: FleetArgs,
 }
 
 /// Where the files go: the sink's endpoint, the source name, the path in it.
@@ -99,6 +104,24 @@ struct Destination {
     endpoint: String,
     source: Option<String>,
     prefix: String,
+}
+
+/// A fleet's destination: SOURCE[/PATH], the sinks found through etcd.
+fn parse_fleet_destination(dest: &str) -> anyhow::Result<Destination> {
+    if dest.contains("://") {
+        bail!("with --coordinator the destination is SOURCE[/PATH], not an endpoint ({dest:?})");
+    }
+    let path = dest.trim_matches('/');
+    let (source, prefix) = path.split_once('/').unwrap_or((path, ""));
+    if source.is_empty() || source == "." || source == ".." {
+        bail!("the destination {dest:?} must start with a plain source name");
+    }
+    check_prefix(prefix).map_err(anyhow::Error::msg)?;
+    Ok(Destination {
+        endpoint: String::new(),
+        source: Some(source.to_owned()),
+        prefix: prefix.to_owned(),
+    })
 }
 
 fn parse_destination(dest: &str) -> anyhow::Result<Destination> {
@@ -131,25 +154,25 @@ fn parse_destination(dest: &str) -> anyhow::Result<Destination> {
     })
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|name| name.trim().replace('/', "_"))
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "send".into())
-}
-
 /// The validated configuration, or the caller's mistake.
 fn config(args: &SendArgs) -> anyhow::Result<SendConfig> {
     let (dest, sources) = args
         .paths
         .split_last()
         .ok_or_else(|| anyhow::anyhow!("no destination given"))?;
-    let dest = parse_destination(dest)?;
     let tls = args.tls.config();
-    if dest.endpoint.starts_with("https://") != tls.is_some() {
-        bail!("an https:// destination needs --tls-ca, and --tls-ca an https:// destination");
-    }
+    let dest = if args.fleet.coordinated() {
+        if args.fleet.identity().is_some() {
+            bail!("--identity is for sinks and watchers; a send finds the sink identities itself");
+        }
+        parse_fleet_destination(dest)?
+    } else {
+        let dest = parse_destination(dest)?;
+        if dest.endpoint.starts_with("https://") != tls.is_some() {
+            bail!("an https:// destination needs --tls-ca, and --tls-ca an https:// destination");
+        }
+        dest
+    };
     let limit = |value: u64, what: &str| {
         usize::try_from(value).map_err(|_| anyhow::anyhow!("{what} is too large"))
     };
@@ -165,8 +188,13 @@ fn config(args: &SendArgs) -> anyhow::Result<SendConfig> {
     Ok(SendConfig {
         sources: sources.iter().map(PathBuf::from).collect(),
         recursive: args.recursive,
-        sink: dest.endpoint,
-        source: dest.source.unwrap_or_else(host_name),
+        // A fleet's sinks are found once the runtime runs (see `run`).
+        sinks: if dest.endpoint.is_empty() {
+            Vec::new()
+        } else {
+            vec![SinkTarget::endpoint(dest.endpoint)]
+        },
+        source: dest.source.unwrap_or_else(crate::identity::host_name),
         prefix: dest.prefix,
         connections: args.connections,
         window_bytes: args.window_bytes,
@@ -186,7 +214,7 @@ fn config(args: &SendArgs) -> anyhow::Result<SendConfig> {
 }
 
 pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
-    let config = match config(&args) {
+    let mut config = match config(&args) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("tailflight send: {e:#}");
@@ -196,12 +224,39 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
     let runtime = crate::runtime()?;
     let progress = Arc::new(SendProgress::default());
     let report = runtime.block_on(async {
-        let shown = show_progress(&args, progress.clone());
         let stop = crate::stop_signal();
+        // Kept while the send runs: it follows the identities' endpoints.
+        let mut _directory = None;
+        if args.fleet.coordinated() {
+            match fleet_sinks(&args, stop()).await {
+                Ok(Some(directory)) => {
+                    config.sinks = directory
+                        .identities()
+                        .iter()
+                        .filter_map(|identity| {
+                            let served_at = directory.endpoint(identity)?;
+                            Some(SinkTarget::identity(identity.clone(), served_at))
+                        })
+                        .collect();
+                    _directory = Some(directory);
+                }
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    eprintln!("tailflight send: the fleet's sinks are unreachable: {e:#}");
+                    return Ok(Some(Err(())));
+                }
+            }
+        }
+        let shown = show_progress(&args, progress.clone());
         let report = watcher::send::send(config, progress, stop()).await;
         shown.finish();
-        report
+        report.map(|report| Some(Ok(report)))
     })?;
+    let report = match report {
+        Some(Ok(report)) => report,
+        Some(Err(())) => return Ok(ExitCode::from(exit::UNREACHABLE)),
+        None => return Ok(ExitCode::from(exit::INTERRUPTED)),
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
@@ -209,6 +264,25 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
         eprint!("{}", summary(&report));
     }
     Ok(ExitCode::from(exit_code(&report)))
+}
+
+/// The fleet's sink identities and where each is served, within
+/// `--retry-for`; `None` if stopped first.
+async fn fleet_sinks(
+    args: &SendArgs,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Option<fleet::SinkDirectory>> {
+    let connect = tokio::time::timeout(args.retry_for, args.fleet.connect(None, stop));
+    let coordinator = match connect.await {
+        Ok(connected) => connected?,
+        Err(_) => bail!("no answer from the coordinator within {:?}", args.retry_for),
+    };
+    let Some(coordinator) = coordinator else {
+        return Ok(None);
+    };
+    Ok(Some(
+        fleet::follow_sinks(&coordinator, args.retry_for).await?,
+    ))
 }
 
 fn exit_code(report: &SendReport) -> u8 {

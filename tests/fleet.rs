@@ -1018,3 +1018,76 @@ fn etcd_with_tls_and_authentication() {
     let _ = etcd.kill();
     let _ = etcd.wait();
 }
+
+/// `tailflight send --coordinator`: a one-shot copy finds the fleet's sink
+/// identities in etcd, spreads its files over them, and goes on across a
+/// takeover of one of them (`kill -9` of its active process, its standby
+/// taking over) to exit 0 with every file sealed and identical.
+#[test]
+fn a_send_through_the_coordinator_spreads_over_identities_and_outlives_a_takeover() {
+    let dir = scratch("fleet-send");
+    let mut fleet = Fleet::start(&dir, "3s");
+    let mut actives = Vec::new();
+    for identity in ["a", "b"] {
+        let index = fleet.start_sink(identity, "h1");
+        fleet.wait_serving(index);
+        actives.push(index);
+    }
+    let standby = fleet.start_sink("a", "h2");
+    wait_until("a's standby", Duration::from_secs(30), || {
+        fleet.sinks[standby].2.log_text().contains("standby")
+    });
+    let tree = dir.join("run5");
+    for i in 0..48u32 {
+        let sub = tree.join(format!("d{}", i % 4));
+        std::fs::create_dir_all(&sub).unwrap();
+        let bytes: Vec<u8> = (0..(1u32 << 20))
+            .map(|j| (j ^ i.wrapping_mul(2_654_435_761)) as u8)
+            .collect();
+        std::fs::write(sub.join(format!("f{i:02}.dat")), bytes).unwrap();
+    }
+    let mut sending = std::process::Command::new(bin())
+        .args(["send", "-r", tree.to_str().unwrap(), "s9/2026"])
+        .args(["--coordinator", &fleet.etcd.url(), "--cluster", CLUSTER])
+        .args(["--settle", "100ms", "--limit-rate", "8MiB", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let landed = fleet.dest().join("s9/2026/run5");
+    wait_until("8 MiB at the sinks", Duration::from_secs(60), || {
+        tree_bytes(&landed) >= 8 << 20
+    });
+    fleet.sinks[actives[0]].2.kill9();
+    fleet.wait_serving(standby);
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while sending.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the send did not end after the takeover"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = sending.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    let files = report["files"].as_array().unwrap();
+    assert_eq!(files.len(), 48);
+    assert!(files.iter().all(|f| f["outcome"] == "sealed"), "{report}");
+    let (same, diff) = verify(&tree, &landed);
+    assert!(same, "{diff}");
+    // Both identities hold some of the files.
+    for identity in ["a", "b"] {
+        let endpoint = fleet.endpoint_of(identity).expect("served");
+        let status = sink_status(&endpoint, &[]).expect("the sink answers");
+        assert!(
+            status_u64(&status, "sealed_files") > 0,
+            "{identity}: {status}"
+        );
+    }
+}

@@ -37,8 +37,8 @@ use resume::{Start, Unreachable};
 pub struct SendConfig {
     pub sources: Vec<PathBuf>,
     pub recursive: bool,
-    /// `http(s)://host:port` of the sink.
-    pub sink: String,
+    /// Where the files go, spread over them by path.
+    pub sinks: Vec<SinkTarget>,
     /// The source name the sink files them under.
     pub source: String,
     /// Where under the source's directory they land ("" for its top).
@@ -58,6 +58,35 @@ pub struct SendConfig {
     /// acknowledged) before the send gives up.
     pub retry_for: Duration,
     pub limit_rate: Option<u64>,
+}
+
+/// A sink to send to: an endpoint, or a fleet's sink identity followed to
+/// wherever it is served (across takeovers).
+#[derive(Clone, Debug)]
+pub struct SinkTarget {
+    /// The endpoint (`http(s)://host:port`), or the identity when followed.
+    pub name: String,
+    /// Where the identity is served now (`None` inside: nowhere, for the moment).
+    pub follow: Option<tokio::sync::watch::Receiver<Option<String>>>,
+}
+
+impl SinkTarget {
+    pub fn endpoint(endpoint: impl Into<String>) -> Self {
+        Self {
+            name: endpoint.into(),
+            follow: None,
+        }
+    }
+
+    pub fn identity(
+        identity: impl Into<String>,
+        served_at: tokio::sync::watch::Receiver<Option<String>>,
+    ) -> Self {
+        Self {
+            name: identity.into(),
+            follow: Some(served_at),
+        }
+    }
 }
 
 /// What became of one file.
@@ -98,6 +127,22 @@ pub enum Cut {
         reason: String,
     },
     Interrupted,
+}
+
+impl Cut {
+    /// The graver of two sinks' cuts, for the report of the whole send.
+    fn graver(self, other: Cut) -> Cut {
+        let rank = |cut: &Cut| match cut {
+            Cut::Unreachable { .. } => 2,
+            Cut::Refused { .. } => 1,
+            Cut::Interrupted => 0,
+        };
+        if rank(&other) > rank(&self) {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -169,14 +214,16 @@ impl Run {
 }
 
 /// Runs a send to its end: every file sealed or with its reason, or the
-/// whole send cut (unreachable, refused, `shutdown`).
+/// whole send cut (unreachable, refused, `shutdown`). Files are spread over
+/// the sinks as a watcher spreads them ([`crate::rendezvous`] of their
+/// path), each sink's share sent on its own pool, side by side.
 pub async fn send(
     config: SendConfig,
     progress: Arc<SendProgress>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<SendReport> {
+    anyhow::ensure!(!config.sinks.is_empty(), "no sink to send to");
     let started = Instant::now();
-    tokio::pin!(shutdown);
     let (sources, recursive, prefix) = (
         config.sources.clone(),
         config.recursive,
@@ -195,8 +242,56 @@ pub async fn send(
     progress
         .bytes_total
         .store(report.total_bytes, Ordering::Relaxed);
+    let names: Vec<String> = config.sinks.iter().map(|sink| sink.name.clone()).collect();
+    let mut shares: Vec<Vec<Planned>> = vec![Vec::new(); names.len()];
+    for planned in plan.files {
+        shares[crate::rendezvous(&planned.key, &names)].push(planned);
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let sends = futures::future::join_all(
+        config
+            .sinks
+            .iter()
+            .zip(shares)
+            .filter(|(_, share)| !share.is_empty())
+            .map(|(sink, share)| send_to(&config, sink, share, progress.clone(), stop_rx.clone())),
+    );
+    tokio::pin!(sends, shutdown);
+    let parts = tokio::select! {
+        parts = &mut sends => parts,
+        () = &mut shutdown => {
+            let _ = stop_tx.send(true);
+            sends.await
+        }
+    };
+    progress.started.store(true, Ordering::Relaxed);
+    for part in parts {
+        let part = part?;
+        report.files.extend(part.files);
+        report.already_bytes += part.already_bytes;
+        report.sent_bytes += part.sent_bytes;
+        report.acked_bytes += part.acked_bytes;
+        report.wire_bytes += part.wire_bytes;
+        report.cut = match (report.cut.take(), part.cut) {
+            (Some(a), Some(b)) => Some(a.graver(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Sends `files` to one sink; the report holds only their figures.
+async fn send_to(
+    config: &SendConfig,
+    sink: &SinkTarget,
+    files: Vec<Planned>,
+    progress: Arc<SendProgress>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<SendReport> {
+    let mut report = SendReport::default();
     let client = ClientConfig {
-        endpoint: config.sink.clone(),
+        endpoint: sink.name.clone(),
         source: config.source.clone(),
         connections: config.connections,
         window_bytes: config.window_bytes,
@@ -204,18 +299,22 @@ pub async fn send(
         tls: config.tls.clone(),
         connect_timeout: Duration::from_secs(5),
     };
-    let (pool, deliveries) = FlightPool::start(client)?;
+    let (pool, deliveries) = match &sink.follow {
+        Some(target) => {
+            FlightPool::start_following(client, None, sink.name.clone(), target.clone())?
+        }
+        None => FlightPool::start(client)?,
+    };
     let pool = Arc::new(pool);
     let marks = tokio::select! {
         marks = resume::watermarks(&pool, &config.source, config.retry_for) => marks,
-        () = &mut shutdown => Err(Unreachable::Interrupted),
+        Ok(_) = stop.wait_for(|&stop| stop) => Err(Unreachable::Interrupted),
     };
     let marks = match marks {
         Ok(marks) => marks,
         Err(cut) => {
             report.cut = Some(cut.into());
-            report.files = plan
-                .files
+            report.files = files
                 .into_iter()
                 .map(|planned| FileReport {
                     local: planned.local.display().to_string(),
@@ -226,16 +325,14 @@ pub async fn send(
                     },
                 })
                 .collect();
-            report.seconds = started.elapsed().as_secs_f64();
             return Ok(report);
         }
     };
     let starts = {
-        let files = plan.files.clone();
+        let files = files.clone();
         tokio::task::spawn_blocking(move || resume::starts(&files, &marks)).await?
     };
-    let mut runs: Vec<Run> = plan
-        .files
+    let mut runs: Vec<Run> = files
         .into_iter()
         .zip(starts)
         .map(|(planned, start)| {
@@ -270,15 +367,19 @@ pub async fn send(
         last_progress: Instant::now(),
         retry_for: config.retry_for,
         sent_bytes: 0,
+        shown_connected: 0,
     };
     progress
         .files_done
-        .store((runs.len() - driver.undecided) as u64, Ordering::Relaxed);
+        .fetch_add((runs.len() - driver.undecided) as u64, Ordering::Relaxed);
     progress
         .bytes_done
-        .store(report.already_bytes, Ordering::Relaxed);
+        .fetch_add(report.already_bytes, Ordering::Relaxed);
     progress.started.store(true, Ordering::Relaxed);
-    let cut = driver.run(&config, &mut runs, &mut shutdown).await;
+    let cut = driver.run(config, &mut runs, &mut stop).await;
+    progress
+        .connected
+        .fetch_sub(driver.shown_connected, Ordering::Relaxed);
     report.cut = cut;
     report.sent_bytes = driver.sent_bytes;
     report.acked_bytes = runs.iter().map(|r| r.acked).sum();
@@ -294,7 +395,6 @@ pub async fn send(
             }),
         })
         .collect();
-    report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
 
@@ -320,6 +420,8 @@ struct Driver {
     last_progress: Instant,
     retry_for: Duration,
     sent_bytes: u64,
+    /// This sink's connections as last added to the progress' count.
+    shown_connected: u64,
 }
 
 impl Driver {
@@ -352,7 +454,7 @@ impl Driver {
         &mut self,
         config: &SendConfig,
         runs: &mut [Run],
-        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Option<Cut> {
         // Later generations are opened first, on their own: their data may
         // travel on any connection, and must not arrive before the Open.
@@ -378,7 +480,7 @@ impl Driver {
                 })
                 .await;
             while self.tokens.contains_key(&token) {
-                if let Some(cut) = self.next_delivery(runs, shutdown).await {
+                if let Some(cut) = self.next_delivery(runs, stop).await {
                     return Some(cut);
                 }
             }
@@ -395,7 +497,7 @@ impl Driver {
                 resume_from: run.resume_from,
             })
             .collect();
-        let stop = Arc::new(AtomicBool::new(false));
+        let reader_stop = Arc::new(AtomicBool::new(false));
         let (events_tx, mut events) = tokio::sync::mpsc::channel(4);
         let reader = Reader::new(
             ReaderConfig {
@@ -407,7 +509,7 @@ impl Driver {
                 limit_rate: config.limit_rate,
             },
             events_tx,
-            stop.clone(),
+            reader_stop.clone(),
         );
         let reading = std::thread::Builder::new()
             .name("send-reader".into())
@@ -454,13 +556,13 @@ impl Driver {
                         break Some(cut);
                     }
                 }
-                () = shutdown.as_mut() => break Some(Cut::Interrupted),
+                Ok(_) = stop.wait_for(|&stop| stop) => break Some(Cut::Interrupted),
             }
             if pending.is_none() {
                 pending = self.seals(runs);
             }
         };
-        stop.store(true, Ordering::Relaxed);
+        reader_stop.store(true, Ordering::Relaxed);
         drop(events);
         sender.abort();
         let _ = tokio::task::spawn_blocking(move || reading.join()).await;
@@ -471,7 +573,7 @@ impl Driver {
     async fn next_delivery(
         &mut self,
         runs: &mut [Run],
-        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Option<Cut> {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         loop {
@@ -488,7 +590,7 @@ impl Driver {
                         return Some(cut);
                     }
                 }
-                () = shutdown.as_mut() => return Some(Cut::Interrupted),
+                Ok(_) = stop.wait_for(|&stop| stop) => return Some(Cut::Interrupted),
             }
         }
     }
