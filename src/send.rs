@@ -221,6 +221,9 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    // Files still growing stay open until they settle: a fresh tree of
+    // thousands of them needs the hard limit.
+    crate::raise_fd_limit();
     let runtime = crate::runtime()?;
     let progress = Arc::new(SendProgress::default());
     let report = runtime.block_on(async {
@@ -302,13 +305,13 @@ fn summary(report: &SendReport) -> String {
     let mut out = String::new();
     let sealed = report.count(|o| *o == Outcome::Sealed);
     let already = report.count(|o| *o == Outcome::AlreadySealed);
-    let rate = report.sent_bytes as f64 / report.seconds.max(1e-3);
+    let rate = report.acked_bytes as f64 / report.seconds.max(1e-3);
     let _ = writeln!(
         out,
         "sent {} of {} files ({sealed} sealed now, {already} already at the sink): {} of {} sent in {:.1} s ({}/s), {} were there before",
         sealed + already,
         report.files.len(),
-        bytes(report.sent_bytes),
+        bytes(report.acked_bytes),
         bytes(report.total_bytes),
         report.seconds,
         bytes(rate as u64),

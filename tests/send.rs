@@ -428,3 +428,30 @@ fn progress_shows_on_a_terminal_and_as_lines_without_one() {
         "the bar: {seen_bar}"
     );
 }
+
+#[test]
+fn a_file_changed_since_it_was_sent_goes_again_whole() {
+    let dir = scratch("send-changed");
+    let port = free_port();
+    let _sink = start_sink(&dir, port);
+    let file = dir.join("calib.h5");
+    let mut bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &bytes).unwrap();
+    let url = format!("http://127.0.0.1:{port}/c");
+    let args = strings(&[file.to_str().unwrap(), &url, "--settle", "0s", "--json"]);
+    let first = send(&args);
+    assert_eq!(code(&first), 0, "{}", text(&first));
+    // Rewritten in place: the same size and the same head, other bytes past it.
+    bytes[700_000..700_016].copy_from_slice(b"rewritten bytes!");
+    std::fs::write(&file, &bytes).unwrap();
+    let second = send(&args);
+    assert_eq!(code(&second), 0, "{}", text(&second));
+    assert_eq!(outcomes(&report(&second)), ["sealed"], "{}", text(&second));
+    assert_eq!(std::fs::read(dir.join("dest/c/calib.h5")).unwrap(), bytes);
+    // Unchanged since: checked, not sent.
+    let third = send(&args);
+    assert_eq!(code(&third), 0, "{}", text(&third));
+    let report = report(&third);
+    assert_eq!(outcomes(&report), ["already-sealed"]);
+    assert_eq!(report["sent_bytes"], 0);
+}

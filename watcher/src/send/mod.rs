@@ -197,6 +197,11 @@ struct Run {
     planned: Planned,
     generation: u64,
     resume_from: u64,
+    /// The sink held it sealed: its seal is sent again, for the sink to
+    /// check the digest of the file as it is here.
+    was_sealed: bool,
+    /// Sent again as a new generation after the sink refused its seal.
+    resent: bool,
     acked: u64,
     /// The reader found it settled: seal at this size with this digest.
     settled: Option<(u64, String)>,
@@ -229,8 +234,18 @@ pub async fn send(
         config.recursive,
         config.prefix.clone(),
     );
-    let plan =
-        tokio::task::spawn_blocking(move || plan::plan(&sources, recursive, &prefix)).await?;
+    tokio::pin!(shutdown);
+    let planning = tokio::task::spawn_blocking(move || plan::plan(&sources, recursive, &prefix));
+    let plan = tokio::select! {
+        plan = planning => plan?,
+        () = &mut shutdown => {
+            return Ok(SendReport {
+                cut: Some(Cut::Interrupted),
+                seconds: started.elapsed().as_secs_f64(),
+                ..SendReport::default()
+            });
+        }
+    };
     let mut report = SendReport {
         passed: plan.passed,
         total_bytes: plan.files.iter().map(|f| f.size).sum(),
@@ -256,7 +271,7 @@ pub async fn send(
             .filter(|(_, share)| !share.is_empty())
             .map(|(sink, share)| send_to(&config, sink, share, progress.clone(), stop_rx.clone())),
     );
-    tokio::pin!(sends, shutdown);
+    tokio::pin!(sends);
     let parts = tokio::select! {
         parts = &mut sends => parts,
         () = &mut shutdown => {
@@ -330,20 +345,34 @@ async fn send_to(
     };
     let starts = {
         let files = files.clone();
-        tokio::task::spawn_blocking(move || resume::starts(&files, &marks)).await?
+        tokio::task::spawn_blocking(move || resume::starts(&files, &marks))
+    };
+    let starts = tokio::select! {
+        starts = starts => starts?,
+        Ok(_) = stop.wait_for(|&stop| stop) => {
+            report.cut = Some(Cut::Interrupted);
+            return Ok(report);
+        }
     };
     let mut runs: Vec<Run> = files
         .into_iter()
         .zip(starts)
         .map(|(planned, start)| {
-            let (generation, resume_from, outcome) = match start {
-                Start::Sealed { generation } => {
-                    (generation, planned.size, Some(Outcome::AlreadySealed))
-                }
-                Start::Resume { generation, from } => (generation, from, None),
-                Start::Fresh { generation } => (generation, 0, None),
+            let (generation, resume_from, outcome) = match &start {
+                Start::Sealed { generation } => (*generation, planned.size, None),
+                Start::Resume { generation, from } => (*generation, *from, None),
+                Start::Fresh { generation } => (*generation, 0, None),
+                Start::Unreadable { reason } => (
+                    1,
+                    0,
+                    Some(Outcome::Failed {
+                        reason: reason.clone(),
+                    }),
+                ),
             };
             Run {
+                was_sealed: matches!(start, Start::Sealed { .. }),
+                resent: false,
                 planned,
                 generation,
                 resume_from,
@@ -368,6 +397,8 @@ async fn send_to(
         retry_for: config.retry_for,
         sent_bytes: 0,
         shown_connected: 0,
+        to_open: Vec::new(),
+        jobs: None,
     };
     progress
         .files_done
@@ -398,13 +429,17 @@ async fn send_to(
     Ok(report)
 }
 
-/// What a batch carried, by row: the file, and its data bytes (0 for an
-/// Open or a Seal row).
+/// What a batch carried, by row: the file and its generation (and the
+/// bytes, for data).
 enum Carried {
     Data(Vec<BatchRow>),
-    Opens(Vec<usize>),
-    Seals(Vec<usize>),
+    Opens(Vec<(usize, u64)>),
+    Seals(Vec<(usize, u64)>),
 }
+
+/// Open or Seal rows in one batch, at most: file keys are short, so such a
+/// batch stays far below any message limit.
+const CONTROL_ROWS_PER_BATCH: usize = 2048;
 
 struct Driver {
     pool: Arc<FlightPool>,
@@ -416,12 +451,17 @@ struct Driver {
     undecided: usize,
     /// Files that may have become sealable since the last look.
     seal_candidates: Vec<usize>,
-    /// When the sink last acknowledged anything, or a connection was up.
+    /// When the sink last answered a batch, or none was waiting.
     last_progress: Instant,
     retry_for: Duration,
     sent_bytes: u64,
     /// This sink's connections as last added to the progress' count.
     shown_connected: u64,
+    /// Files waiting for their Open row to be sent (a generation above 1
+    /// must be opened, and the Open acknowledged, before its data).
+    to_open: Vec<usize>,
+    /// Files to read, for the reader thread (closed when all is decided).
+    jobs: Option<std::sync::mpsc::Sender<ReadJob>>,
 }
 
 impl Driver {
@@ -456,49 +496,10 @@ impl Driver {
         runs: &mut [Run],
         stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Option<Cut> {
-        // Later generations are opened first, on their own: their data may
-        // travel on any connection, and must not arrive before the Open.
-        let opens: Vec<usize> = (0..runs.len())
-            .filter(|&i| {
-                runs[i].outcome.is_none() && runs[i].generation > 1 && runs[i].resume_from == 0
-            })
-            .collect();
-        if !opens.is_empty() {
-            let mut builder = BatchBuilder::with_capacity(opens.len(), 0);
-            for &i in &opens {
-                builder.push_open(
-                    &runs[i].planned.key,
-                    runs[i].generation,
-                    &runs[i].planned.key,
-                );
-            }
-            let token = self.token(Carried::Opens(opens));
-            self.pool
-                .send(Outgoing {
-                    token,
-                    batch: builder.finish_encoded(),
-                })
-                .await;
-            while self.tokens.contains_key(&token) {
-                if let Some(cut) = self.next_delivery(runs, stop).await {
-                    return Some(cut);
-                }
-            }
-        }
-        let jobs: Vec<ReadJob> = runs
-            .iter()
-            .enumerate()
-            .filter(|(_, run)| run.outcome.is_none())
-            .map(|(file, run)| ReadJob {
-                file,
-                local: run.planned.local.clone(),
-                key: run.planned.key.clone(),
-                generation: run.generation,
-                resume_from: run.resume_from,
-            })
-            .collect();
         let reader_stop = Arc::new(AtomicBool::new(false));
         let (events_tx, mut events) = tokio::sync::mpsc::channel(4);
+        let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+        self.jobs = Some(jobs_tx);
         let reader = Reader::new(
             ReaderConfig {
                 follow: config.follow,
@@ -513,7 +514,7 @@ impl Driver {
         );
         let reading = std::thread::Builder::new()
             .name("send-reader".into())
-            .spawn(move || reader.run(jobs));
+            .spawn(move || reader.run(jobs_rx));
         let reading = match reading {
             Ok(handle) => handle,
             Err(e) => {
@@ -523,6 +524,18 @@ impl Driver {
                 });
             }
         };
+        for (file, run) in runs.iter().enumerate() {
+            if run.outcome.is_some() {
+                continue;
+            }
+            // Later generations are opened first, on their own: their data
+            // may travel on any connection, and must not arrive before the Open.
+            if run.generation > 1 && run.resume_from == 0 {
+                self.to_open.push(file);
+            } else {
+                self.read(file, run);
+            }
+        }
         let (out_tx, mut out_rx) = tokio::sync::mpsc::channel::<Outgoing>(1);
         let pool = self.pool.clone();
         let sender = tokio::spawn(async move {
@@ -530,22 +543,28 @@ impl Driver {
                 pool.send(out).await;
             }
         });
-        let mut reader_done = false;
         let mut pending: Option<Outgoing> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         let cut = loop {
-            if reader_done && self.undecided == 0 {
+            if self.undecided == 0 {
                 break None;
             }
+            if pending.is_none() {
+                pending = self.opens(runs).or_else(|| self.seals(runs));
+            }
             tokio::select! {
-                permit = out_tx.reserve(), if pending.is_some() => {
-                    if let (Ok(permit), Some(out)) = (permit, pending.take()) {
-                        permit.send(out);
+                permit = out_tx.reserve(), if pending.is_some() => match permit {
+                    Ok(permit) => {
+                        if let Some(out) = pending.take() {
+                            permit.send(out);
+                        }
                     }
-                }
-                event = events.recv(), if pending.is_none() && !reader_done => match event {
-                    None => reader_done = true,
+                    Err(_) => break Some(Cut::Unreachable { detail: "the connection pool ended".into() }),
+                },
+                event = events.recv(), if pending.is_none() => match event {
                     Some(event) => pending = self.on_reader(event, runs),
+                    // The reader ends only when told to, or when it panicked.
+                    None => break Some(Cut::Refused { reason: "the reader thread ended unexpectedly (a bug: please report it)".into() }),
                 },
                 delivery = self.deliveries.recv() => match delivery {
                     Some(delivery) => self.on_delivery(delivery, runs),
@@ -558,58 +577,78 @@ impl Driver {
                 }
                 Ok(_) = stop.wait_for(|&stop| stop) => break Some(Cut::Interrupted),
             }
-            if pending.is_none() {
-                pending = self.seals(runs);
-            }
         };
+        self.jobs = None;
         reader_stop.store(true, Ordering::Relaxed);
         drop(events);
         sender.abort();
-        let _ = tokio::task::spawn_blocking(move || reading.join()).await;
+        // A read stuck on a hung filesystem must not hold the exit.
+        let joined = tokio::task::spawn_blocking(move || reading.join());
+        if tokio::time::timeout(Duration::from_secs(10), joined)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the reader thread is stuck in a read; leaving it behind");
+        }
         cut
     }
 
-    /// Waits for one delivery (used while Opens are in flight).
-    async fn next_delivery(
-        &mut self,
-        runs: &mut [Run],
-        stop: &mut tokio::sync::watch::Receiver<bool>,
-    ) -> Option<Cut> {
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        loop {
-            tokio::select! {
-                delivery = self.deliveries.recv() => return match delivery {
-                    Some(delivery) => {
-                        self.on_delivery(delivery, runs);
-                        None
-                    }
-                    None => Some(Cut::Unreachable { detail: "the connection pool ended".into() }),
-                },
-                _ = tick.tick() => {
-                    if let Some(cut) = self.check_reach() {
-                        return Some(cut);
-                    }
-                }
-                Ok(_) = stop.wait_for(|&stop| stop) => return Some(Cut::Interrupted),
-            }
+    /// Hands a file to the reader, from its start for this generation.
+    fn read(&self, file: usize, run: &Run) {
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(ReadJob {
+                file,
+                local: run.planned.local.clone(),
+                key: run.planned.key.clone(),
+                generation: run.generation,
+                resume_from: run.resume_from,
+            });
         }
+    }
+
+    /// A batch of Open rows for files waiting for one.
+    fn opens(&mut self, runs: &[Run]) -> Option<Outgoing> {
+        if self.to_open.is_empty() {
+            return None;
+        }
+        let at = self.to_open.len().saturating_sub(CONTROL_ROWS_PER_BATCH);
+        let due = self.to_open.split_off(at);
+        let mut builder = BatchBuilder::with_capacity(due.len(), 0);
+        for &i in &due {
+            let run = &runs[i];
+            builder.push_open(&run.planned.key, run.generation, &run.planned.key);
+        }
+        let carried = due.iter().map(|&i| (i, runs[i].generation)).collect();
+        let token = self.token(Carried::Opens(carried));
+        Some(Outgoing {
+            token,
+            batch: builder.finish_encoded(),
+        })
     }
 
     /// Gives up once the sink has been out of reach for `retry_for`.
     fn check_reach(&mut self) -> Option<Cut> {
-        let connected = self.pool.connected();
+        let connected = self.pool.connected() as u64;
         self.progress
             .connected
-            .store(connected as u64, Ordering::Relaxed);
-        if connected > 0 || self.tokens.is_empty() {
+            .fetch_add(connected, Ordering::Relaxed);
+        self.progress
+            .connected
+            .fetch_sub(self.shown_connected, Ordering::Relaxed);
+        self.shown_connected = connected;
+        if self.tokens.is_empty() {
             self.last_progress = Instant::now();
             return None;
         }
+        // A sink that takes connections but fails every batch (a full
+        // disk, a poisoned sink) is as far out of reach as one that is down.
         (self.last_progress.elapsed() >= self.retry_for).then(|| Cut::Unreachable {
             detail: format!(
-                "no connection to {} for {:?} with batches waiting",
+                "{} answered no batch for {:?} with {} waiting ({connected} of {} connections up)",
                 self.pool.name(),
-                self.retry_for
+                self.retry_for,
+                self.tokens.len(),
+                self.pool.connections()
             ),
         })
     }
@@ -621,17 +660,32 @@ impl Driver {
                 let token = self.token(Carried::Data(rows));
                 return Some(Outgoing { token, batch });
             }
-            ReaderEvent::Settled { file, size, digest } => {
+            // What the reader says of a generation sent before is stale.
+            ReaderEvent::Settled {
+                file,
+                generation,
+                size,
+                digest,
+            } if generation == runs[file].generation => {
                 runs[file].settled = Some((size, digest));
                 self.seal_candidates.push(file);
             }
-            ReaderEvent::LeftGrowing { file, size } => {
+            ReaderEvent::LeftGrowing {
+                file,
+                generation,
+                size,
+            } if generation == runs[file].generation => {
                 runs[file].left_growing = Some(size);
                 self.judge_left_growing(&mut runs[file]);
             }
-            ReaderEvent::Failed { file, reason } => {
+            ReaderEvent::Failed {
+                file,
+                generation,
+                reason,
+            } if generation == runs[file].generation => {
                 self.decide(&mut runs[file], Outcome::Failed { reason })
             }
+            _ => {}
         }
         None
     }
@@ -656,53 +710,91 @@ impl Driver {
         let rejected: HashMap<usize, String> = ack
             .map(|ack| ack.rejected.into_iter().map(|r| (r.row, r.error)).collect())
             .unwrap_or_default();
-        let files: Vec<(usize, u64)> = match &carried {
-            Carried::Data(rows) => rows.iter().map(|r| (r.file, r.bytes)).collect(),
-            Carried::Opens(files) | Carried::Seals(files) => {
-                files.iter().map(|&f| (f, 0)).collect()
-            }
+        let rows: Vec<(usize, u64, u64)> = match &carried {
+            Carried::Data(rows) => rows
+                .iter()
+                .map(|r| (r.file, r.generation, r.bytes))
+                .collect(),
+            Carried::Opens(files) | Carried::Seals(files) => files
+                .iter()
+                .map(|&(f, generation)| (f, generation, 0))
+                .collect(),
         };
-        for (row, (file, bytes)) in files.into_iter().enumerate() {
+        for (row, (file, generation, bytes)) in rows.into_iter().enumerate() {
             let run = &mut runs[file];
+            if generation != run.generation || run.outcome.is_some() {
+                continue;
+            }
             if let Some(reason) = refusal
                 .as_deref()
                 .or(rejected.get(&row).map(String::as_str))
             {
                 let reason = reason.to_owned();
-                self.decide(run, Outcome::Refused { reason });
+                if matches!(carried, Carried::Seals(_)) && !run.resent {
+                    self.send_again(run, file, &reason);
+                } else {
+                    self.decide(run, Outcome::Refused { reason });
+                }
                 continue;
             }
             run.acked += bytes;
             self.progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
             match carried {
+                Carried::Seals(_) if run.was_sealed => self.decide(run, Outcome::AlreadySealed),
                 Carried::Seals(_) => self.decide(run, Outcome::Sealed),
                 Carried::Data(_) => {
                     self.seal_candidates.push(file);
                     self.judge_left_growing(run);
                 }
-                Carried::Opens(_) => {}
+                Carried::Opens(_) => self.read(file, run),
             }
         }
     }
 
-    /// A batch of seals for the files whose every byte is acknowledged.
+    /// The sink refused a file's seal: what it holds is not this file (it
+    /// changed since it was sent, or was rewritten in place while it was).
+    /// The file goes again, whole, as a new generation that replaces it.
+    fn send_again(&mut self, run: &mut Run, file: usize, reason: &str) {
+        tracing::warn!(file = %run.planned.local.display(), %reason, "the sink's copy differs; sending the file again as a new generation");
+        self.progress
+            .bytes_done
+            .fetch_sub(run.resume_from + run.acked, Ordering::Relaxed);
+        run.resent = true;
+        run.was_sealed = false;
+        run.generation += 1;
+        run.resume_from = 0;
+        run.acked = 0;
+        run.settled = None;
+        run.left_growing = None;
+        run.seal_sent = false;
+        self.to_open.push(file);
+    }
+
+    /// A batch of seals for files whose every byte is acknowledged.
     fn seals(&mut self, runs: &mut [Run]) -> Option<Outgoing> {
-        let mut due = std::mem::take(&mut self.seal_candidates);
-        due.sort_unstable();
-        due.dedup();
-        due.retain(|&i| runs[i].sealable().is_some());
-        if due.is_empty() {
+        self.seal_candidates.sort_unstable();
+        self.seal_candidates.dedup();
+        self.seal_candidates
+            .retain(|&i| runs[i].sealable().is_some());
+        if self.seal_candidates.is_empty() {
             return None;
         }
+        let at = self
+            .seal_candidates
+            .len()
+            .saturating_sub(CONTROL_ROWS_PER_BATCH);
+        let due = self.seal_candidates.split_off(at);
         let mut builder = BatchBuilder::with_capacity(due.len(), 0);
-        for &i in &due {
+        let mut sealed = Vec::with_capacity(due.len());
+        for i in due {
             let run = &mut runs[i];
             if let Some((size, digest)) = run.sealable() {
                 builder.push_seal(&run.planned.key, run.generation, size, digest);
+                sealed.push((i, run.generation));
             }
             run.seal_sent = true;
         }
-        let token = self.token(Carried::Seals(due));
+        let token = self.token(Carried::Seals(sealed));
         Some(Outgoing {
             token,
             batch: builder.finish_encoded(),

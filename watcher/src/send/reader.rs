@@ -31,6 +31,9 @@ pub(super) struct ReadJob {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct BatchRow {
     pub file: usize,
+    /// The generation the bytes were sent as: a file sent again as a new
+    /// generation must not count the old one's acknowledgements.
+    pub generation: u64,
     pub bytes: u64,
 }
 
@@ -42,6 +45,7 @@ pub(super) enum ReaderEvent {
     /// The file has not changed for the settle time: complete at `size`.
     Settled {
         file: usize,
+        generation: u64,
         size: u64,
         digest: String,
     },
@@ -49,10 +53,12 @@ pub(super) enum ReaderEvent {
     /// following was not asked for).
     LeftGrowing {
         file: usize,
+        generation: u64,
         size: u64,
     },
     Failed {
         file: usize,
+        generation: u64,
         reason: String,
     },
 }
@@ -75,6 +81,37 @@ struct Reading {
     hasher: FileHasher,
     /// With following off, where reading stops for a file still growing.
     cap: Option<u64>,
+    /// Size, modification and change time when last looked at, and when
+    /// they last changed (by this clock: a file's own times may lie ahead).
+    seen: Option<Seen>,
+    changed_at: Instant,
+    /// It changed while it was being read: its bytes may have been
+    /// rewritten where they were already read, so its seal's digest is
+    /// read again from the file.
+    changed_while_read: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seen {
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+impl Seen {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            size: meta.size(),
+            mtime_ns: meta
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.mtime_nsec()),
+            ctime_ns: meta
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.ctime_nsec()),
+        }
+    }
 }
 
 /// Paces reads to a rate: a token bucket of one second's bytes.
@@ -134,41 +171,49 @@ impl Reader {
         }
     }
 
-    /// Reads every job, then follows the files still growing until each
-    /// has settled (or, without following, leaves them as they are).
-    pub fn run(mut self, jobs: Vec<ReadJob>) {
+    /// Reads the jobs as they come, following the files still growing
+    /// until each has settled (or, without following, leaving them as they
+    /// are), until the driver closes `jobs`.
+    pub fn run(mut self, jobs: std::sync::mpsc::Receiver<ReadJob>) {
         let _ = self.run_jobs(jobs);
     }
 
-    fn run_jobs(&mut self, jobs: Vec<ReadJob>) -> Result<(), Gone> {
-        let mut growing = Vec::new();
-        for job in jobs {
-            if self.stopped() {
-                return Err(Gone);
-            }
-            if let Some(reading) = self.open(job)?
-                && let Some(reading) = self.read_and_judge(reading)?
-            {
-                growing.push(reading);
-            }
-        }
+    fn run_jobs(&mut self, jobs: std::sync::mpsc::Receiver<ReadJob>) -> Result<(), Gone> {
         let poll =
             (self.config.settle / 8).clamp(Duration::from_millis(20), Duration::from_millis(500));
-        while !growing.is_empty() {
-            self.flush()?;
-            std::thread::sleep(poll);
+        let mut growing: Vec<Reading> = Vec::new();
+        loop {
+            let job = if growing.is_empty() {
+                self.flush()?;
+                match jobs.recv() {
+                    Ok(job) => Some(job),
+                    Err(_) => return Ok(()),
+                }
+            } else {
+                jobs.try_recv().ok()
+            };
             if self.stopped() {
                 return Err(Gone);
             }
+            if let Some(job) = job {
+                if let Some(reading) = self.open(job)?
+                    && let Some(reading) = self.read_and_judge(reading)?
+                {
+                    growing.push(reading);
+                }
+                continue;
+            }
+            // Every job at hand is read: look at the growing ones again.
+            self.flush()?;
+            std::thread::sleep(poll);
             let mut still = Vec::with_capacity(growing.len());
-            for reading in growing {
+            for reading in std::mem::take(&mut growing) {
                 if let Some(reading) = self.read_and_judge(reading)? {
                     still.push(reading);
                 }
             }
             growing = still;
         }
-        self.flush()
     }
 
     fn stopped(&self) -> bool {
@@ -185,6 +230,7 @@ impl Reader {
             Err(e) => {
                 self.emit(ReaderEvent::Failed {
                     file: job.file,
+                    generation: job.generation,
                     reason: format!("cannot open {}: {e}", job.local.display()),
                 })?;
                 return Ok(None);
@@ -197,17 +243,31 @@ impl Reader {
             offset: 0,
             hasher,
             cap: None,
+            seen: None,
+            changed_at: Instant::now(),
+            changed_while_read: false,
         }))
     }
 
     /// Reads what the file holds now, then decides: settled, left growing,
     /// failed, or (returned) to be looked at again.
+    ///
+    /// A file is settled once neither its size nor its times have changed
+    /// for the settle time, judged by its modification time or, where that
+    /// lies in the future (another host's clock), by this process's clock;
+    /// and it did not change while this pass read it.
     fn read_and_judge(&mut self, mut reading: Reading) -> Result<Option<Reading>, Gone> {
         let meta = match reading.file.metadata() {
             Ok(meta) => meta,
             Err(e) => return self.fail(&reading, format!("cannot examine: {e}")),
         };
-        let size = meta.size();
+        let before = Seen::of(&meta);
+        if reading.seen.is_some_and(|seen| seen != before) {
+            reading.changed_at = Instant::now();
+            reading.changed_while_read |= reading.offset > 0;
+        }
+        reading.seen = Some(before);
+        let size = before.size;
         if size < reading.offset {
             let reason = format!(
                 "truncated while being sent (it had {} bytes, now {size})",
@@ -219,26 +279,55 @@ impl Reader {
             .modified()
             .ok()
             .and_then(|modified| SystemTime::now().duration_since(modified).ok())
-            .unwrap_or_default();
-        let settled = quiet_for >= self.config.settle;
-        if !settled && !self.config.follow && reading.cap.is_none() {
+            .unwrap_or_default()
+            .max(reading.changed_at.elapsed());
+        let quiet = quiet_for >= self.config.settle;
+        if !quiet && !self.config.follow && reading.cap.is_none() {
             reading.cap = Some(size);
         }
         let end = reading.cap.map_or(size, |cap| cap.min(size));
         if let Err(reason) = self.read_to(&mut reading, end)? {
             return self.fail(&reading, reason);
         }
-        if settled && reading.offset == size {
+        let after = match reading.file.metadata() {
+            Ok(meta) => Seen::of(&meta),
+            Err(e) => return self.fail(&reading, format!("cannot examine: {e}")),
+        };
+        let unchanged = after == before;
+        if !unchanged {
+            reading.seen = Some(after);
+            reading.changed_at = Instant::now();
+            reading.changed_while_read = true;
+        }
+        if quiet && unchanged && reading.offset == size {
+            let mut digest = reading.hasher.finish();
+            if reading.changed_while_read {
+                // What was read may have been rewritten behind the reader:
+                // the seal must vouch for the file as it is.
+                match self.config.digest.of_file_prefix(&reading.file, size) {
+                    Ok(now) if now != digest => {
+                        tracing::warn!(file = %reading.job.local.display(), "rewritten in place while it was sent; the sink will be asked to check it");
+                        digest = now;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        return self
+                            .fail(&reading, format!("reading it again for its digest: {e}"));
+                    }
+                }
+            }
             self.emit(ReaderEvent::Settled {
                 file: reading.job.file,
+                generation: reading.job.generation,
                 size,
-                digest: reading.hasher.finish(),
+                digest,
             })?;
             return Ok(None);
         }
         if let Some(cap) = reading.cap {
             self.emit(ReaderEvent::LeftGrowing {
                 file: reading.job.file,
+                generation: reading.job.generation,
                 size: cap,
             })?;
             return Ok(None);
@@ -249,6 +338,7 @@ impl Reader {
     fn fail(&mut self, reading: &Reading, reason: String) -> Result<Option<Reading>, Gone> {
         self.emit(ReaderEvent::Failed {
             file: reading.job.file,
+            generation: reading.job.generation,
             reason: format!("{}: {reason}", reading.job.local.display()),
         })?;
         Ok(None)
@@ -297,6 +387,7 @@ impl Reader {
             reading.offset += got;
             self.rows.push(BatchRow {
                 file: reading.job.file,
+                generation: reading.job.generation,
                 bytes: got,
             });
             if self.builder.encoded_bytes() >= self.config.batch_bytes {

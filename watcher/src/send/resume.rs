@@ -18,7 +18,7 @@ use super::plan::Planned;
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a file starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Start {
     /// The sink holds it whole, sealed at its size.
     Sealed { generation: u64 },
@@ -26,6 +26,8 @@ pub(super) enum Start {
     Resume { generation: u64, from: u64 },
     /// From the beginning; a generation above 1 replaces what the sink has.
     Fresh { generation: u64 },
+    /// The local file cannot be read: the sink's copy is left alone.
+    Unreadable { reason: String },
 }
 
 /// Why the watermarks could not be had.
@@ -121,27 +123,37 @@ pub(super) fn starts(files: &[Planned], marks: &HashMap<String, FileWatermark>) 
         .iter()
         .map(|planned| match marks.get(&planned.key) {
             None => Start::Fresh { generation: 1 },
-            Some(mark) => start_of(planned, mark, head_crc(planned, mark.head_len)),
+            Some(mark) => match head_crc(planned, mark.head_len) {
+                Ok(head) => start_of(planned, mark, head),
+                Err(reason) => Start::Unreadable { reason },
+            },
         })
         .collect()
 }
 
-fn head_crc(planned: &Planned, len: u64) -> Option<u32> {
-    let file = File::open(&planned.local).ok()?;
-    if file.metadata().ok()?.len() < len {
-        return None;
-    }
-    flight_server::checksum::crc32c_of_file_prefix(&file, len).ok()
+/// The crc32c of the local file's first `len` bytes; `None` if it is
+/// shorter. A file that cannot be read is an error: it says nothing of
+/// whether the sink's copy is this file.
+fn head_crc(planned: &Planned, len: u64) -> Result<Option<u32>, String> {
+    let read = || -> std::io::Result<Option<u32>> {
+        let file = File::open(&planned.local)?;
+        if file.metadata()?.len() < len {
+            return Ok(None);
+        }
+        flight_server::checksum::crc32c_of_file_prefix(&file, len).map(Some)
+    };
+    read().map_err(|e| format!("cannot read {}: {e}", planned.local.display()))
 }
 
 /// The start of one file the sink knows, given the crc of the local file's
-/// first `mark.head_len` bytes (`None`: it is shorter, or unreadable).
+/// first `mark.head_len` bytes (`None`: it is shorter).
 fn start_of(planned: &Planned, mark: &FileWatermark, local_head: Option<u32>) -> Start {
     let same_head = local_head == Some(mark.head_crc32c);
     let replace = Start::Fresh {
         generation: mark.generation.saturating_add(1),
     };
-    if mark.superseded || !same_head {
+    // Bytes placed past the local size belong to another file.
+    if mark.superseded || !same_head || mark.placed_bytes > planned.size {
         return replace;
     }
     match mark.sealed_size {
@@ -211,11 +223,33 @@ mod tests {
                 }
             );
         }
+        // Bytes placed past the local size: another file.
+        let mut beyond = mark(1, 40, None);
+        beyond.placed_bytes = 140;
+        assert_eq!(
+            start_of(&planned(100), &beyond, same),
+            Start::Fresh { generation: 2 }
+        );
         let mut superseded = mark(3, 40, None);
         superseded.superseded = true;
         assert_eq!(
             start_of(&planned(100), &superseded, same),
             Start::Fresh { generation: 4 }
+        );
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_leaves_the_sinks_copy_alone() {
+        let marks = HashMap::from([("a".to_string(), mark(1, 100, Some(100)))]);
+        let missing = Planned {
+            local: std::env::temp_dir().join("tailflight-resume-no-such-file"),
+            key: "a".into(),
+            size: 100,
+        };
+        let starts = starts(&[missing], &marks);
+        assert!(
+            matches!(&starts[0], Start::Unreadable { reason } if reason.contains("cannot read")),
+            "{starts:?}"
         );
     }
 }
