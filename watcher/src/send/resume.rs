@@ -14,8 +14,10 @@ use flight_server::protocol::{ACTION_WATERMARKS, FileWatermark};
 use super::Cut;
 use super::plan::Planned;
 
-/// One watermarks request may take this long before it is tried again.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// One watermarks request may take this long before it is tried again: the
+/// sink reads the head of every file of the source to answer, which for a
+/// large source takes a while.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where a file starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,11 +60,10 @@ pub(super) async fn watermarks(
     let began = Instant::now();
     let mut delay = Duration::from_millis(100);
     loop {
-        let answer = tokio::time::timeout(
-            ATTEMPT_TIMEOUT,
-            pool.action(ACTION_WATERMARKS, body.clone()),
-        )
-        .await;
+        let left = retry_for.saturating_sub(began.elapsed());
+        let attempt = ATTEMPT_TIMEOUT.min(left.max(Duration::from_secs(1)));
+        let answer =
+            tokio::time::timeout(attempt, pool.action(ACTION_WATERMARKS, body.clone())).await;
         let error = match answer {
             Ok(Ok(reply)) => {
                 let marks: Vec<FileWatermark> = serde_json::from_slice(&reply).map_err(|e| {
@@ -88,7 +89,7 @@ pub(super) async fn watermarks(
                 }));
             }
             Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("{}: no answer within {ATTEMPT_TIMEOUT:?}", pool.name()),
+            Err(_) => format!("{}: no answer within {attempt:?}", pool.name()),
         };
         if began.elapsed() + delay >= retry_for {
             return Err(Unreachable::Cut(Cut::Unreachable { detail: error }));
