@@ -65,8 +65,9 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 type FileKey = (String, u64);
 
 /// The tailer looks its files up several times per append. With SipHash
-/// over their (path, generation) keys, hashing was a fifth of the watcher's
-/// instructions in P3; foldhash is a few times cheaper. It is seeded per
+/// over their (path, generation) keys, hashing was a large share of the
+/// watcher's instructions (docs/measurements.md); foldhash is a few times
+/// cheaper. It is seeded per
 /// process and per map, so names prepared to collide do not; it does not
 /// claim to resist someone who can time the watcher while choosing names,
 /// and need not: whoever writes into the watched tree is trusted with its

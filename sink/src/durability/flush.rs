@@ -46,16 +46,16 @@ const AUTO_SYNCFS_FROM: usize = 4;
 /// `syncfs` writes back every dirty page of the filesystem, whoever left
 /// it there. With more than this much dirty data on the machine (the
 /// kernel lets it grow to a tenth of memory before writing back on its
-/// own), `Auto` flushes a round's files one by one instead: in a P3 run
-/// whose simulator wrote its 1.2 GB onto the sink's filesystem, one round
-/// of 101 new files took 1.9 s in `syncfs` while writes piled up behind it.
+/// own), `Auto` flushes a round's files one by one instead: a `syncfs`
+/// then waits for everyone's writeback while writes pile up behind it
+/// (docs/measurements.md).
 const AUTO_SYNCFS_DIRTY_MAX: u64 = 64 << 20;
 
 /// Flushes at once for a round of many files that does not use `syncfs`
 /// because the machine is dirty. Each runs on a thread of tokio's blocking
 /// pool, which placement then also uses, and every thread that has handled
-/// batches keeps a heap of its own: at 64, a P3 run with rotating chunks
-/// grew to 76 threads and the sink's RSS from ~250 MB to ~900 MB.
+/// batches keeps a heap of its own: more at once grows the pool, and the
+/// sink's memory with it (docs/measurements.md).
 const DIRTY_FALLBACK_PARALLELISM: usize = 8;
 
 /// Most journaled files a background flush flushes one by one (see
