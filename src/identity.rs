@@ -37,27 +37,27 @@ pub struct FleetArgs {
     /// for TLS). With --identity this process acts for that identity only
     /// while it holds its lease, and waits as a standby otherwise; a
     /// watcher without --identity only finds its sinks there.
-    #[arg(long)]
+    #[arg(global = true, long)]
     coordinator: Option<String>,
     /// The cluster's name: keys live under /tailflight/<cluster>/.
-    #[arg(long, default_value = "default")]
+    #[arg(global = true, long, default_value = "default")]
     cluster: String,
     /// The identity this process acts for. Its --state must be on storage
     /// every candidate host mounts (Lustre, GPFS, NFS): a successor starts
     /// from it.
-    #[arg(long, requires = "coordinator")]
+    #[arg(global = true, long, requires = "coordinator")]
     identity: Option<String>,
     /// The lease's time to live: a dead active process holds its identity
     /// this long at most; it stops acting a fifth of it (at least 0.5 s)
     /// before, by its own clock, when it cannot renew.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(global = true, long, default_value = "10s", value_parser = parse_duration)]
     lease_ttl: Duration,
     /// When etcd cannot be reached at startup: wait (retry) or exit.
-    #[arg(long, value_enum, default_value = "wait")]
+    #[arg(global = true, long, value_enum, default_value = "wait")]
     coordinator_unreachable: WhenUnreachable,
     /// etcd user (authentication enabled); the password comes from
     /// TAILFLIGHT_ETCD_PASSWORD.
-    #[arg(long, requires = "coordinator")]
+    #[arg(global = true, long, requires = "coordinator")]
     etcd_user: Option<String>,
     #[arg(
         long,
@@ -67,13 +67,16 @@ pub struct FleetArgs {
     )]
     etcd_password: Option<String>,
     /// CA certificate (PEM) of etcd's TLS (with etcds://).
-    #[arg(long, requires = "coordinator")]
+    #[arg(global = true, long, requires = "coordinator")]
     etcd_ca: Option<PathBuf>,
     /// Client certificate (PEM) for etcd's mutual TLS.
-    #[arg(long, requires = "etcd_ca", requires = "etcd_key")]
+    #[arg(global = true, long, requires = "etcd_ca", requires = "etcd_key")]
     etcd_cert: Option<PathBuf>,
-    #[arg(long, requires = "etcd_cert")]
+    #[arg(global = true, long, requires = "etcd_cert")]
     etcd_key: Option<PathBuf>,
+    /// The name this host goes by in the fleet's views (default: its host name).
+    #[arg(global = true, long, env = "TAILFLIGHT_NODE_NAME")]
+    node_name: Option<String>,
 }
 
 impl FleetArgs {
@@ -87,6 +90,11 @@ impl FleetArgs {
 
     pub fn identity(&self) -> Option<&str> {
         self.identity.as_deref()
+    }
+
+    /// The name this host goes by in the fleet's views.
+    pub fn node_name(&self) -> String {
+        self.node_name.clone().unwrap_or_else(host_name)
     }
 
     fn config(&self) -> anyhow::Result<CoordinatorConfig> {
@@ -173,7 +181,10 @@ pub struct ActiveIdentity {
     lease: HeldLease,
     coordinator: Coordinator,
     member: Member,
+    kind: Kind,
+    identity: String,
     stopping: Arc<FenceGuard>,
+    _presence: fleet::Presence,
 }
 
 /// What the fence thread does when the lease's clock says stop.
@@ -229,6 +240,21 @@ impl ActiveIdentity {
         &self.coordinator
     }
 
+    /// Resolves once an operator asks for this identity to be handed over
+    /// (`tailflight fleet handover`).
+    pub fn handover_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        fleet::handover::requested(
+            self.coordinator.clone(),
+            self.kind,
+            self.identity.clone(),
+            self.lease.epoch(),
+        )
+    }
+
+    pub fn epoch(&self) -> i64 {
+        self.lease.epoch()
+    }
+
     /// A planned stop: from now on a lost lease ends the process instead
     /// of restarting it; then the lease is released so a standby takes
     /// over at once.
@@ -261,16 +287,28 @@ pub async fn become_active(
     let Some(coordinator) = args.connect(Some(role), stop()).await? else {
         return Ok(None);
     };
-    let host = host_name();
+    let host = args.node_name();
+    let _presence =
+        fleet::Presence::start(coordinator.clone(), kind, identity, &host, role.clone());
+    if let Ok(epoch) = std::env::var(fleet::handover::HANDED_OVER_ENV) {
+        // This process just handed the identity over: a standby claims first.
+        tracing::info!(%epoch, "handed the identity over; standing by");
+        role.set(
+            Role::Standby,
+            Some("a standby to take the identity over".into()),
+        );
+        let patience = coordinator.config().ttl * 2 + Duration::from_secs(2);
+        tokio::select! {
+            () = fleet::handover::wait_for_successor(&coordinator, kind, identity, patience) => {}
+            () = stop() => return Ok(None),
+        }
+    }
     let member = Member {
         host: host.clone(),
         pid: std::process::id(),
         endpoint: None,
         state_dir: state_dir.display().to_string(),
-        since_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64,
+        since_unix_ms: fleet::unix_ms_now(),
     };
     role.set(Role::Standby, Some("claiming the identity".into()));
     let Some(lease) = fleet::campaign(&coordinator, kind, identity, &member, role, stop()).await
@@ -295,7 +333,10 @@ pub async fn become_active(
         lease,
         coordinator,
         member,
+        kind,
+        identity: identity.to_string(),
         stopping,
+        _presence,
     };
     if let Err(e) =
         fleet::register_state(&active.coordinator, kind, identity, state_dir, &host).await
@@ -313,6 +354,17 @@ pub async fn become_active(
             ),
         };
         return Err(anyhow::Error::new(e).context(context));
+    }
+    {
+        let (coordinator, member) = (active.coordinator.clone(), active.member.clone());
+        let (identity, epoch) = (identity.to_string(), active.lease.epoch());
+        tokio::spawn(async move {
+            if let Err(e) =
+                fleet::view::record_activation(&coordinator, kind, &identity, &member, epoch).await
+            {
+                tracing::warn!(error = %e, "cannot count this activation in etcd (the fleet view's takeovers)");
+            }
+        });
     }
     let mut said = false;
     let mut stopped = stop();
@@ -398,6 +450,7 @@ fn guard_fence(
                 }
                 let error = std::process::Command::new("/proc/self/exe")
                     .args(std::env::args_os().skip(1))
+                    .env_remove(fleet::handover::HANDED_OVER_ENV)
                     .env(
                         fleet::role::FENCED_ENV,
                         fleet::role::next_fenced_env(&reason.to_string()),
@@ -411,4 +464,16 @@ fn guard_fence(
         })
         .map(|_| ())
         .map_err(|e| anyhow::anyhow!("cannot start the fence thread: {e}"))
+}
+
+/// After a planned handover (the identity drained and its lease released):
+/// starts over as a standby that lets another process claim first, with a
+/// fresh image as a fenced process does (every descriptor closed, the state
+/// directory's lock with them).
+pub fn start_over_after_handover(epoch: i64) -> anyhow::Error {
+    let error = std::process::Command::new("/proc/self/exe")
+        .args(std::env::args_os().skip(1))
+        .env(fleet::handover::HANDED_OVER_ENV, epoch.to_string())
+        .exec();
+    anyhow::anyhow!("handed the identity over but cannot start over as a standby: {error}")
 }

@@ -2,6 +2,7 @@
 //! them) and dispatches to the crates that do the work.
 
 mod choices;
+mod cluster;
 #[cfg(feature = "bench")]
 mod commit_log;
 mod config;
@@ -82,6 +83,8 @@ enum Command {
     Top(top::TopArgs),
     /// Copy files and trees to a sink once (resumable, sealed, digest checked), as bbcp or xrdcp do.
     Send(send::SendArgs),
+    /// A fleet's identities, their processes and roles (etcd); `handover` drains one to a standby.
+    Fleet(cluster::ClusterArgs),
 }
 
 #[derive(Args, Clone)]
@@ -908,6 +911,7 @@ fn run(
         Command::Tail(args) => return tail::run(args),
         Command::Top(args) => return top::run(args),
         Command::Send(args) => return send::run(args),
+        Command::Fleet(args) => return cluster::run(args),
     }
     Ok(ExitCode::SUCCESS)
 }

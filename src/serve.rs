@@ -15,6 +15,54 @@ use crate::{
 /// Makes a future that resolves when the process is asked to stop.
 pub type StopMaker = dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
+/// A stop that also comes when an operator asks for `active`'s identity to
+/// be handed over; the receiver tells whether that was asked.
+fn stop_or_handover(
+    active: &identity::ActiveIdentity,
+    stop: &StopMaker,
+) -> (
+    Box<StopMaker>,
+    tokio::sync::watch::Receiver<bool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (asked, hearing) = tokio::sync::watch::channel(false);
+    let requested = active.handover_requested();
+    let listener = tokio::spawn(async move {
+        requested.await;
+        tracing::info!("a handover of this identity was asked for: draining, then releasing it");
+        let _ = asked.send(true);
+    });
+    let heard = hearing.clone();
+    let signalled = stop();
+    // The signal's future is shared by every stop made here.
+    let signalled = futures::FutureExt::shared(signalled);
+    let maker = move || -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let mut heard = heard.clone();
+        let signalled = signalled.clone();
+        Box::pin(async move {
+            tokio::select! {
+                () = signalled => {}
+                _ = heard.wait_for(|asked| *asked) => {}
+            }
+        })
+    };
+    (Box::new(maker), hearing, listener)
+}
+
+/// After an identity's work stopped and its lease was released: starts
+/// over as a standby if the stop was a handover (not a signal).
+fn after_release(
+    handover: &tokio::sync::watch::Receiver<bool>,
+    epoch: i64,
+    stop: &StopMaker,
+) -> anyhow::Result<()> {
+    let signalled = futures::FutureExt::now_or_never(stop()).is_some();
+    if *handover.borrow() && !signalled {
+        return Err(identity::start_over_after_handover(epoch));
+    }
+    Ok(())
+}
+
 /// Opens and serves a sink, with its exporters, listeners and relay, until
 /// `stop` resolves; `listening` is called once it listens.
 pub async fn serve_sink(
@@ -177,6 +225,7 @@ pub async fn run_sink_identity(
     };
     role.activated();
     tracing::info!(identity, %advertise, "active for the sink identity: opening its state");
+    let (stop_here, handover, listener) = stop_or_handover(&active, stop);
     let (listening_tx, listening_rx) = tokio::sync::oneshot::channel();
     let publish = async {
         if listening_rx.await.is_ok() {
@@ -187,15 +236,18 @@ pub async fn run_sink_identity(
         args,
         config,
         problems,
-        stop,
+        &*stop_here,
         Some(role.clone()),
         move || {
             let _ = listening_tx.send(());
         },
     );
     let (served, ()) = tokio::join!(serve, publish);
+    listener.abort();
+    let epoch = active.epoch();
     active.release().await;
-    served
+    served?;
+    after_release(&handover, epoch, stop)
 }
 
 /// Runs the watcher until `stop` resolves: as an identity of a fleet with
@@ -208,7 +260,7 @@ pub async fn run_watcher(
     stop: &StopMaker,
 ) -> anyhow::Result<()> {
     let mut config = watch_config(args);
-    let mut active = None;
+    let mut active: Option<identity::ActiveIdentity> = None;
     if let Some(role) = role {
         match identity::become_active(
             &args.fleet,
@@ -252,14 +304,27 @@ pub async fn run_watcher(
             .collect();
         _directory = Some(directory);
     }
-    let stopping = stop();
+    let (stopping, handover) = match &active {
+        Some(active) => {
+            let (stop_here, handover, listener) = stop_or_handover(active, stop);
+            (stop_here(), Some((handover, listener)))
+        }
+        None => (stop(), None),
+    };
     let watched = watcher::run(config, progress, async move {
         stopping.await;
         service_manager::stopping();
     })
     .await;
     if let Some(active) = active {
+        let epoch = active.epoch();
         active.release().await;
+        watched?;
+        if let Some((handover, listener)) = handover {
+            listener.abort();
+            return after_release(&handover, epoch, stop);
+        }
+        return Ok(());
     }
     watched
 }

@@ -7,6 +7,10 @@
 //! - `identities/sinks/<identity>`, `identities/watchers/<identity>`: what
 //!   state the identity owns (see [`crate::registry`]); never leased, so an
 //!   identity with no active process is still known.
+//! - `members/<kind>/<identity>/<node>:<pid>`: every process started for an
+//!   identity, its role and epoch, on a lease of its own (for fleet views).
+//! - `activations/<kind>/<identity>`: how often a process became active.
+//! - `handover/<kind>/<identity>`: a planned handover asked of the active.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,6 +33,21 @@ impl Kind {
         match self {
             Kind::Sink => "sinks",
             Kind::Watcher => "watchers",
+        }
+    }
+
+    pub fn singular(self) -> &'static str {
+        match self {
+            Kind::Sink => "sink",
+            Kind::Watcher => "watcher",
+        }
+    }
+
+    pub fn from_plural(text: &str) -> Option<Self> {
+        match text {
+            "sinks" => Some(Kind::Sink),
+            "watchers" => Some(Kind::Watcher),
+            _ => None,
         }
     }
 }
@@ -199,6 +218,25 @@ impl Coordinator {
     /// The key recording what state an identity owns.
     pub fn registry_key(&self, kind: Kind, identity: &str) -> String {
         format!("{}identities/{}/{identity}", self.prefix(), kind.plural())
+    }
+
+    /// A process's announcement for an identity (see [`crate::presence`]).
+    pub fn member_key(&self, kind: Kind, identity: &str, process: &str) -> String {
+        format!(
+            "{}members/{}/{identity}/{process}",
+            self.prefix(),
+            kind.plural()
+        )
+    }
+
+    /// How often an identity became active (see [`crate::view`]).
+    pub fn activations_key(&self, kind: Kind, identity: &str) -> String {
+        format!("{}activations/{}/{identity}", self.prefix(), kind.plural())
+    }
+
+    /// A planned handover's request (see [`crate::handover`]).
+    pub fn handover_key(&self, kind: Kind, identity: &str) -> String {
+        format!("{}handover/{}/{identity}", self.prefix(), kind.plural())
     }
 
     pub fn endpoints_text(&self) -> String {

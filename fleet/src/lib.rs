@@ -15,6 +15,9 @@
 //!   by watchers;
 //! - [`role`]: what a process is for its identity now, for status and metrics;
 //! - [`state_lock`]: whether another process holds a state directory's lock.
+//! - [`presence`]: every process of an identity announced with its role;
+//! - [`view`]: the whole cluster as etcd records it, for operators;
+//! - [`handover`]: planned handovers, asked for and heard.
 //!
 //! The crate knows nothing of sinks or watchers: the binary ties a lease's
 //! fence to the work it guards.
@@ -22,17 +25,30 @@
 pub mod campaign;
 pub mod coordinator;
 pub mod directory;
+pub mod handover;
 pub mod lease;
+pub mod presence;
 pub mod registry;
 pub mod role;
 pub mod state_lock;
+pub mod view;
 
 pub use campaign::{Member, campaign};
 pub use coordinator::{Coordinator, CoordinatorConfig, EtcdTls, Kind, parse_endpoints};
 pub use directory::{SinkDirectory, follow_sinks};
 pub use lease::{FenceReason, HeldLease};
+pub use presence::Presence;
 pub use registry::register_state;
 pub use role::{Role, RoleReport, RoleStatus};
+pub use view::{ClusterView, IdentityView};
+
+/// Now, in ms since the Unix epoch (for people: never compared across hosts).
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
 
 /// What went wrong with the coordinator, and whose fault it is.
 #[derive(Debug, thiserror::Error)]

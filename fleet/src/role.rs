@@ -9,7 +9,7 @@ use crate::coordinator::Kind;
 use crate::lease::LeaseClock;
 
 /// A process's role for its identity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Reaching etcd (at startup, or after losing it as a standby).
