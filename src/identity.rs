@@ -449,6 +449,11 @@ fn guard_fence(
                     unsafe { libc::_exit(75) };
                 }
                 let error = std::process::Command::new("/proc/self/exe")
+                    .arg0(
+                        std::env::args_os()
+                            .next()
+                            .unwrap_or_else(|| "tailflight".into()),
+                    )
                     .args(std::env::args_os().skip(1))
                     .env_remove(fleet::handover::HANDED_OVER_ENV)
                     .env(
@@ -472,6 +477,11 @@ fn guard_fence(
 /// directory's lock with them).
 pub fn start_over_after_handover(epoch: i64) -> anyhow::Error {
     let error = std::process::Command::new("/proc/self/exe")
+        .arg0(
+            std::env::args_os()
+                .next()
+                .unwrap_or_else(|| "tailflight".into()),
+        )
         .args(std::env::args_os().skip(1))
         .env(fleet::handover::HANDED_OVER_ENV, epoch.to_string())
         .exec();

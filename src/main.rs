@@ -1,6 +1,7 @@
 //! `tailflight`: parses arguments (and an optional TOML config equivalent to
 //! them) and dispatches to the crates that do the work.
 
+mod catalogue;
 mod choices;
 mod cluster;
 #[cfg(feature = "bench")]
@@ -704,6 +705,7 @@ fn sink_config(args: &SinkArgs) -> sink::SinkConfig {
                 sink_id: args.events.sink_id.clone(),
                 limit_bytes: args.events.kafka_outbox_limit,
             }),
+        federation: None,
     }
 }
 

@@ -226,6 +226,13 @@ pub async fn run_sink_identity(
     role.activated();
     tracing::info!(identity, %advertise, "active for the sink identity: opening its state");
     let (stop_here, handover, listener) = stop_or_handover(&active, stop);
+    let mut config = config.clone();
+    config.federation = crate::catalogue::federation(
+        active.coordinator(),
+        identity,
+        &advertise,
+        config.tls.as_ref(),
+    );
     let (listening_tx, listening_rx) = tokio::sync::oneshot::channel();
     let publish = async {
         if listening_rx.await.is_ok() {
@@ -234,7 +241,7 @@ pub async fn run_sink_identity(
     };
     let serve = serve_sink(
         args,
-        config,
+        &config,
         problems,
         &*stop_here,
         Some(role.clone()),

@@ -488,13 +488,36 @@ pub async fn subscribe(
     Ok(batches.boxed())
 }
 
+/// A Flight location (`grpc+tcp://`, `grpc://`, `grpc+tls://`) as the URL
+/// tonic connects to; `http(s)://` URLs as they are.
+pub fn endpoint_url(location: &str) -> String {
+    if let Some(rest) = location
+        .strip_prefix("grpc+tcp://")
+        .or_else(|| location.strip_prefix("grpc://"))
+    {
+        format!("http://{rest}")
+    } else if let Some(rest) = location.strip_prefix("grpc+tls://") {
+        format!("https://{rest}")
+    } else {
+        location.to_string()
+    }
+}
+
+/// A Flight client on a connection of its own (listings, descriptions).
+pub async fn connect_plain(
+    config: &ClientConfig,
+) -> Result<FlightServiceClient<tonic::transport::Channel>, ClientError> {
+    connect(config, &make_endpoint(config)?.1).await
+}
+
 fn make_endpoint(config: &ClientConfig) -> Result<(String, Endpoint), ClientError> {
     let bad = |detail: String| ClientError::Endpoint {
         endpoint: config.endpoint.clone(),
         detail,
     };
     let window = config.window_bytes.clamp(64 << 10, (1 << 31) - 1) as u32;
-    let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
+    let url = endpoint_url(&config.endpoint);
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| bad(format!("not a valid endpoint URL: {e}")))?
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true)
@@ -508,7 +531,7 @@ fn make_endpoint(config: &ClientConfig) -> Result<(String, Endpoint), ClientErro
         endpoint = endpoint
             .tls_config(tls)
             .map_err(|e| bad(format!("TLS configuration refused: {e}")))?;
-    } else if config.endpoint.starts_with("https://") {
+    } else if url.starts_with("https://") {
         return Err(bad(
             "an https:// endpoint needs TLS settings (a CA certificate at least)".into(),
         ));

@@ -16,6 +16,7 @@ pub mod client;
 mod connection;
 mod decode;
 pub mod encode;
+pub mod federation;
 pub mod protocol;
 mod put_stream;
 mod read_access;

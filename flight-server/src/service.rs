@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::connection::ServerConnection;
 use crate::decode;
+use crate::federation::{Asked, Federation};
 use crate::protocol::{self, Hello};
 use crate::read_access::{ReadAccess, ReadGate};
 use crate::tls::ServerTls;
@@ -118,6 +119,9 @@ pub struct ServerConfig {
     /// How long a DoPut message that has begun may go without a byte
     /// before its stream is ended (see [`crate::stall`]).
     pub message_stall: Duration,
+    /// A fleet's catalogue: listings answer for every member (see
+    /// [`crate::federation`]).
+    pub federation: Option<Federation>,
 }
 
 /// Largest HTTP/2 frame peers may send. At HTTP/2's default of 16 KiB a
@@ -138,6 +142,7 @@ impl Default for ServerConfig {
             max_streams: 256,
             read_access: ReadAccess::default(),
             message_stall: crate::stall::MESSAGE_STALL,
+            federation: None,
         }
     }
 }
@@ -159,6 +164,7 @@ pub async fn serve<I: Ingest>(
         pipeline_depth: config.pipeline_depth.max(1),
         streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
         per_peer: Default::default(),
+        federation: config.federation.clone(),
     };
     let server = FlightServiceServer::new(service)
         .max_decoding_message_size(config.max_message_bytes)
@@ -222,6 +228,7 @@ struct Service<I> {
     /// DoPut streams open per peer address, so that one peer cannot hold
     /// every stream the sink serves.
     per_peer: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    federation: Option<Federation>,
 }
 
 /// Most DoPut streams one peer address may hold open at once (a watcher
@@ -307,10 +314,15 @@ impl<I: Ingest> FlightService for Service<I> {
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         self.readers.check(&request)?;
-        let infos = self
-            .ingest
-            .list(request.into_inner().expression.to_vec())
-            .await?;
+        let asked = Asked::of(&request);
+        let criteria = request.into_inner().expression.to_vec();
+        let mut infos = self.ingest.list(criteria.clone()).await?;
+        if let Some(federation) = &self.federation {
+            federation.stamp_own(&mut infos);
+            if !asked.by_member {
+                infos.extend(federation.list_others(&criteria, &asked).await);
+            }
+        }
         Ok(Response::new(Box::pin(futures::stream::iter(
             infos.into_iter().map(Ok),
         ))))
@@ -321,7 +333,23 @@ impl<I: Ingest> FlightService for Service<I> {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.readers.check(&request)?;
-        Ok(Response::new(self.ingest.info(request.into_inner()).await?))
+        let asked = Asked::of(&request);
+        let descriptor = request.into_inner();
+        let Some(federation) = &self.federation else {
+            return Ok(Response::new(self.ingest.info(descriptor).await?));
+        };
+        match self.ingest.info(descriptor.clone()).await {
+            Ok(info) => {
+                let mut infos = [info];
+                federation.stamp_own(&mut infos);
+                let [info] = infos;
+                Ok(Response::new(info))
+            }
+            Err(status) if status.code() == tonic::Code::NotFound && !asked.by_member => Ok(
+                Response::new(federation.describe_elsewhere(descriptor, &asked).await?),
+            ),
+            Err(status) => Err(status),
+        }
     }
 
     async fn poll_flight_info(

@@ -71,6 +71,8 @@ pub struct SinkConfig {
     /// Record commit events in the manifest's outbox for a relay to
     /// publish (None: no events).
     pub events: Option<crate::outbox::EventsConfig>,
+    /// A fleet's catalogue: listings answer for every member of the fleet.
+    pub federation: Option<flight_server::federation::Federation>,
 }
 
 impl Default for SinkConfig {
@@ -93,6 +95,7 @@ impl Default for SinkConfig {
             placement_threads: None,
             read_access: Default::default(),
             events: None,
+            federation: None,
         }
     }
 }

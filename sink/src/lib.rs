@@ -725,6 +725,7 @@ pub async fn serve_and_tell(
             stream_window_bytes: config.window_bytes,
             connection_window_bytes: config.window_bytes,
             read_access: config.read_access.clone(),
+            federation: config.federation.clone(),
             ..ServerConfig::default()
         };
         flight_server::serve(sink.clone(), server, listener, shutdown)
