@@ -5,7 +5,7 @@
 //! state file so that a restart resumes where it stopped, and reports its
 //! progress on stderr.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -55,13 +55,50 @@ pub struct TailArgs {
     max_batch_bytes: Option<u64>,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    /// With --coordinator: follow the source over every sink identity of
+    /// the fleet, wherever each is served (instead of --from).
+    #[command(flatten)]
+    fleet: crate::identity::FleetArgs,
 }
 
-/// What the state file holds.
+/// What the state file holds: the cursor of a sink's stream, or with
+/// `--coordinator` one per sink identity (a sink refuses a cursor naming
+/// files it does not hold).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct State {
     source: String,
+    #[serde(default)]
     cursor: Vec<flight_server::subscription::Position>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    identities: BTreeMap<String, Vec<flight_server::subscription::Position>>,
+}
+
+/// Where one stream of the subscription comes from: a sink's endpoint, or
+/// a sink identity's, which changes at a takeover.
+struct Stream {
+    /// The identity (empty for a sink named by `--from`).
+    identity: String,
+    endpoint: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+/// What the streams hand to the task that owns the output and the cursors.
+enum Delivery {
+    Batch {
+        stream: usize,
+        consumed: flight_server::client::Consumed,
+    },
+    /// Answered once every batch sent before it is in the output and its
+    /// cursor: a stream resumes only from there, so nothing arrives twice.
+    Settled(tokio::sync::oneshot::Sender<()>),
+}
+
+/// The cursors of every stream, as far as the output took their batches.
+#[derive(Default)]
+struct Cursors {
+    cursors: Vec<Cursor>,
+    /// Whether a stream's cursor says where to resume (it has carried an
+    /// update, or came from the state file).
+    resumable: Vec<bool>,
 }
 
 pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -75,31 +112,31 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
             "--out rebuilds whole files, and --start now joins them in the middle: use --print with --start now"
         );
     }
-    let mut cursor = Cursor::default();
-    let mut start = match args.start.as_str() {
+    if args.fleet.identity().is_some() {
+        bail!("--identity is for sinks and watchers; a tail follows every sink identity");
+    }
+    let start = match args.start.as_str() {
         "now" => Start::Now,
         _ => Start::Beginning,
     };
-    if let Some(path) = &state_path
-        && let Ok(text) = std::fs::read(path)
-    {
-        let state: State = serde_json::from_slice(&text)
-            .with_context(|| format!("reading the cursor in {}", path.display()))?;
-        if state.source != args.source {
-            bail!(
-                "{} holds a cursor of source {:?}, not {:?}",
-                path.display(),
-                state.source,
-                args.source
-            );
-        }
-        cursor = Cursor::from_positions(state.cursor);
-        start = Start::Cursor;
-    }
-    let config = flight_server::ClientConfig {
-        endpoint: args.from.clone(),
-        tls: args.tls.config(),
-        ..Default::default()
+    let saved: Option<State> = match &state_path {
+        Some(path) => match std::fs::read(path) {
+            Ok(text) => {
+                let state: State = serde_json::from_slice(&text)
+                    .with_context(|| format!("reading the cursor in {}", path.display()))?;
+                if state.source != args.source {
+                    bail!(
+                        "{} holds a cursor of source {:?}, not {:?}",
+                        path.display(),
+                        state.source,
+                        args.source
+                    );
+                }
+                Some(state)
+            }
+            Err(_) => None,
+        },
+        None => None,
     };
     let token = match &args.token_file {
         Some(path) => Some(
@@ -117,54 +154,235 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
         Some(out) => Output::Files(Rebuilt::new(out)?),
         None => Output::Print,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let mut progress = Progress::new();
-        // Once a stream has told where it starts, a new one resumes there.
-        let mut resumable = start == Start::Cursor;
-        loop {
-            let from_cursor = resumable || start == Start::Cursor;
-            let ticket = Ticket {
-                source: args.source.clone(),
-                globs: args.globs.clone(),
-                start: if from_cursor { Start::Cursor } else { start },
-                cursor: from_cursor.then(|| cursor.positions()),
-                follow: args.follow,
-                max_batch_bytes: args.max_batch_bytes,
+        // Kept for as long as the streams follow the identities' endpoints.
+        let (streams, _directory) = streams_of(&args).await?;
+        let names: Vec<String> = streams
+            .iter()
+            .map(|stream| stream.identity.clone())
+            .collect();
+        let mut cursors = Cursors::default();
+        for stream in &streams {
+            let positions = saved.as_ref().map(|state| {
+                if args.fleet.coordinated() {
+                    state
+                        .identities
+                        .get(&stream.identity)
+                        .cloned()
+                        .unwrap_or_default()
+                } else {
+                    state.cursor.clone()
+                }
+            });
+            cursors.resumable.push(positions.is_some());
+            cursors
+                .cursors
+                .push(Cursor::from_positions(positions.unwrap_or_default()));
+        }
+        let cursors = std::sync::Arc::new(std::sync::Mutex::new(cursors));
+        let (deliver, mut delivered) = tokio::sync::mpsc::channel::<Delivery>(4);
+        let mut tasks = tokio::task::JoinSet::new();
+        for (index, stream) in streams.into_iter().enumerate() {
+            let follower = Follower {
+                index,
+                fleet: args.fleet.coordinated(),
+                args: args.clone(),
+                start,
+                token: token.clone(),
+                cursors: cursors.clone(),
+                deliver: deliver.clone(),
             };
-            let outcome: anyhow::Result<()> = async {
-                let mut batches =
-                    flight_server::client::subscribe(&config, &ticket, token.as_deref()).await?;
-                while let Some(consumed) = batches.next().await {
-                    let consumed = consumed?;
+            tasks.spawn(follower.run(stream));
+        }
+        drop(deliver);
+        let names: Vec<String> = names;
+        let mut progress = Progress::new();
+        while let Some(delivery) = delivered.recv().await {
+            match delivery {
+                Delivery::Batch { stream, consumed } => {
                     let bytes = output.take(&consumed.batch)?;
-                    cursor.apply(&consumed.cursor);
-                    resumable = true;
+                    let mut held = lock(&cursors);
+                    held.cursors[stream].apply(&consumed.cursor);
+                    held.resumable[stream] = true;
                     if let Some(path) = &state_path {
-                        save(path, &args.source, &cursor)?;
+                        save(path, &args.source, &held, &names, args.fleet.coordinated())?;
                     }
                     progress.add(bytes);
                 }
-                Ok(())
-            }
-            .await;
-            match outcome {
-                Ok(()) => break,
-                // Following, a sink that went away is waited for: the
-                // stream resumes from the cursor once it is back.
-                Err(error) if args.follow && retryable(&error) => {
-                    eprintln!("subscription interrupted ({error:#}); resuming in 1 s");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                Delivery::Settled(answer) => {
+                    let _ = answer.send(());
                 }
-                Err(error) => return Err(error),
             }
+        }
+        while let Some(ended) = tasks.join_next().await {
+            ended.context("a stream's task failed")??;
         }
         progress.report(true);
         anyhow::Ok(())
     })?;
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn lock(cursors: &std::sync::Mutex<Cursors>) -> std::sync::MutexGuard<'_, Cursors> {
+    cursors
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The streams to follow: the sink of `--from`, or every sink identity of
+/// the fleet (the ones registered when the tail starts).
+async fn streams_of(
+    args: &TailArgs,
+) -> anyhow::Result<(Vec<Stream>, Option<fleet::SinkDirectory>)> {
+    if !args.fleet.coordinated() {
+        let (_, endpoint) = tokio::sync::watch::channel(Some(args.from.clone()));
+        return Ok((
+            vec![Stream {
+                identity: String::new(),
+                endpoint,
+            }],
+            None,
+        ));
+    }
+    let Some(coordinator) = args.fleet.connect(None, std::future::pending()).await? else {
+        bail!("the coordinator is unreachable");
+    };
+    let directory = fleet::follow_sinks(&coordinator, Duration::from_secs(60)).await?;
+    let streams: Vec<Stream> = directory
+        .identities()
+        .iter()
+        .filter_map(|identity| {
+            Some(Stream {
+                identity: identity.clone(),
+                endpoint: directory.endpoint(identity)?,
+            })
+        })
+        .collect();
+    Ok((streams, Some(directory)))
+}
+
+/// One stream's task: subscribes where its sink is served now, hands the
+/// batches over, and after an interruption or a takeover subscribes again
+/// from its cursor.
+struct Follower {
+    index: usize,
+    fleet: bool,
+    args: TailArgs,
+    start: Start,
+    token: Option<String>,
+    cursors: std::sync::Arc<std::sync::Mutex<Cursors>>,
+    deliver: tokio::sync::mpsc::Sender<Delivery>,
+}
+
+impl Follower {
+    async fn run(self, mut stream: Stream) -> anyhow::Result<()> {
+        let name = if stream.identity.is_empty() {
+            self.args.from.clone()
+        } else {
+            format!("sink identity {}", stream.identity)
+        };
+        loop {
+            let Some(endpoint) = wait_endpoint(&mut stream.endpoint).await else {
+                return Ok(());
+            };
+            // Resume from what the output took, not from what is on its way.
+            let (settled, settling) = tokio::sync::oneshot::channel();
+            if self.deliver.send(Delivery::Settled(settled)).await.is_err() {
+                return Ok(());
+            }
+            let _ = settling.await;
+            let (cursor, resumable) = {
+                let held = lock(&self.cursors);
+                (
+                    held.cursors[self.index].positions(),
+                    held.resumable[self.index],
+                )
+            };
+            let ticket = Ticket {
+                source: self.args.source.clone(),
+                globs: self.args.globs.clone(),
+                start: if resumable { Start::Cursor } else { self.start },
+                cursor: resumable.then_some(cursor),
+                follow: self.args.follow,
+                max_batch_bytes: self.args.max_batch_bytes,
+            };
+            let config = flight_server::ClientConfig {
+                endpoint: endpoint.clone(),
+                tls: self.args.tls.config(),
+                ..Default::default()
+            };
+            let outcome: anyhow::Result<()> = async {
+                let mut batches =
+                    flight_server::client::subscribe(&config, &ticket, self.token.as_deref())
+                        .await?;
+                loop {
+                    tokio::select! {
+                        next = batches.next() => {
+                            let Some(consumed) = next else { return Ok(()) };
+                            let delivery = Delivery::Batch { stream: self.index, consumed: consumed? };
+                            if self.deliver.send(delivery).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                        // A takeover: the new process serves from the same state.
+                        changed = stream.endpoint.changed(), if self.fleet => {
+                            if changed.is_err() || stream.endpoint.borrow().as_deref() != Some(endpoint.as_str()) {
+                                anyhow::bail!("the identity moved from {endpoint}");
+                            }
+                        }
+                    }
+                }
+            }
+            .await;
+            match outcome {
+                Ok(()) if !self.args.follow => return Ok(()),
+                Ok(()) => eprintln!("{name}: the subscription ended; resuming in 1 s"),
+                Err(error) if self.fleet && unknown_source(&error) => {
+                    // This identity holds none of the source's files yet.
+                    if !self.args.follow {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    continue;
+                }
+                // Following, a sink that went away is waited for: the
+                // stream resumes from the cursor once it is back.
+                Err(error) if (self.args.follow || self.fleet) && retryable(&error) => {
+                    eprintln!("{name}: subscription interrupted ({error:#}); resuming in 1 s");
+                }
+                Err(error) if self.fleet && error.to_string().contains("moved from") => {
+                    eprintln!("{name}: {error:#}; resuming at its new endpoint");
+                    continue;
+                }
+                Err(error) => return Err(error.context(name)),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// The endpoint now, waiting while there is none (`None` once nobody
+/// follows it any more).
+async fn wait_endpoint(
+    endpoint: &mut tokio::sync::watch::Receiver<Option<String>>,
+) -> Option<String> {
+    let current = endpoint.wait_for(Option::is_some).await.ok()?;
+    current.clone()
+}
+
+/// A sink that holds no file of the source (yet).
+fn unknown_source(error: &anyhow::Error) -> bool {
+    use flight_server::client::ClientError;
+    matches!(
+        error.downcast_ref::<ClientError>(),
+        Some(ClientError::Action { status, .. })
+            if status.code() == tonic::Code::InvalidArgument
+                && status.message().contains("is unknown to this sink")
+    )
 }
 
 /// Whether a subscription's failure is the sink or the network going away
@@ -185,10 +403,33 @@ fn retryable(error: &anyhow::Error) -> bool {
 }
 
 /// Writes the state file whole or not at all.
-fn save(path: &Path, source: &str, cursor: &Cursor) -> anyhow::Result<()> {
+fn save(
+    path: &Path,
+    source: &str,
+    cursors: &Cursors,
+    names: &[String],
+    fleet: bool,
+) -> anyhow::Result<()> {
     let state = State {
         source: source.to_owned(),
-        cursor: cursor.positions(),
+        cursor: if fleet {
+            Vec::new()
+        } else {
+            cursors
+                .cursors
+                .first()
+                .map(Cursor::positions)
+                .unwrap_or_default()
+        },
+        identities: if fleet {
+            names
+                .iter()
+                .zip(&cursors.cursors)
+                .map(|(name, cursor)| (name.clone(), cursor.positions()))
+                .collect()
+        } else {
+            BTreeMap::new()
+        },
     };
     let partial = path.with_extension("partial");
     std::fs::write(&partial, serde_json::to_vec(&state)?)
