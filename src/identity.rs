@@ -287,6 +287,7 @@ pub async fn become_active(
     let Some(coordinator) = args.connect(Some(role), stop()).await? else {
         return Ok(None);
     };
+    crate::service_manager::standing_by(identity);
     let host = args.node_name();
     let _presence =
         fleet::Presence::start(coordinator.clone(), kind, identity, &host, role.clone());

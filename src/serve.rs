@@ -30,6 +30,7 @@ fn stop_or_handover(
     let listener = tokio::spawn(async move {
         requested.await;
         tracing::info!("a handover of this identity was asked for: draining, then releasing it");
+        service_manager::handing_over();
         let _ = asked.send(true);
     });
     let heard = hearing.clone();

@@ -197,11 +197,127 @@ fn throughput(history: &[Value]) -> Vec<f64> {
         .collect()
 }
 
+/// One row per process of the cluster (and one for an identity with no
+/// active process): kind, identity, node, pid, role, epoch, endpoint.
+fn cluster_rows(cluster: &Value) -> Vec<[String; 7]> {
+    let mut rows = Vec::new();
+    for identity in cluster["identities"].as_array().into_iter().flatten() {
+        let name = identity["identity"].as_str().unwrap_or("?").to_string();
+        let kind = identity["kind"].as_str().unwrap_or("?").to_string();
+        let endpoint = identity["active"]["endpoint"]
+            .as_str()
+            .unwrap_or("-")
+            .to_string();
+        for member in identity["members"].as_array().into_iter().flatten() {
+            let role = member["role"].as_str().unwrap_or("?").to_string();
+            let epoch = num(&member["epoch"]);
+            rows.push([
+                kind.clone(),
+                name.clone(),
+                member["node"].as_str().unwrap_or("?").to_string(),
+                member["pid"].to_string(),
+                role.clone(),
+                if epoch > 0.0 {
+                    format!("{epoch}")
+                } else {
+                    "-".into()
+                },
+                if role == "active" {
+                    endpoint.clone()
+                } else {
+                    "-".into()
+                },
+            ]);
+        }
+        if identity["active"].is_null() {
+            rows.push([
+                kind,
+                name,
+                "-".into(),
+                "-".into(),
+                "no active process".into(),
+                "-".into(),
+                format!("for {}", seconds(num(&identity["inactive_seconds"]))),
+            ]);
+        }
+    }
+    rows
+}
+
+fn draw_cluster(frame: &mut ratatui::Frame, area: Rect, cluster: &Value, rows: Vec<[String; 7]>) {
+    let takeovers: f64 = cluster["identities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|identity| num(&identity["takeovers"]))
+        .sum();
+    let identities = cluster["identities"].as_array().map_or(0, Vec::len);
+    let nodes: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .map(|row| row[2].as_str())
+        .filter(|node| *node != "-")
+        .collect();
+    let title = format!(
+        " fleet {}: {identities} identities on {} nodes, {takeovers} takeovers ",
+        cluster["cluster"].as_str().unwrap_or("?"),
+        nodes.len()
+    );
+    let rows = rows.into_iter().map(|row| {
+        let style = state_style(match row[4].as_str() {
+            "active" => "caught-up",
+            "standby" => "idle",
+            "no active process" | "fenced" => "failed",
+            _ => "falling-behind",
+        });
+        let [kind, identity, node, pid, role, epoch, endpoint] = row;
+        Row::new(vec![
+            Cell::from(kind),
+            Cell::from(identity),
+            Cell::from(node),
+            Cell::from(pid),
+            Cell::from(role).style(style),
+            Cell::from(epoch),
+            Cell::from(endpoint),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(8),
+            Constraint::Length(14),
+            Constraint::Length(12),
+            Constraint::Length(8),
+            Constraint::Length(18),
+            Constraint::Length(8),
+            Constraint::Min(10),
+        ],
+    )
+    .header(
+        Row::new([
+            "kind", "identity", "node", "pid", "role", "epoch", "endpoint",
+        ])
+        .style(Style::default().add_modifier(Modifier::BOLD)),
+    )
+    .block(Block::bordered().title(title));
+    frame.render_widget(table, area);
+}
+
 fn draw(frame: &mut ratatui::Frame, view: &View) {
     let area = frame.area();
     let narrow = area.width < 100;
-    let [header, sources, links, files, sparks, footer] = Layout::vertical([
+    let cluster_rows = view
+        .status
+        .as_ref()
+        .map(|status| cluster_rows(&status["cluster"]))
+        .unwrap_or_default();
+    let fleet_height = if cluster_rows.is_empty() {
+        0
+    } else {
+        (cluster_rows.len() as u16 + 3).min(14)
+    };
+    let [header, fleet, sources, links, files, sparks, footer] = Layout::vertical([
         Constraint::Length(2),
+        Constraint::Length(fleet_height),
         Constraint::Length(5),
         Constraint::Length(7),
         Constraint::Min(4),
@@ -257,6 +373,9 @@ fn draw(frame: &mut ratatui::Frame, view: &View) {
         ));
     }
     frame.render_widget(Paragraph::new(Line::from(head)), header);
+    if !cluster_rows.is_empty() {
+        draw_cluster(frame, fleet, &status["cluster"], cluster_rows);
+    }
 
     let history = status["history"].as_array().cloned().unwrap_or_default();
     let rates = throughput(&history);

@@ -1,5 +1,6 @@
-//! Every process of an identity, active or not, announced under a lease of
-//! its own, so that a fleet view lists standbys too.
+//! A process's presence in its fleet: its announcement, so that a fleet
+//! view lists standbys too, and its own view of the cluster, read every
+//! few seconds for its status page and metrics.
 //!
 //! The key `members/<kind>/<identity>/<node>:<pid>` says the process's role
 //! and epoch. It lives on a lease this task keeps alive: a process that
@@ -26,14 +27,20 @@ pub struct Announced {
     pub since_unix_ms: u64,
 }
 
-/// Keeps this process's announcement in etcd until dropped.
+/// How often a process reads the cluster's view.
+const VIEW_EVERY: Duration = Duration::from_secs(2);
+
+/// Keeps this process's announcement in etcd, and its view of the
+/// cluster in its [`RoleStatus`], until dropped.
 pub struct Presence {
-    task: tokio::task::JoinHandle<()>,
+    announcing: tokio::task::JoinHandle<()>,
+    viewing: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Presence {
     fn drop(&mut self) {
-        self.task.abort();
+        self.announcing.abort();
+        self.viewing.abort();
     }
 }
 
@@ -51,6 +58,7 @@ impl Presence {
         let key = coordinator.member_key(kind, identity, &format!("{node}:{}", std::process::id()));
         let since_unix_ms = crate::unix_ms_now();
         let node = node.to_string();
+        let viewing = tokio::spawn(view(coordinator.clone(), role.clone()));
         let announced = move || {
             let report = role.report();
             Announced {
@@ -62,7 +70,8 @@ impl Presence {
             }
         };
         Self {
-            task: tokio::spawn(announce(coordinator, key, announced)),
+            announcing: tokio::spawn(announce(coordinator, key, announced)),
+            viewing,
         }
     }
 }
@@ -119,5 +128,33 @@ async fn announce(coordinator: Coordinator, key: String, announced: impl Fn() ->
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+}
+
+/// Reads the cluster's view into `role` every [`VIEW_EVERY`], with how long
+/// each identity has gone without an active process as this process saw it.
+async fn view(coordinator: Coordinator, role: RoleStatus) {
+    let mut inactive_since: std::collections::BTreeMap<(String, String), Instant> =
+        Default::default();
+    loop {
+        match crate::view::read(&coordinator).await {
+            Ok(mut view) => {
+                let now = Instant::now();
+                for identity in &mut view.identities {
+                    let key = (identity.kind.clone(), identity.identity.clone());
+                    if identity.active.is_some() {
+                        inactive_since.remove(&key);
+                    } else {
+                        let since = *inactive_since.entry(key).or_insert(now);
+                        identity.inactive_seconds = now.duration_since(since).as_secs_f64();
+                    }
+                }
+                role.set_cluster(Some(view));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the cluster's view; keeping the last one");
+            }
+        }
+        tokio::time::sleep(VIEW_EVERY).await;
     }
 }

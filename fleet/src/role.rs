@@ -64,6 +64,8 @@ pub struct RoleReport {
 #[derive(Clone)]
 pub struct RoleStatus {
     inner: Arc<Mutex<(RoleReport, Option<LeaseClock>)>>,
+    /// The cluster as this process last read it (see [`crate::presence`]).
+    cluster: Arc<Mutex<Option<crate::ClusterView>>>,
 }
 
 impl RoleStatus {
@@ -89,7 +91,23 @@ impl RoleStatus {
                 },
                 None,
             ))),
+            cluster: Arc::default(),
         }
+    }
+
+    pub fn set_cluster(&self, view: Option<crate::ClusterView>) {
+        *self
+            .cluster
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = view;
+    }
+
+    /// The cluster as this process last read it, once it has.
+    pub fn cluster(&self) -> Option<crate::ClusterView> {
+        self.cluster
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (RoleReport, Option<LeaseClock>)> {

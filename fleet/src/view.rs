@@ -36,6 +36,10 @@ pub struct IdentityView {
     pub activations: u64,
     pub takeovers: u64,
     pub last_activation_unix_ms: Option<u64>,
+    /// How long it has gone without an active process, as the process
+    /// reading the view saw it (0 while it has one).
+    #[serde(default)]
+    pub inactive_seconds: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -96,6 +100,7 @@ pub async fn read(coordinator: &Coordinator) -> Result<ClusterView, FleetError> 
                 activations: 0,
                 takeovers: 0,
                 last_activation_unix_ms: None,
+                inactive_seconds: 0.0,
             });
         match parts.as_slice() {
             [_, _] => {

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use fleet::{Role, RoleReport, RoleStatus};
+use fleet::{ClusterView, Role, RoleReport, RoleStatus};
 use serde_json::json;
 
 use super::metrics::Families;
@@ -63,6 +63,58 @@ pub fn role_metrics(m: &Families, report: &RoleReport) {
     .inc_by(report.fenced_before as f64);
 }
 
+/// `tailflight_cluster_*`: the whole cluster as this process last read it
+/// from etcd (every process of a fleet says the same: alert on the `max`).
+pub fn cluster_metrics(m: &Families, view: &ClusterView) {
+    let labels = ["cluster", "kind", "identity"];
+    let active = m.gauges(
+        "cluster_identity_active",
+        "1 if the identity has an active process (holding its lease), 0 if none does.",
+        &labels,
+    );
+    let processes = m.gauges(
+        "cluster_identity_processes",
+        "Processes announced for the identity, by role (standbys on other hosts included).",
+        &["cluster", "kind", "identity", "role"],
+    );
+    let takeovers = m.counters(
+        "cluster_takeovers_total",
+        "Times a process took the identity over from another (every activation but the first).",
+        &labels,
+    );
+    let inactive = m.gauges(
+        "cluster_identity_inactive_seconds",
+        "How long the identity has gone without an active process, as this process saw it (0 while it has one).",
+        &labels,
+    );
+    for identity in &view.identities {
+        let values = [
+            view.cluster.as_str(),
+            identity.kind.as_str(),
+            identity.identity.as_str(),
+        ];
+        active
+            .with_label_values(&values)
+            .set(f64::from(u8::from(identity.active.is_some())));
+        for role in ROLES {
+            let count = identity
+                .members
+                .iter()
+                .filter(|member| member.role == role)
+                .count();
+            processes
+                .with_label_values(&[values[0], values[1], values[2], role.as_str()])
+                .set(count as f64);
+        }
+        takeovers
+            .with_label_values(&values)
+            .inc_by(identity.takeovers as f64);
+        inactive
+            .with_label_values(&values)
+            .set(identity.inactive_seconds);
+    }
+}
+
 /// A sink process while it is not active for its identity.
 pub struct StandbyObserved {
     role: RoleStatus,
@@ -82,7 +134,7 @@ impl StandbyObserved {
 
 impl Observed for StandbyObserved {
     fn snapshot(&self) -> Snapshot {
-        not_active_snapshot("sink", &self.role.report(), &self.problems, self.started)
+        not_active_snapshot("sink", &self.role, &self.problems, self.started)
     }
 }
 
@@ -92,14 +144,19 @@ impl Observed for StandbyObserved {
 /// showing the empty ones would read as a stalled process.
 pub fn not_active_snapshot(
     kind: &str,
-    report: &RoleReport,
+    role: &RoleStatus,
     problems: &RecentProblems,
     started: Instant,
 ) -> Snapshot {
+    let report = &role.report();
+    let cluster = role.cluster();
     let m = Families::new();
     m.build_info(kind);
     m.process();
     role_metrics(&m, report);
+    if let Some(view) = &cluster {
+        cluster_metrics(&m, view);
+    }
     let not_ready = format!("{} for identity {}", report.role.as_str(), report.identity);
     Snapshot {
         status: json!({
@@ -109,6 +166,7 @@ pub fn not_active_snapshot(
             "phase": report.role.as_str(),
             "ready": false,
             "fleet": report,
+            "cluster": cluster,
             "problems": problems.list(),
         }),
         metrics: m.gather(),

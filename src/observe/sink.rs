@@ -214,8 +214,12 @@ impl Observed for SinkObserved {
         let m = Families::new();
         m.build_info("sink");
         m.process();
+        let cluster = self.role.as_ref().and_then(|role| role.cluster());
         if let Some(role) = &self.role {
             super::fleet::role_metrics(&m, &role.report());
+        }
+        if let Some(view) = &cluster {
+            super::fleet::cluster_metrics(&m, view);
         }
         let poisoned = self.sink.health().reason().map(|r| r.to_string());
         m.gauge(
@@ -367,6 +371,7 @@ impl Observed for SinkObserved {
             "disk": disks,
             "sink": status_json,
             "fleet": self.role.as_ref().map(|role| role.report()),
+            "cluster": cluster,
             "history": self.history.points(),
             "problems": self.problems.list(),
         });

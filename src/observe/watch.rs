@@ -200,12 +200,12 @@ fn file_json(f: &FileProgress) -> serde_json::Value {
 
 impl Observed for WatchObserved {
     fn snapshot(&self) -> Snapshot {
-        if let Some(report) = self.role.as_ref().map(|role| role.report())
-            && report.role != fleet::Role::Active
+        if let Some(role) = &self.role
+            && role.report().role != fleet::Role::Active
         {
             return super::fleet::not_active_snapshot(
                 "watcher",
-                &report,
+                role,
                 &self.problems,
                 self.started,
             );
@@ -228,6 +228,10 @@ impl Observed for WatchObserved {
         let role = self.role.as_ref().map(|role| role.report());
         if let Some(report) = &role {
             super::fleet::role_metrics(&m, report);
+        }
+        let cluster = self.role.as_ref().and_then(|role| role.cluster());
+        if let Some(view) = &cluster {
+            super::fleet::cluster_metrics(&m, view);
         }
         m.gauge(
             "ready",
@@ -441,6 +445,7 @@ impl Observed for WatchObserved {
         };
         let status = json!({
             "fleet": role,
+            "cluster": cluster,
             "role": "watcher",
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_seconds": self.started.elapsed().as_secs_f64(),
