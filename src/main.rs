@@ -665,7 +665,7 @@ fn stop_signal() -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Outpu
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn terminated() {
+pub(crate) async fn terminated() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(term) => term,
         Err(_) => return ctrl_c().await,

@@ -201,7 +201,22 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
         drop(deliver);
         let names: Vec<String> = names;
         let mut progress = Progress::new();
-        while let Some(delivery) = delivered.recv().await {
+        let interrupted = crate::terminated();
+        tokio::pin!(interrupted);
+        loop {
+            let delivery = tokio::select! {
+                delivery = delivered.recv() => match delivery {
+                    Some(delivery) => delivery,
+                    None => break,
+                },
+                // A stream that failed ends the tail at once.
+                Some(ended) = tasks.join_next() => {
+                    ended.context("a stream's task failed")??;
+                    continue;
+                }
+                // Stopped (Ctrl-C, SIGTERM): what was taken is in the cursor.
+                () = &mut interrupted => break,
+            };
             match delivery {
                 Delivery::Batch { stream, consumed } => {
                     let bytes = output.take(&consumed.batch)?;
@@ -218,9 +233,7 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
                 }
             }
         }
-        while let Some(ended) = tasks.join_next().await {
-            ended.context("a stream's task failed")??;
-        }
+        tasks.abort_all();
         progress.report(true);
         anyhow::Ok(())
     })?;
@@ -305,6 +318,7 @@ impl Follower {
             let ticket = Ticket {
                 source: self.args.source.clone(),
                 globs: self.args.globs.clone(),
+                file_key: None,
                 start: if resumable { Start::Cursor } else { self.start },
                 cursor: resumable.then_some(cursor),
                 follow: self.args.follow,
@@ -464,9 +478,10 @@ impl Progress {
     fn report(&self, done: bool) {
         let seconds = self.started.elapsed().as_secs_f64().max(1e-3);
         eprintln!(
-            "{} {:.1} MiB in {seconds:.1} s ({:.1} MiB/s)",
+            "{} {:.1} MiB ({} bytes) in {seconds:.1} s ({:.1} MiB/s)",
             if done { "received" } else { "receiving:" },
             self.bytes as f64 / 1048576.0,
+            self.bytes,
             self.bytes as f64 / 1048576.0 / seconds
         );
     }

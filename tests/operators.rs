@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::browser::headless;
+use common::tmux::Tmux;
 use common::{Pipeline, PipelineOptions, free_port, signal, strings, wait_until, workload};
 
 /// Waits until a metrics listener answers (its process may still start).
@@ -288,62 +289,6 @@ fn the_demo_runs_the_pipeline_and_ends_with_a_summary() {
     );
 }
 
-/// A tmux session running `tailflight top` on a tmux server of the test's
-/// own (its socket named after the session), killed when dropped.
-struct Tmux(String);
-
-fn tmux(session: &str) -> std::process::Command {
-    let mut command = std::process::Command::new("tmux");
-    command.args(["-L", session]);
-    command
-}
-
-impl Tmux {
-    fn start(name: &str, width: u16, command: &str) -> Self {
-        let status = tmux(name)
-            .args([
-                "new-session",
-                "-d",
-                "-s",
-                name,
-                "-x",
-                &width.to_string(),
-                "-y",
-                "40",
-                command,
-            ])
-            .status()
-            .expect("run tmux (ops/test.sh installs it)");
-        assert!(status.success(), "tmux new-session");
-        Self(name.to_string())
-    }
-
-    fn capture(&self) -> String {
-        let out = tmux(&self.0)
-            .args(["capture-pane", "-p", "-t", &self.0])
-            .output()
-            .expect("tmux capture-pane");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn alive(&self) -> bool {
-        tmux(&self.0)
-            .args(["has-session", "-t", &self.0])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = tmux(&self.0)
-            .args(["kill-server"])
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-}
-
 #[test]
 fn the_terminal_view_shows_sources_states_and_files() {
     let (watch_port, sink_port) = (free_port(), free_port());
@@ -403,10 +348,7 @@ fn the_terminal_view_shows_sources_states_and_files() {
         let s = sink_view.capture();
         s.contains("sink at") && s.contains("subscriptions") && s.contains("rounds")
     });
-    tmux(&wide.0)
-        .args(["send-keys", "-t", &wide.0, "q"])
-        .status()
-        .expect("tmux send-keys");
+    wide.send_keys("q");
     wait_until("q quits", Duration::from_secs(10), || !wide.alive());
     sim.stop();
     drop(pipeline);

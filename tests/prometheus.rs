@@ -10,77 +10,13 @@
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::prometheus::{Server, prometheus_tools, query, repo_file, value};
 use common::{
     Pipeline, PipelineOptions, free_port, http_get, signal, strings, wait_until, workload,
 };
-
-/// Prometheus and promtool, from TAILFLIGHT_PROMETHEUS (the server's path).
-fn prometheus_tools() -> (PathBuf, PathBuf) {
-    let server = std::env::var_os("TAILFLIGHT_PROMETHEUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            panic!(
-                "TAILFLIGHT_PROMETHEUS names no Prometheus server: run the suite with ops/test.sh, \
-             which installs Debian's prometheus package"
-            )
-        });
-    let promtool = server.with_file_name("promtool");
-    assert!(
-        server.is_file() && promtool.is_file(),
-        "no prometheus/promtool at {server:?}"
-    );
-    (server, promtool)
-}
-
-fn repo_file(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
-/// The Prometheus server, killed when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// An instant query: Ok(result vector) or Err(what Prometheus said).
-fn query(port: u16, expr: &str) -> Result<Vec<serde_json::Value>, String> {
-    let path = format!("/api/v1/query?query={}", percent_encode(expr));
-    let (_, body) = http_get(port, &path).ok_or("Prometheus did not answer")?;
-    let answer: serde_json::Value =
-        serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
-    if answer["status"] != "success" {
-        return Err(body);
-    }
-    Ok(answer["data"]["result"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default())
-}
-
-/// The value of a query that returns one series.
-fn value(port: u16, expr: &str) -> Option<f64> {
-    let result = query(port, expr).ok()?;
-    result.first()?["value"][1].as_str()?.parse().ok()
-}
 
 /// Every `expr` in the dashboard's panels, with its variables set to match all.
 /// The fleet's (`tailflight_cluster_*`, `tailflight_fleet_*`) are left out:

@@ -158,7 +158,9 @@ pub async fn serve<I: Ingest>(
         .tls
         .as_ref()
         .is_some_and(|tls| tls.client_ca.is_some());
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     let service = Service {
+        draining: Draining(drain_rx),
         readers: Arc::new(ReadGate::new(config.read_access.clone(), mutual_tls)),
         ingest,
         pipeline_depth: config.pipeline_depth.max(1),
@@ -201,6 +203,7 @@ pub async fn serve<I: Ingest>(
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stop_accepting = async move {
         shutdown.await;
+        let _ = drain_tx.send(true);
         let _ = stopping_tx.send(());
     };
     let server = builder
@@ -220,7 +223,33 @@ pub async fn serve<I: Ingest>(
 /// How long open streams may run on after a shutdown was asked for.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
+/// Whether the server is shutting down: streams end as soon as what they
+/// took in is acknowledged (DoPut) or at once (DoGet), so that a planned
+/// stop or handover waits for nothing else.
+#[derive(Clone)]
+struct Draining(tokio::sync::watch::Receiver<bool>);
+
+impl Draining {
+    fn never() -> Self {
+        let (_, receiver) = tokio::sync::watch::channel(false);
+        Self(receiver)
+    }
+
+    fn is_draining(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once draining starts (never, if the server is gone
+    /// without draining).
+    async fn started(&mut self) {
+        if self.0.wait_for(|draining| *draining).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 struct Service<I> {
+    draining: Draining,
     ingest: Arc<I>,
     readers: Arc<ReadGate>,
     pipeline_depth: usize,
@@ -373,6 +402,22 @@ impl<I: Ingest> FlightService for Service<I> {
         self.readers.check(&request)?;
         let peer = peer_name(&request);
         let stream = self.ingest.get(request.into_inner(), peer).await?;
+        // A subscription ends when the server drains, saying why: its
+        // consumer resumes from its cursor at the identity's next process.
+        let mut draining = self.draining.clone();
+        let after = self.draining.clone();
+        let stream = stream
+            .take_until(async move { draining.started().await })
+            .chain(
+                futures::stream::once(async move { after.is_draining() }).filter_map(|drained| {
+                    std::future::ready(drained.then(|| {
+                        Err(Status::unavailable(
+                            "the sink is stopping (a handover or a restart): resume from \
+                                 your cursor",
+                        ))
+                    }))
+                }),
+            );
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -392,13 +437,15 @@ impl<I: Ingest> FlightService for Service<I> {
         let (tx, rx) = mpsc::channel(self.pipeline_depth * 2);
         let ingest = self.ingest.clone();
         let depth = self.pipeline_depth;
+        let draining = self.draining.clone();
         tokio::spawn(async move {
             let _permit = (permit, peer_stream);
             // `run_put` tells a panic decoding the peer's bytes (its fault)
             // from one placing them (the sink's). Anything else that panics
             // here is the sink's own bug too: it ends this stream, never the
             // sink or other streams, and is never reported as bad input.
-            let outcome = run_put_catching(ingest, &peer, request.into_inner(), &tx, depth).await;
+            let outcome =
+                run_put_catching(ingest, &peer, request.into_inner(), &tx, depth, draining).await;
             if let Err(status) = outcome {
                 if connection_lost(&status) {
                     // A watcher stopping or crashing: nothing was refused.
@@ -483,6 +530,7 @@ async fn run_put<I: Ingest>(
     mut stream: impl Stream<Item = Result<FlightData, Status>> + Unpin,
     acks: &mpsc::Sender<Result<PutResult, Status>>,
     depth: usize,
+    mut draining: Draining,
 ) -> Result<(), Status> {
     use futures::FutureExt;
     let mut source: Option<Arc<str>> = None;
@@ -492,9 +540,21 @@ async fn run_put<I: Ingest>(
     let mut input_done = false;
     let hello_deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
     loop {
-        let may_read =
-            !input_done && placing.len() < depth && awaiting.len() < MAX_AWAITING_DURABLE;
+        let drained = draining.is_draining();
+        if drained && placing.is_empty() && awaiting.is_empty() {
+            // Everything read was acknowledged: the peer sends the rest to
+            // whoever serves next.
+            return Err(Status::unavailable(format!(
+                "peer {peer}: the sink is stopping (a handover or a restart); send what was not \
+                 acknowledged again"
+            )));
+        }
+        let may_read = !input_done
+            && !drained
+            && placing.len() < depth
+            && awaiting.len() < MAX_AWAITING_DURABLE;
         tokio::select! {
+            () = draining.started(), if !drained => {}
             // A stream that ended without a hello has nothing more to wait for.
             _ = tokio::time::sleep_until(hello_deadline), if source.is_none() && !input_done => {
                 return Err(Status::deadline_exceeded(format!(
@@ -568,7 +628,7 @@ pub mod fuzzing {
         acks: &mpsc::Sender<Result<PutResult, Status>>,
         depth: usize,
     ) -> Result<(), Status> {
-        run_put_catching(ingest, peer, messages, acks, depth).await
+        run_put_catching(ingest, peer, messages, acks, depth, Draining::never()).await
     }
 }
 
@@ -580,9 +640,10 @@ async fn run_put_catching<I: Ingest>(
     stream: impl Stream<Item = Result<FlightData, Status>> + Unpin,
     acks: &mpsc::Sender<Result<PutResult, Status>>,
     depth: usize,
+    draining: Draining,
 ) -> Result<(), Status> {
     use futures::FutureExt;
-    std::panic::AssertUnwindSafe(run_put(ingest, peer, stream, acks, depth))
+    std::panic::AssertUnwindSafe(run_put(ingest, peer, stream, acks, depth, draining))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| {

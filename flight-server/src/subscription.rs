@@ -51,6 +51,11 @@ pub struct Ticket {
     /// directories); none means every file of the source.
     #[serde(default)]
     pub globs: Vec<String>,
+    /// One file, by its key, whatever its name becomes (a listing's
+    /// tickets name their file so: a rename between the listing and the
+    /// DoGet does not lose it). Replaces the globs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_key: Option<String>,
     #[serde(default)]
     pub start: Start,
     /// With `start: cursor`: the positions earlier batches carried.

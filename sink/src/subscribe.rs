@@ -297,9 +297,13 @@ impl Subscription {
         relative(self.layout, &self.ticket.source, dest_path)
     }
 
-    fn matches(&self, relative: &str) -> bool {
-        self.globs
-            .matches(&format!("{}/{relative}", self.ticket.source))
+    fn matches(&self, key: &str, relative: &str) -> bool {
+        match &self.ticket.file_key {
+            Some(wanted) => wanted == key,
+            None => self
+                .globs
+                .matches(&format!("{}/{relative}", self.ticket.source)),
+        }
     }
 
     fn tell(&mut self, kind: RowKind, id: &(String, u64), path: String, from_path: Option<String>) {
@@ -384,7 +388,7 @@ impl Subscription {
                     }
                     followed
                 }
-                _ if !self.matches(&relative) => continue,
+                _ if !self.matches(&id.0, &relative) => continue,
                 (Start::Beginning | Start::Cursor, _) => {
                     self.tell(RowKind::Opened, &id, relative.clone(), None);
                     Followed::new(file, relative, 0)
@@ -415,7 +419,9 @@ impl Subscription {
             }
             if !self.files.contains_key(&id) {
                 // A file that appears now, or first matches: from its start.
-                if !self.matches(&relative) || commit.changes.contains(&FileChange::Superseded) {
+                if !self.matches(&id.0, &relative)
+                    || commit.changes.contains(&FileChange::Superseded)
+                {
                     continue;
                 }
                 self.tell(RowKind::Opened, &id, relative.clone(), None);
@@ -768,7 +774,8 @@ impl Sink {
             }
             let ticket = Ticket {
                 source: source.to_owned(),
-                globs: vec![flight_server::subscription::exact_glob(source, path)],
+                globs: Vec::new(),
+                file_key: Some(file.id.key.clone()),
                 start: Start::Beginning,
                 cursor: None,
                 follow: file.sealed.is_none(),

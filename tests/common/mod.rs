@@ -5,8 +5,11 @@
 
 pub mod browser;
 pub mod etcd;
+pub mod fleet;
 pub mod kafka;
 pub mod netns;
+pub mod prometheus;
+pub mod tmux;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -201,6 +204,12 @@ impl Proc {
     /// The running process's id, to signal it directly.
     pub fn pid(&self) -> Option<i32> {
         self.child.as_ref().map(|child| child.id() as i32)
+    }
+
+    /// Waits until the process exits by itself (a simulator's run).
+    pub fn wait_for_exit(&mut self, timeout: Duration) {
+        let name = self.name.clone();
+        wait_until(&format!("{name} to exit"), timeout, || !self.is_running());
     }
 
     pub fn is_running(&mut self) -> bool {
