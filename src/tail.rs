@@ -201,8 +201,9 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
         drop(deliver);
         let names: Vec<String> = names;
         let mut progress = Progress::new();
-        let interrupted = crate::terminated();
-        tokio::pin!(interrupted);
+        let terminated = crate::terminated();
+        tokio::pin!(terminated);
+        let mut interrupted = false;
         loop {
             let delivery = tokio::select! {
                 delivery = delivered.recv() => match delivery {
@@ -215,7 +216,10 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
                     continue;
                 }
                 // Stopped (Ctrl-C, SIGTERM): what was taken is in the cursor.
-                () = &mut interrupted => break,
+                () = &mut terminated => {
+                    interrupted = true;
+                    break;
+                }
             };
             match delivery {
                 Delivery::Batch { stream, consumed } => {
@@ -233,7 +237,16 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
                 }
             }
         }
-        tasks.abort_all();
+        if interrupted {
+            tasks.abort_all();
+        }
+        while let Some(ended) = tasks.join_next().await {
+            match ended {
+                Ok(outcome) => outcome?,
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => return Err(anyhow::Error::new(e).context("a stream's task failed")),
+            }
+        }
         progress.report(true);
         anyhow::Ok(())
     })?;

@@ -33,7 +33,7 @@ MODES = {
         p7_seconds=8, p7_rate=10.0, p7_kills=3,
         p8_total_mib=128, p10_total_mib=128,
         p12_seconds=5, p12_floor_seconds=2, p12_total_mib=256,
-        p13_kills=2,
+        p13_kills=2, p13c_handovers=3,
     ),
     "full": dict(
         runs=3, peer_runs=3, ceiling_runs=3,
@@ -48,7 +48,7 @@ MODES = {
         p7_seconds=20, p7_rate=10.0, p7_kills=3,
         p8_total_mib=2048, p10_total_mib=2048,
         p12_seconds=30, p12_floor_seconds=10, p12_total_mib=2048,
-        p13_kills=10,
+        p13_kills=10, p13c_handovers=10,
     ),
 }
 

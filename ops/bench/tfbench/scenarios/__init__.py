@@ -16,9 +16,10 @@ from .p9 import scenario_p9
 from .p10 import scenario_p10
 from .p11 import scenario_p11
 from .p12 import scenario_p12
-from .p13 import scenario_p13
+from .p13 import scenario_p13, scenario_p13c
 from .p14 import scenario_p14
 
 SCENARIOS = [("ceilings", scenario_ceilings), ("P1", scenario_p1_p2), ("P3", scenario_p3),
              ("P6", scenario_p6), ("P7", scenario_p7), ("P4", scenario_p4), ("P5", scenario_p5), ("P8", scenario_p8), ("P9", scenario_p9), ("P10", scenario_p10), ("P11", scenario_p11),
-             ("P12", scenario_p12), ("P13", scenario_p13), ("P14", scenario_p14)]
+             ("P12", scenario_p12), ("P13", scenario_p13), ("P13c", scenario_p13c),
+             ("P14", scenario_p14)]

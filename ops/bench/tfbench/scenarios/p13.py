@@ -7,12 +7,16 @@ lease expires and the standby claims the key), lock (the state directory's lock 
 (the journal written back, the sink listening) and reconnect (the first range durable after it).
 The killed process is started again as the next standby. Goal: p99 ≤ TTL + 2 s (TTL 5 s).
 
+P13c: planned handovers (`tailflight fleet handover`): from the request to bytes durable through
+the new active, over N handovers back and forth. Goal: p99 ≤ 1 s.
+
 P13b: what a coordinator costs ingest: P1's workload through a sink identity and a watcher routing
 through etcd, against the same without, alternating. Goal: ≥ 0.97× the throughput without."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import shutil
@@ -227,3 +231,95 @@ def scenario_p13(b: Bench):
     b.row(id="P13b", scenario="P1 through a sink identity and etcd routing vs without",
           figure=fmt_mb(rate[True]), peer=fmt_mb(rate[False]), ratio=r, target=f"≥{INGEST_TARGET}×",
           met=met(r, INGEST_TARGET))
+
+
+def scenario_p13c(b: Bench):
+    """P13c: planned handovers. One sink identity with two processes, the watcher routing through
+    etcd and the simulator writing all along; each cycle runs `tailflight fleet handover` and
+    measures, from the request, when bytes of the identity's files are durable again through the
+    process that took it over (its commit log), and the command's own report (request → the new
+    active serving). The handed-over process stands by again, so the identity goes back and forth.
+    Goal: p99 ≤ 1 s (nothing waits for a TTL)."""
+    handovers = b.p["p13c_handovers"]
+    say(f"[P13c] planned handover: `tailflight fleet handover` → bytes durable again through the new active, "
+        f"{handovers} handovers, a 3-member etcd cluster on loopback")
+    d = b.fresh("p13c")
+    src = b.fresh_src("p13c", "src")
+    etcd = Etcd(b, d / "etcd")
+    state = d / "shared" / "state"
+    dest = d / "shared" / "dest"
+    procs: list[Proc] = []
+    cycles = []
+    ok, text = False, "not run"
+    try:
+        logs = {}
+        for name in ("sink-h1", "sink-h2"):
+            log = d / f"{name}-commit.log"
+            proc = Proc(name, [b.bin, "sink", "--identity", "p13c", "--cluster", CLUSTER, "--coordinator",
+                               etcd.url, "--lease-ttl", f"{TTL_S}s", "--state", state, "--root", dest,
+                               "--node-name", name, "--listen", f"127.0.0.1:{free_port()}", "--commit-log", log],
+                        d, env=dict(b.env, TAILFLIGHT_LOG="info"))
+            procs.append(proc)
+            logs[name] = CommitLog(log)
+            wait_log(proc, "sink serving" if name == "sink-h1" else "standby", 60)
+        watcher = Proc("watcher", [b.bin, "watch", "--dir", src, "--source", "bench", "--state", d / "watch-state",
+                                   "--coordinator", etcd.url, "--cluster", CLUSTER], d, env=b.env)
+        procs.append(watcher)
+        sim = b.sim(d, "sim", src, "--streams", 4, "--rate", 100, "--frame", "64KiB", "--chunk", "16MiB",
+                    "--duration", f"{handovers * 4 + 20}s")
+        procs.append(sim)
+        active = "sink-h1"
+        for cycle in range(handovers):
+            deadline = time.monotonic() + 60
+            mark = time.time_ns()
+            while first_commit_after(logs[active], mark) is None:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"no bytes through {active}")
+                time.sleep(0.1)
+            time.sleep(1.0)
+            asked_ns = time.time_ns()
+            cp = subprocess.run([str(b.bin), "fleet", "handover", "p13c", "--coordinator", etcd.url,
+                                 "--cluster", CLUSTER, "--json"], capture_output=True, text=True,
+                                env=dict(b.env, TAILFLIGHT_LOG="warn"), timeout=120)
+            if cp.returncode != 0:
+                raise BenchError(f"handover {cycle + 1} failed: {cp.stdout}{cp.stderr}")
+            report = json.loads(cp.stdout.strip().splitlines()[-1])
+            taker = report["to"]["host"]
+            deadline = time.monotonic() + 60
+            resumed = None
+            while resumed is None:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"no bytes through {taker} after handover {cycle + 1}")
+                time.sleep(0.02)
+                resumed = first_commit_after(logs[taker], asked_ns)
+            cycles.append({"bytes_again_s": (resumed - asked_ns) / 1e9, "serving_s": report["seconds"],
+                           "from": active, "to": taker})
+            say(f"  handover {cycle + 1} ({active} → {taker}): new active serving after "
+                f"{report['seconds']:.3f} s, bytes durable through it after {cycles[-1]['bytes_again_s']:.3f} s")
+            active = taker
+        sim.stop()
+        deadline = time.monotonic() + 180
+        while True:
+            ok, text = b.verify(src, dest / "bench")
+            if ok or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        etcd.stop()
+    again = [c["bytes_again_s"] for c in cycles]
+    serving = [c["serving_s"] for c in cycles]
+    p50, p99 = median(again), percentile(again, 0.99)
+    b.results["scenarios"]["P13c"] = {"handovers": handovers, "cycles": cycles, "p50_s": p50, "p99_s": p99,
+                                      "serving_p50_s": median(serving), "serving_p99_s": percentile(serving, 0.99),
+                                      "verified": ok, "verify_report": None if ok else text}
+    say(f"[P13c] bytes again after a handover: p50 {fmt(p50, '.3f')} s, p99 {fmt(p99, '.3f')} s (goal ≤ 1 s); "
+        f"new active serving p50 {fmt(median(serving), '.3f')} s; verify {'identical' if ok else 'DIFFERENT'}")
+    b.row(id="P13c", scenario=f"planned handover → bytes durable through the new active, p99 of {handovers}",
+          figure=f"{fmt(p99, '.3f')} s", peer="—", ratio=None, target="≤1 s", met=met_le(p99, 1.0))
+    b.row(id="P13c", scenario="… the request → the new active serving (p50 / p99)",
+          figure=f"{fmt(median(serving), '.3f')} / {fmt(percentile(serving, 0.99), '.3f')} s", peer="—",
+          ratio=None, target="(report)", met="—")
+    b.row(id="P13c", scenario="… every byte arrived (verify)", figure="identical" if ok else "DIFFERENT",
+          peer="—", ratio=None, target="identical", met="yes" if ok else "no")
