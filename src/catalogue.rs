@@ -1,9 +1,9 @@
 //! The fleet's members as a sink's Flight catalogue sees them: this sink
 //! identity and its endpoint, and the other sink identities and their
-//! endpoints, read from the coordinator when a listing asks (see
-//! `flight_server::federation`).
+//! endpoints, from the cluster's view this process reads every few seconds
+//! (see `flight_server::federation`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use flight_server::federation::{Federation, Member, Members, Roster};
 use futures::FutureExt;
@@ -11,9 +11,12 @@ use futures::future::BoxFuture;
 
 struct FleetMembers {
     own: Member,
-    coordinator: fleet::Coordinator,
-    /// What etcd said last: kept for while it cannot be read.
-    last: Mutex<Roster>,
+    /// The cluster as this process reads it every few seconds (see
+    /// `fleet::presence`): a listing never waits on etcd.
+    role: fleet::RoleStatus,
+    /// Only members reached over TLS, when this sink serves TLS: the
+    /// consumer's token is passed on to them.
+    tls_only: bool,
 }
 
 impl Members for FleetMembers {
@@ -22,35 +25,29 @@ impl Members for FleetMembers {
     }
 
     fn others(&self) -> BoxFuture<'_, Roster> {
-        async move {
-            let view = match fleet::view::read(&self.coordinator).await {
-                Ok(view) => view,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the fleet's members; listing with the last ones known");
-                    return self.last.lock().map(|last| last.clone()).unwrap_or_default();
-                }
-            };
-            let mut roster = Roster::default();
-            for identity in view.identities {
-                if identity.kind != fleet::Kind::Sink.singular()
-                    || identity.identity == self.own.identity
-                {
-                    continue;
-                }
-                match identity.active.and_then(|active| active.member.endpoint) {
-                    Some(endpoint) => roster.served.push(Member {
-                        identity: identity.identity,
-                        endpoint,
-                    }),
-                    None => roster.unserved.push(identity.identity),
-                }
+        let mut roster = Roster::default();
+        let Some(view) = self.role.cluster() else {
+            return futures::future::ready(roster).boxed();
+        };
+        for identity in view.identities {
+            if identity.kind != fleet::Kind::Sink.singular()
+                || identity.identity == self.own.identity
+            {
+                continue;
             }
-            if let Ok(mut last) = self.last.lock() {
-                *last = roster.clone();
+            match identity.active.and_then(|active| active.member.endpoint) {
+                Some(endpoint) if self.tls_only && !endpoint.starts_with("https://") => {
+                    tracing::warn!(identity = %identity.identity, %endpoint, "a member of this TLS fleet serves without TLS: left out of listings (the consumer's token is not sent in clear)");
+                    roster.unserved.push(identity.identity);
+                }
+                Some(endpoint) => roster.served.push(Member {
+                    identity: identity.identity,
+                    endpoint,
+                }),
+                None => roster.unserved.push(identity.identity),
             }
-            roster
         }
-        .boxed()
+        futures::future::ready(roster).boxed()
     }
 }
 
@@ -59,7 +56,7 @@ impl Members for FleetMembers {
 /// `--client-ca` (a fleet's members share one), this sink's certificate as
 /// the client's.
 pub fn federation(
-    coordinator: &fleet::Coordinator,
+    role: &fleet::RoleStatus,
     identity: &str,
     advertise: &str,
     tls: Option<&flight_server::tls::ServerTls>,
@@ -88,8 +85,8 @@ pub fn federation(
                 identity: identity.to_string(),
                 endpoint: advertise.to_string(),
             },
-            coordinator: coordinator.clone(),
-            last: Mutex::default(),
+            role: role.clone(),
+            tls_only: tls.is_some(),
         }),
         tls,
     })

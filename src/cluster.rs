@@ -152,18 +152,14 @@ fn table(view: &ClusterView) -> String {
             .as_ref()
             .and_then(|active| active.member.endpoint.clone())
             .unwrap_or_else(|| "-".into());
-        if identity.members.is_empty() {
-            let role = if identity.active.is_some() {
-                "active"
-            } else {
-                "no process"
-            };
+        if identity.members.is_empty() && identity.active.is_some() {
+            // Active, but its announcement is not (yet) there.
             rows.push([
                 identity.kind.clone(),
                 identity.identity.clone(),
                 "-".into(),
                 "-".into(),
-                role.into(),
+                "active".into(),
                 "-".into(),
                 endpoint.clone(),
                 identity.takeovers.to_string(),

@@ -185,6 +185,8 @@ pub struct ActiveIdentity {
     identity: String,
     stopping: Arc<FenceGuard>,
     _presence: fleet::Presence,
+    /// A descriptor on the state directory's filesystem, for its syncfs.
+    state_fs: std::fs::File,
 }
 
 /// What the fence thread does when the lease's clock says stop.
@@ -260,8 +262,14 @@ impl ActiveIdentity {
     /// over at once.
     pub async fn release(self) {
         self.stopping.stopping.store(true, Ordering::SeqCst);
+        // A successor must not open the state before this process's writes
+        // reach the shared filesystem's server (as the fence does).
+        let state_fs = self.state_fs;
+        let _ = tokio::task::spawn_blocking(move || rustix::fs::syncfs(&state_fs)).await;
         self.lease.release().await;
         self.stopping.released.store(true, Ordering::SeqCst);
+        // Off the fleet's views at once, not a TTL later.
+        self._presence.leave().await;
     }
 }
 
@@ -291,16 +299,19 @@ pub async fn become_active(
     let host = args.node_name();
     let _presence =
         fleet::Presence::start(coordinator.clone(), kind, identity, &host, role.clone());
-    if let Ok(epoch) = std::env::var(fleet::handover::HANDED_OVER_ENV) {
+    if let Some(epoch) = std::env::var(fleet::handover::HANDED_OVER_ENV)
+        .ok()
+        .and_then(|text| text.parse::<i64>().ok())
+    {
         // This process just handed the identity over: a standby claims first.
-        tracing::info!(%epoch, "handed the identity over; standing by");
+        tracing::info!(epoch, "handed the identity over; standing by");
         role.set(
             Role::Standby,
             Some("a standby to take the identity over".into()),
         );
         let patience = coordinator.config().ttl * 2 + Duration::from_secs(2);
         tokio::select! {
-            () = fleet::handover::wait_for_successor(&coordinator, kind, identity, patience) => {}
+            () = fleet::handover::wait_for_successor(&coordinator, kind, identity, epoch, patience) => {}
             () = stop() => return Ok(None),
         }
     }
@@ -330,6 +341,13 @@ pub async fn become_active(
         lease.release().await;
         return Err(e);
     }
+    let state_fs = match open_state_filesystem(state_dir) {
+        Ok(file) => file,
+        Err(e) => {
+            lease.release().await;
+            return Err(e);
+        }
+    };
     let active = ActiveIdentity {
         lease,
         coordinator,
@@ -338,6 +356,7 @@ pub async fn become_active(
         identity: identity.to_string(),
         stopping,
         _presence,
+        state_fs,
     };
     if let Err(e) =
         fleet::register_state(&active.coordinator, kind, identity, state_dir, &host).await
@@ -418,18 +437,7 @@ fn guard_fence(
     guard: Arc<FenceGuard>,
     state_dir: &Path,
 ) -> anyhow::Result<()> {
-    // Any directory of the state's filesystem does for syncfs: the state
-    // directory itself may not exist before its first start.
-    let on_state_filesystem = state_dir
-        .ancestors()
-        .find(|dir| dir.is_dir())
-        .unwrap_or(state_dir);
-    let state = std::fs::File::open(on_state_filesystem).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot open {} (the state directory's filesystem) for the fence: {e}",
-            on_state_filesystem.display()
-        )
-    })?;
+    let state = open_state_filesystem(state_dir)?;
     std::thread::Builder::new()
         .name("fence".into())
         .spawn(move || {
@@ -487,4 +495,20 @@ pub fn start_over_after_handover(epoch: i64) -> anyhow::Error {
         .env(fleet::handover::HANDED_OVER_ENV, epoch.to_string())
         .exec();
     anyhow::anyhow!("handed the identity over but cannot start over as a standby: {error}")
+}
+
+/// A descriptor on the state directory's filesystem, for syncfs. Any
+/// directory of it does: the state directory itself may not exist before
+/// its first start.
+fn open_state_filesystem(state_dir: &Path) -> anyhow::Result<std::fs::File> {
+    let on_state_filesystem = state_dir
+        .ancestors()
+        .find(|dir| dir.is_dir())
+        .unwrap_or(state_dir);
+    std::fs::File::open(on_state_filesystem).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot open {} (the state directory's filesystem) to flush it: {e}",
+            on_state_filesystem.display()
+        )
+    })
 }

@@ -228,12 +228,8 @@ pub async fn run_sink_identity(
     tracing::info!(identity, %advertise, "active for the sink identity: opening its state");
     let (stop_here, handover, listener) = stop_or_handover(&active, stop);
     let mut config = config.clone();
-    config.federation = crate::catalogue::federation(
-        active.coordinator(),
-        identity,
-        &advertise,
-        config.tls.as_ref(),
-    );
+    config.federation =
+        crate::catalogue::federation(&role, identity, &advertise, config.tls.as_ref());
     let (listening_tx, listening_rx) = tokio::sync::oneshot::channel();
     let publish = async {
         if listening_rx.await.is_ok() {
@@ -326,10 +322,12 @@ pub async fn run_watcher(
     .await;
     if let Some(active) = active {
         let epoch = active.epoch();
+        if let Some((_, listener)) = &handover {
+            listener.abort();
+        }
         active.release().await;
         watched?;
-        if let Some((handover, listener)) = handover {
-            listener.abort();
+        if let Some((handover, _)) = handover {
             return after_release(&handover, epoch, stop);
         }
         return Ok(());

@@ -24,7 +24,11 @@ use crate::ClientTlsArgs;
 #[derive(Args, Clone)]
 pub struct TailArgs {
     /// The sink's endpoint.
-    #[arg(long = "from", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long = "from",
+        default_value = "http://127.0.0.1:50051",
+        conflicts_with = "coordinator"
+    )]
     from: String,
     /// The source whose files to follow.
     #[arg(long)]
@@ -132,9 +136,27 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
                         args.source
                     );
                 }
+                if args.fleet.coordinated() && !state.cursor.is_empty() {
+                    bail!(
+                        "{} holds the cursor of one sink (--from), not one per sink identity of a \
+                         fleet (--coordinator): give another --state",
+                        path.display()
+                    );
+                }
+                if !args.fleet.coordinated() && !state.identities.is_empty() {
+                    bail!(
+                        "{} holds a fleet's cursors (--coordinator), not one sink's (--from): give \
+                         another --state",
+                        path.display()
+                    );
+                }
                 Some(state)
             }
-            Err(_) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("reading the cursor in {}", path.display())));
+            }
         },
         None => None,
     };
@@ -167,15 +189,12 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
             .collect();
         let mut cursors = Cursors::default();
         for stream in &streams {
-            let positions = saved.as_ref().map(|state| {
+            // An identity the state does not name starts as a new one.
+            let positions = saved.as_ref().and_then(|state| {
                 if args.fleet.coordinated() {
-                    state
-                        .identities
-                        .get(&stream.identity)
-                        .cloned()
-                        .unwrap_or_default()
+                    state.identities.get(&stream.identity).cloned()
                 } else {
-                    state.cursor.clone()
+                    Some(state.cursor.clone())
                 }
             });
             cursors.resumable.push(positions.is_some());
@@ -224,11 +243,23 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
             match delivery {
                 Delivery::Batch { stream, consumed } => {
                     let bytes = output.take(&consumed.batch)?;
-                    let mut held = lock(&cursors);
-                    held.cursors[stream].apply(&consumed.cursor);
-                    held.resumable[stream] = true;
+                    let positions = {
+                        let mut held = lock(&cursors);
+                        held.cursors[stream].apply(&consumed.cursor);
+                        held.resumable[stream] = true;
+                        held.cursors
+                            .iter()
+                            .map(Cursor::positions)
+                            .collect::<Vec<_>>()
+                    };
                     if let Some(path) = &state_path {
-                        save(path, &args.source, &held, &names, args.fleet.coordinated())?;
+                        save(
+                            path,
+                            &args.source,
+                            &positions,
+                            &names,
+                            args.fleet.coordinated(),
+                        )?;
                     }
                     progress.add(bytes);
                 }
@@ -312,8 +343,15 @@ impl Follower {
             format!("sink identity {}", stream.identity)
         };
         loop {
-            let Some(endpoint) = wait_endpoint(&mut stream.endpoint).await else {
-                return Ok(());
+            // Without --follow, an identity nobody serves is not waited for
+            // forever: it is named.
+            let patience = (!self.args.follow).then_some(ENDPOINT_PATIENCE);
+            let endpoint = match wait_endpoint(&mut stream.endpoint, patience).await {
+                Ok(Some(endpoint)) => endpoint,
+                Ok(None) => return Ok(()),
+                Err(waited) => anyhow::bail!(
+                    "{name} has had no active process for {waited:?}: its files cannot be read now"
+                ),
             };
             // Resume from what the output took, not from what is on its way.
             let (settled, settling) = tokio::sync::oneshot::channel();
@@ -342,23 +380,23 @@ impl Follower {
                 tls: self.args.tls.config(),
                 ..Default::default()
             };
-            let outcome: anyhow::Result<()> = async {
+            let outcome: anyhow::Result<Ended> = async {
                 let mut batches =
                     flight_server::client::subscribe(&config, &ticket, self.token.as_deref())
                         .await?;
                 loop {
                     tokio::select! {
                         next = batches.next() => {
-                            let Some(consumed) = next else { return Ok(()) };
+                            let Some(consumed) = next else { return Ok(Ended::Finished) };
                             let delivery = Delivery::Batch { stream: self.index, consumed: consumed? };
                             if self.deliver.send(delivery).await.is_err() {
-                                return Ok(());
+                                return Ok(Ended::Finished);
                             }
                         }
                         // A takeover: the new process serves from the same state.
                         changed = stream.endpoint.changed(), if self.fleet => {
                             if changed.is_err() || stream.endpoint.borrow().as_deref() != Some(endpoint.as_str()) {
-                                anyhow::bail!("the identity moved from {endpoint}");
+                                return Ok(Ended::Moved);
                             }
                         }
                     }
@@ -366,8 +404,14 @@ impl Follower {
             }
             .await;
             match outcome {
-                Ok(()) if !self.args.follow => return Ok(()),
-                Ok(()) => eprintln!("{name}: the subscription ended; resuming in 1 s"),
+                Ok(Ended::Moved) => {
+                    eprintln!("{name}: moved from {endpoint}; resuming at its new endpoint");
+                    continue;
+                }
+                Ok(Ended::Finished) if !self.args.follow => return Ok(()),
+                Ok(Ended::Finished) => {
+                    eprintln!("{name}: the subscription ended; resuming in 1 s")
+                }
                 Err(error) if self.fleet && unknown_source(&error) => {
                     // This identity holds none of the source's files yet.
                     if !self.args.follow {
@@ -381,10 +425,6 @@ impl Follower {
                 Err(error) if (self.args.follow || self.fleet) && retryable(&error) => {
                     eprintln!("{name}: subscription interrupted ({error:#}); resuming in 1 s");
                 }
-                Err(error) if self.fleet && error.to_string().contains("moved from") => {
-                    eprintln!("{name}: {error:#}; resuming at its new endpoint");
-                    continue;
-                }
                 Err(error) => return Err(error.context(name)),
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -392,13 +432,32 @@ impl Follower {
     }
 }
 
-/// The endpoint now, waiting while there is none (`None` once nobody
-/// follows it any more).
+/// How long a tail without `--follow` waits for an identity with no
+/// active process.
+const ENDPOINT_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How a stream ended without an error.
+enum Ended {
+    /// The sink ended it (everything durable was sent, without --follow).
+    Finished,
+    /// The identity moved to another process (a takeover).
+    Moved,
+}
+
+/// The endpoint now, waiting while there is none: `Ok(None)` once nobody
+/// follows it any more, `Err` after `patience` without one.
 async fn wait_endpoint(
     endpoint: &mut tokio::sync::watch::Receiver<Option<String>>,
-) -> Option<String> {
-    let current = endpoint.wait_for(Option::is_some).await.ok()?;
-    current.clone()
+    patience: Option<Duration>,
+) -> Result<Option<String>, Duration> {
+    let waiting = endpoint.wait_for(Option::is_some);
+    let current = match patience {
+        Some(patience) => tokio::time::timeout(patience, waiting)
+            .await
+            .map_err(|_| patience)?,
+        None => waiting.await,
+    };
+    Ok(current.ok().and_then(|current| current.clone()))
 }
 
 /// A sink that holds no file of the source (yet).
@@ -433,7 +492,7 @@ fn retryable(error: &anyhow::Error) -> bool {
 fn save(
     path: &Path,
     source: &str,
-    cursors: &Cursors,
+    positions: &[Vec<flight_server::subscription::Position>],
     names: &[String],
     fleet: bool,
 ) -> anyhow::Result<()> {
@@ -442,17 +501,13 @@ fn save(
         cursor: if fleet {
             Vec::new()
         } else {
-            cursors
-                .cursors
-                .first()
-                .map(Cursor::positions)
-                .unwrap_or_default()
+            positions.first().cloned().unwrap_or_default()
         },
         identities: if fleet {
             names
                 .iter()
-                .zip(&cursors.cursors)
-                .map(|(name, cursor)| (name.clone(), cursor.positions()))
+                .cloned()
+                .zip(positions.iter().cloned())
                 .collect()
         } else {
             BTreeMap::new()

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::browser::headless;
 use common::fleet::*;
-use common::prometheus::{firing, start_prometheus};
+use common::prometheus::{dashboard_queries, firing, is_fleet_query, query, start_prometheus};
 use common::tmux::Tmux;
 use common::*;
 
@@ -350,6 +350,20 @@ fn operators_see_every_identity_and_are_alerted_without_an_active_process() {
         "TailflightIdentityWithoutActive",
         "identity=\"a\""
     ));
+    // Every fleet panel of the dashboard has data, and the takeover alert fires.
+    for expr in dashboard_queries()
+        .into_iter()
+        .filter(|expr| is_fleet_query(expr))
+    {
+        wait_until(
+            &format!("data for the dashboard's {expr}"),
+            Duration::from_secs(60),
+            || query(prometheus, &expr).is_ok_and(|result| !result.is_empty()),
+        );
+    }
+    wait_until("the takeover alert fires", Duration::from_secs(60), || {
+        firing(prometheus, "TailflightTakeover", "identity=\"a\"")
+    });
 
     // No standby left for a: kill its active too. The alert fires...
     fleet.sinks[standbys[0].0].2.kill9();

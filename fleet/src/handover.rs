@@ -156,19 +156,24 @@ pub async fn requested(coordinator: Coordinator, kind: Kind, identity: String, e
     }
 }
 
-/// Waits, up to `patience`, until another process holds `identity` (a
-/// process that just handed it over lets a standby claim first).
+/// Waits, up to `patience`, until another process holds `identity` at an
+/// epoch other than `handed_over` (a process that just handed it over lets
+/// a standby claim first; its own key, should its release have failed,
+/// does not count).
 pub async fn wait_for_successor(
     coordinator: &Coordinator,
     kind: Kind,
     identity: &str,
+    handed_over: i64,
     patience: Duration,
 ) {
     let key = coordinator.active_key(kind, identity);
     let waited = async {
         loop {
             if let Ok((_, kvs)) = coordinator.get_prefix(&key).await
-                && kvs.iter().any(|kv| kv.key() == key.as_bytes())
+                && kvs
+                    .iter()
+                    .any(|kv| kv.key() == key.as_bytes() && kv.create_revision() != handed_over)
             {
                 return;
             }

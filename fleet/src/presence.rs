@@ -7,6 +7,8 @@
 //! dies leaves the view within a TTL. The announcement is for people and
 //! their alerts only: no decision of the fleet is taken from it.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::PutOptions;
@@ -35,6 +37,9 @@ const VIEW_EVERY: Duration = Duration::from_secs(2);
 pub struct Presence {
     announcing: tokio::task::JoinHandle<()>,
     viewing: tokio::task::JoinHandle<()>,
+    coordinator: Coordinator,
+    /// The announcement's lease (0 while none is granted).
+    lease: Arc<AtomicI64>,
 }
 
 impl Drop for Presence {
@@ -59,6 +64,7 @@ impl Presence {
         let since_unix_ms = crate::unix_ms_now();
         let node = node.to_string();
         let viewing = tokio::spawn(view(coordinator.clone(), role.clone()));
+        let lease = Arc::new(AtomicI64::new(0));
         let announced = move || {
             let report = role.report();
             Announced {
@@ -70,13 +76,37 @@ impl Presence {
             }
         };
         Self {
-            announcing: tokio::spawn(announce(coordinator, key, announced)),
+            announcing: tokio::spawn(announce(coordinator.clone(), key, announced, lease.clone())),
             viewing,
+            coordinator,
+            lease,
+        }
+    }
+
+    /// Takes the announcement out of etcd now (a planned stop or handover:
+    /// the views must not show this process active for a TTL more).
+    pub async fn leave(&self) {
+        self.announcing.abort();
+        self.viewing.abort();
+        let lease = self.lease.load(Ordering::SeqCst);
+        if lease != 0 {
+            let mut client = self.coordinator.client();
+            let _ = tokio::time::timeout(
+                self.coordinator.config().call_timeout(),
+                client.lease_revoke(lease),
+            )
+            .await;
         }
     }
 }
 
-async fn announce(coordinator: Coordinator, key: String, announced: impl Fn() -> Announced) {
+async fn announce(
+    coordinator: Coordinator,
+    key: String,
+    announced: impl Fn() -> Announced,
+    held: Arc<AtomicI64>,
+) {
+    let mut said_failure = false;
     let ttl = coordinator.config().ttl;
     let timeout = coordinator.config().call_timeout();
     let ttl_seconds = ttl.as_secs().max(1) as i64;
@@ -85,12 +115,21 @@ async fn announce(coordinator: Coordinator, key: String, announced: impl Fn() ->
         let lease = match tokio::time::timeout(timeout, client.lease_grant(ttl_seconds, None)).await
         {
             Ok(Ok(grant)) => grant.id(),
-            _ => {
+            failed => {
+                if !said_failure {
+                    let why = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".into(),
+                    };
+                    tracing::warn!(%key, error = %why, "cannot announce this process in etcd (the fleet's views); retrying");
+                    said_failure = true;
+                }
                 coordinator.next_member();
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
+        held.store(lease, Ordering::SeqCst);
         let mut said: Option<Announced> = None;
         let mut renewed = Instant::now();
         loop {
@@ -104,6 +143,7 @@ async fn announce(coordinator: Coordinator, key: String, announced: impl Fn() ->
                 match tokio::time::timeout(timeout, put).await {
                     Ok(Ok(_)) => {
                         said = Some(now);
+                        said_failure = false;
                         false
                     }
                     _ => true,

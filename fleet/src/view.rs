@@ -31,8 +31,8 @@ pub struct IdentityView {
     pub active: Option<ActiveView>,
     /// Every process announced for it (the active one too).
     pub members: Vec<Announced>,
-    /// Times a process became active for it, and of those the ones that
-    /// took it over from another (every one but the first).
+    /// Times a process became active for it, and of those the ones after
+    /// the first (takeovers, handovers and restarts alike).
     pub activations: u64,
     pub takeovers: u64,
     pub last_activation_unix_ms: Option<u64>,

@@ -23,8 +23,9 @@ use crate::tls::ClientTls;
 pub const SCOPE_HEADER: &str = "x-tailflight-scope";
 const SCOPE_MEMBER: &str = "member";
 
-/// How long a member waits for another's answer before leaving it out.
-const MEMBER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a member waits for the others' answers before leaving out
+/// those that have not answered: a listing never hangs on one member.
+const MEMBER_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A member of the fleet as the catalogue sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,17 +169,35 @@ impl Federation {
     ) -> Result<FlightInfo, Status> {
         let roster = self.members.others().await;
         let mut silent: Vec<String> = roster.unserved;
-        for member in roster.served {
-            let described = tokio::time::timeout(
-                MEMBER_TIMEOUT,
-                self.describe_at(&member, descriptor.clone(), asked),
-            )
-            .await
-            .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer in time")));
+        // Every member at once; the first that holds the file answers.
+        let mut asking: futures::stream::FuturesUnordered<_> = roster
+            .served
+            .into_iter()
+            .map(|member| {
+                let descriptor = descriptor.clone();
+                async move {
+                    let described = tokio::time::timeout(
+                        MEMBER_TIMEOUT,
+                        self.describe_at(&member, descriptor, asked),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer in time")));
+                    (member, described)
+                }
+            })
+            .collect();
+        while let Some((member, described)) = futures::StreamExt::next(&mut asking).await {
             match described {
                 Ok(info) => return Ok(info),
                 Err(status) if status.code() == tonic::Code::NotFound => {}
-                Err(status) if status.code() == tonic::Code::InvalidArgument => return Err(status),
+                Err(status) if status.code() == tonic::Code::InvalidArgument => {
+                    return Err(Status::invalid_argument(format!(
+                        "member {} ({}): {}",
+                        member.identity,
+                        member.endpoint,
+                        status.message()
+                    )));
+                }
                 Err(status) => {
                     tracing::warn!(identity = %member.identity, error = %status.message(), "a member of the fleet did not answer GetFlightInfo");
                     silent.push(member.identity.clone());

@@ -405,18 +405,24 @@ impl<I: Ingest> FlightService for Service<I> {
         // A subscription ends when the server drains, saying why: its
         // consumer resumes from its cursor at the identity's next process.
         let mut draining = self.draining.clone();
-        let after = self.draining.clone();
+        // Set only when the drain cut the stream, not when it ended itself.
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cutting = cut.clone();
         let stream = stream
-            .take_until(async move { draining.started().await })
+            .take_until(async move {
+                draining.started().await;
+                cutting.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
             .chain(
-                futures::stream::once(async move { after.is_draining() }).filter_map(|drained| {
-                    std::future::ready(drained.then(|| {
-                        Err(Status::unavailable(
-                            "the sink is stopping (a handover or a restart): resume from \
+                futures::stream::once(async move { cut.load(std::sync::atomic::Ordering::SeqCst) })
+                    .filter_map(|drained| {
+                        std::future::ready(drained.then(|| {
+                            Err(Status::unavailable(
+                                "the sink is stopping (a handover or a restart): resume from \
                                  your cursor",
-                        ))
-                    }))
-                }),
+                            ))
+                        }))
+                    }),
             );
         Ok(Response::new(Box::pin(stream)))
     }
@@ -541,7 +547,7 @@ async fn run_put<I: Ingest>(
     let hello_deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
     loop {
         let drained = draining.is_draining();
-        if drained && placing.is_empty() && awaiting.is_empty() {
+        if drained && !input_done && placing.is_empty() && awaiting.is_empty() {
             // Everything read was acknowledged: the peer sends the rest to
             // whoever serves next.
             return Err(Status::unavailable(format!(
@@ -554,7 +560,9 @@ async fn run_put<I: Ingest>(
             && placing.len() < depth
             && awaiting.len() < MAX_AWAITING_DURABLE;
         tokio::select! {
-            () = draining.started(), if !drained => {}
+            // Once the peer has sent everything, its acks are all that is
+            // left: the drain changes nothing then.
+            () = draining.started(), if !drained && !input_done => {}
             // A stream that ended without a hello has nothing more to wait for.
             _ = tokio::time::sleep_until(hello_deadline), if source.is_none() && !input_done => {
                 return Err(Status::deadline_exceeded(format!(

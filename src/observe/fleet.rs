@@ -79,7 +79,7 @@ pub fn cluster_metrics(m: &Families, view: &ClusterView) {
     );
     let takeovers = m.counters(
         "cluster_takeovers_total",
-        "Times a process took the identity over from another (every activation but the first).",
+        "Times the identity changed process: every activation but the first (takeovers after a death or a fence, handovers, restarts).",
         &labels,
     );
     let inactive = m.gauges(
@@ -87,6 +87,15 @@ pub fn cluster_metrics(m: &Families, view: &ClusterView) {
         "How long the identity has gone without an active process, as this process saw it (0 while it has one).",
         &labels,
     );
+    let read_ms = view.read_unix_ms as f64;
+    let now_ms = fleet::unix_ms_now() as f64;
+    m.gauges(
+        "cluster_view_age_seconds",
+        "How long ago this process last read the cluster's view from etcd (it keeps the last one while etcd is out of reach).",
+        &["cluster"],
+    )
+    .with_label_values(&[view.cluster.as_str()])
+    .set(((now_ms - read_ms) / 1000.0).max(0.0));
     for identity in &view.identities {
         let values = [
             view.cluster.as_str(),

@@ -123,3 +123,25 @@ pub fn firing(port: u16, name: &str, labels: &str) -> bool {
     let expr = format!("ALERTS{{alertname=\"{name}\",alertstate=\"firing\",{labels}}}");
     query(port, &expr).is_ok_and(|result| !result.is_empty())
 }
+
+/// Every `expr` in the Grafana dashboard's panels, with its variables set
+/// to match all.
+pub fn dashboard_queries() -> Vec<String> {
+    let text = std::fs::read_to_string(repo_file("ops/grafana/tailflight.json"))
+        .expect("the Grafana dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = target["expr"].as_str() {
+                out.push(expr.replace("$source", ".*").replace("$sink", ".*"));
+            }
+        }
+    }
+    out
+}
+
+/// A dashboard query of the fleet's series (data only with a coordinator).
+pub fn is_fleet_query(expr: &str) -> bool {
+    expr.contains("tailflight_cluster_") || expr.contains("tailflight_fleet_")
+}
