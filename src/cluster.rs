@@ -38,7 +38,7 @@ enum ClusterAction {
         #[arg(long)]
         force: bool,
         /// How long to wait for the new active process (0: do not wait).
-        #[arg(long, default_value = "60s", value_parser = crate::parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = crate::parse::parse_duration)]
         wait: Duration,
     },
 }

@@ -20,7 +20,7 @@ pub struct DemoArgs {
     #[arg(long, default_value = "tailflight-demo")]
     dir: PathBuf,
     /// How long the simulator writes.
-    #[arg(long, default_value = "10s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::parse::parse_duration)]
     duration: Duration,
     /// Files written in parallel.
     #[arg(long, default_value_t = 4)]
@@ -31,10 +31,10 @@ pub struct DemoArgs {
     /// Bytes per frame (default: up to 1 MiB, so that the demo writes at
     /// most a quarter of what the disk under --dir measured it can take:
     /// every byte is written twice there, and flushed).
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = crate::parse::parse_size)]
     frame: Option<u64>,
     /// Chunk size at which files rotate.
-    #[arg(long, default_value = "64MiB", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "64MiB", value_parser = crate::parse::parse_size)]
     chunk: u64,
     /// TCP connections from watcher to sink.
     #[arg(long, default_value_t = 4)]
@@ -113,7 +113,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .local_addr()?
         .port();
     let listen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let runtime = crate::runtime()?;
+    let runtime = crate::process::runtime()?;
     let (stop_sink, sink_stopped) = tokio::sync::oneshot::channel::<()>();
     let sink_config = sink::SinkConfig {
         root: dest_dir.clone(),

@@ -1,5 +1,5 @@
-//! The process's heap by its own count: every allocation through Rust's
-//! global allocator (mimalloc, or the C library's with the
+//! The process's global allocator, and its heap by its own count: every
+//! allocation through it (mimalloc, or the C library's with the
 //! `system-allocator` feature) counted in and out, so `status` can tell the
 //! bytes the program holds from what the allocator keeps around them
 //! (RSS). Memory allocated in C and C++ (RocksDB, librdkafka) is not
@@ -134,4 +134,19 @@ mod tests {
         assert!(figures.anonymous_bytes > 0);
         assert!(figures.resident_bytes >= figures.anonymous_bytes);
     }
+}
+
+/// Batches are megabytes and short-lived: glibc's malloc hands such blocks
+/// back to the kernel and faults fresh zeroed pages in for the next batch,
+/// a measurable share of each process's CPU at full rate. mimalloc keeps them.
+#[cfg(not(feature = "system-allocator"))]
+#[global_allocator]
+static ALLOCATOR: Counting<mimalloc::MiMalloc> = Counting::new(mimalloc::MiMalloc);
+#[cfg(feature = "system-allocator")]
+#[global_allocator]
+static ALLOCATOR: Counting<std::alloc::System> = Counting::new(std::alloc::System);
+
+/// The heap's figures by the global allocator's count.
+pub fn figures() -> HeapFigures {
+    ALLOCATOR.figures()
 }

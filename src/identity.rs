@@ -19,7 +19,7 @@ use clap::Args;
 use fleet::lease::LeaseClock;
 use fleet::{Coordinator, CoordinatorConfig, EtcdTls, HeldLease, Kind, Member, Role, RoleStatus};
 
-use crate::parse_duration;
+use crate::parse::parse_duration;
 
 /// What to do when etcd cannot be reached at startup.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -457,13 +457,7 @@ fn guard_fence(
                     // SAFETY: _exit only ends the process.
                     unsafe { libc::_exit(75) };
                 }
-                let error = std::process::Command::new("/proc/self/exe")
-                    .arg0(
-                        std::env::args_os()
-                            .next()
-                            .unwrap_or_else(|| "tailflight".into()),
-                    )
-                    .args(std::env::args_os().skip(1))
+                let error = this_program_again()
                     .env_remove(fleet::handover::HANDED_OVER_ENV)
                     .env(
                         fleet::role::FENCED_ENV,
@@ -485,13 +479,7 @@ fn guard_fence(
 /// fresh image as a fenced process does (every descriptor closed, the state
 /// directory's lock with them).
 pub fn start_over_after_handover(epoch: i64) -> anyhow::Error {
-    let error = std::process::Command::new("/proc/self/exe")
-        .arg0(
-            std::env::args_os()
-                .next()
-                .unwrap_or_else(|| "tailflight".into()),
-        )
-        .args(std::env::args_os().skip(1))
+    let error = this_program_again()
         .env(fleet::handover::HANDED_OVER_ENV, epoch.to_string())
         .exec();
     anyhow::anyhow!("handed the identity over but cannot start over as a standby: {error}")
@@ -511,4 +499,19 @@ fn open_state_filesystem(state_dir: &Path) -> anyhow::Result<std::fs::File> {
             on_state_filesystem.display()
         )
     })
+}
+
+/// This program with the same arguments, to replace this process with
+/// (`/proc/self/exe`: the binary it runs, even if its file was replaced
+/// since; the same argv[0] for `ps` and systemd).
+fn this_program_again() -> std::process::Command {
+    let mut command = std::process::Command::new("/proc/self/exe");
+    command
+        .arg0(
+            std::env::args_os()
+                .next()
+                .unwrap_or_else(|| "tailflight".into()),
+        )
+        .args(std::env::args_os().skip(1));
+    command
 }

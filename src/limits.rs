@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::{SinkArgs, WatchArgs};
+use crate::args::{SinkArgs, WatchArgs};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

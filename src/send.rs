@@ -13,7 +13,7 @@ use anyhow::bail;
 use clap::Args;
 use watcher::send::{Cut, Outcome, SendConfig, SendProgress, SendReport, SinkTarget, check_prefix};
 
-use crate::ClientTlsArgs;
+use crate::args::ClientTlsArgs;
 use crate::identity::FleetArgs;
 
 /// Exit codes, as `tailflight send --help` lists them.
@@ -55,16 +55,16 @@ pub struct SendArgs {
     #[arg(short = 'P', long, default_value_t = 4)]
     connections: usize,
     /// Bytes in flight per connection.
-    #[arg(long, default_value = "32MiB", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "32MiB", value_parser = crate::parse::parse_size)]
     window_bytes: u64,
     /// A batch is sent when it holds this many bytes.
-    #[arg(long, default_value = "4MiB", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "4MiB", value_parser = crate::parse::parse_size)]
     batch_bytes: u64,
     /// Largest single range row.
-    #[arg(long, default_value = "1MiB", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "1MiB", value_parser = crate::parse::parse_size)]
     max_row_bytes: u64,
     /// Largest message (the sink's limit must be at least this).
-    #[arg(long, default_value = "64MiB", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "64MiB", value_parser = crate::parse::parse_size)]
     max_message_bytes: u64,
     /// Send a file still growing only up to its size when first read and
     /// leave it unsealed (reported as incomplete), instead of following it
@@ -72,16 +72,16 @@ pub struct SendArgs {
     #[arg(long)]
     no_follow: bool,
     /// A file unchanged this long is complete and is sealed.
-    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::parse::parse_duration)]
     settle: Duration,
     /// Whole-file digest the sink checks each seal against: crc64nvme or blake3.
     #[arg(long, default_value = "crc64nvme")]
     seal_digest: String,
     /// Give up when the sink is out of reach for this long.
-    #[arg(long, default_value = "2m", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = crate::parse::parse_duration)]
     retry_for: Duration,
     /// At most this many file bytes per second.
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = crate::parse::parse_size)]
     limit_rate: Option<u64>,
     /// No progress output and no summary; errors only (and the exit code).
     #[arg(short = 'q', long)]
@@ -90,7 +90,7 @@ pub struct SendArgs {
     #[arg(long)]
     json: bool,
     /// Without a terminal: a progress line this often.
-    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::parse::parse_duration)]
     progress_every: Duration,
     #[command(flatten)]
     tls: ClientTlsArgs,
@@ -223,11 +223,11 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
     };
     // Files still growing stay open until they settle: a fresh tree of
     // thousands of them needs the hard limit.
-    crate::raise_fd_limit();
-    let runtime = crate::runtime()?;
+    crate::process::raise_fd_limit();
+    let runtime = crate::process::runtime()?;
     let progress = Arc::new(SendProgress::default());
     let report = runtime.block_on(async {
-        let stop = crate::stop_signal();
+        let stop = crate::process::stop_signal();
         // Kept while the send runs: it follows the identities' endpoints.
         let mut _directory = None;
         if args.fleet.coordinated() {

@@ -6,11 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::args::{SinkArgs, WatchArgs, watch_config};
 #[cfg(feature = "bench")]
 use crate::commit_log;
-use crate::{
-    SinkArgs, WatchArgs, feed_log, identity, kafka, observe, service_manager, watch_config,
-};
+use crate::{feed_log, identity, kafka, observe, service_manager};
 
 /// Makes a future that resolves when the process is asked to stop.
 pub type StopMaker = dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -77,7 +76,7 @@ pub async fn serve_sink(
     let sink = Arc::new(sink::Sink::open(config)?);
     sink.describe_process(|| {
         serde_json::json!({
-            "heap": serde_json::to_value(crate::heap_figures()).unwrap_or_default(),
+            "heap": serde_json::to_value(crate::heap::figures()).unwrap_or_default(),
             "memory": serde_json::to_value(crate::heap::resident_figures()).unwrap_or_default(),
         })
     });

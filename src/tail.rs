@@ -19,7 +19,7 @@ use flight_server::checksum::SealDigest;
 use flight_server::subscription::{Cursor, RowKind, Start, Ticket};
 use futures::StreamExt;
 
-use crate::ClientTlsArgs;
+use crate::args::ClientTlsArgs;
 
 #[derive(Args, Clone)]
 pub struct TailArgs {
@@ -55,7 +55,7 @@ pub struct TailArgs {
     #[arg(long, env = "TAILFLIGHT_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Largest batch the sink sends (bytes).
-    #[arg(long, value_parser = crate::parse_size)]
+    #[arg(long, value_parser = crate::parse::parse_size)]
     max_batch_bytes: Option<u64>,
     #[command(flatten)]
     tls: ClientTlsArgs,
@@ -220,7 +220,7 @@ pub fn run(args: TailArgs) -> anyhow::Result<std::process::ExitCode> {
         drop(deliver);
         let names: Vec<String> = names;
         let mut progress = Progress::new();
-        let terminated = crate::terminated();
+        let terminated = crate::process::terminated();
         tokio::pin!(terminated);
         let mut interrupted = false;
         loop {

@@ -21,7 +21,7 @@ pub struct TopArgs {
     #[arg(long)]
     from: String,
     /// How often to ask.
-    #[arg(long, default_value = "1s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = crate::parse::parse_duration)]
     every: Duration,
 }
 

@@ -16,41 +16,41 @@ use common::prometheus::{dashboard_queries, firing, is_fleet_query, query, start
 use common::tmux::Tmux;
 use common::*;
 
-/// `tailflight fleet handover IDENTITY`: the handover's JSON report.
-fn handover(fleet: &Fleet, identity: &str) -> serde_json::Value {
-    let args = strings(&[
-        "fleet",
-        "handover",
-        identity,
+/// Runs `tailflight fleet ARGS... --json` against the fleet's etcd; its JSON.
+fn fleet_command(fleet: &Fleet, args: &[&str]) -> serde_json::Value {
+    let mut command = strings(&["fleet"]);
+    command.extend(strings(args));
+    command.extend(strings(&[
         "--coordinator",
         &fleet.etcd.url(),
         "--cluster",
         CLUSTER,
         "--json",
-    ]);
-    let (ok, out) = run(&args);
-    assert!(ok, "tailflight fleet handover {identity}: {out}");
-    let line = out
-        .lines()
-        .find(|line| line.starts_with('{'))
+    ]));
+    let (ok, out) = run(&command);
+    assert!(ok, "tailflight {command:?}: {out}");
+    // Log lines may come first (stderr): the JSON starts a line.
+    let start = out
+        .match_indices('{')
+        .map(|(at, _)| at)
+        .find(|&at| at == 0 || out.as_bytes()[at - 1] == b'\n')
         .unwrap_or_else(|| panic!("no JSON in {out}"));
-    serde_json::from_str(line).expect("the handover's JSON")
+    // Whatever follows it (stderr) is not part of it.
+    serde_json::Deserializer::from_str(&out[start..])
+        .into_iter::<serde_json::Value>()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("no JSON value in {out}"))
 }
 
-/// `tailflight fleet --json`: the cluster as etcd records it.
+/// `tailflight fleet handover IDENTITY`: the handover's report.
+fn handover(fleet: &Fleet, identity: &str) -> serde_json::Value {
+    fleet_command(fleet, &["handover", identity])
+}
+
+/// `tailflight fleet`: the cluster as etcd records it.
 fn cluster_view(fleet: &Fleet) -> serde_json::Value {
-    let args = strings(&[
-        "fleet",
-        "--coordinator",
-        &fleet.etcd.url(),
-        "--cluster",
-        CLUSTER,
-        "--json",
-    ]);
-    let (ok, out) = run(&args);
-    assert!(ok, "tailflight fleet: {out}");
-    let start = out.find('{').unwrap_or_else(|| panic!("no JSON in {out}"));
-    serde_json::from_str(&out[start..]).expect("the view's JSON")
+    fleet_command(fleet, &[])
 }
 
 fn location_of(endpoint: &str) -> String {
@@ -345,6 +345,18 @@ fn operators_see_every_identity_and_are_alerted_without_an_active_process() {
     wait_until("top shows the takeover", Duration::from_secs(30), || {
         top.capture().contains("1 takeovers")
     });
+    // The page and top as operators see them, kept as test artifacts.
+    let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::write(artifacts.join("top-fleet.txt"), top.capture()).unwrap();
+    let shot = artifacts.join("status-page-fleet.png");
+    headless(
+        &format!("http://127.0.0.1:{page_port}/"),
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1280,1000".to_string(),
+            "--hide-scrollbars".to_string(),
+        ],
+    );
     assert!(!firing(
         prometheus,
         "TailflightIdentityWithoutActive",

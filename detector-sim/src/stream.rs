@@ -5,7 +5,7 @@
 //! Frames are written with plain sequential `write()` calls; a frame that does not fit
 //! in the current chunk is split, its tail opening the next chunk.
 
-use crate::SimConfig;
+use crate::config::SimConfig;
 use crate::content::fill;
 use crate::pacing::{Burst, Pacer, Wait};
 use anyhow::{Context, Result, anyhow, bail};

@@ -11,34 +11,11 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{Coordinator, Kind};
 use crate::lease::HeldLease;
+use crate::records::Member;
 use crate::role::RoleStatus;
-
-/// What an identity's key says of its active process.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
-    /// The host name the process runs on (for people).
-    pub host: String,
-    pub pid: u32,
-    /// Where clients reach it (a sink's Flight endpoint), once it serves.
-    pub endpoint: Option<String>,
-    pub state_dir: String,
-    /// When it claimed the identity (Unix ms, for people).
-    pub since_unix_ms: u64,
-}
-
-impl Member {
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
-        serde_json::from_slice(bytes).ok()
-    }
-}
 
 /// Waits until this process holds `identity`'s key, or `stop` resolves
 /// (then `None`). Failures to reach etcd are logged and retried: a standby

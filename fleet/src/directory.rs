@@ -13,8 +13,8 @@ use etcd_client::{EventType, WatchOptions};
 use tokio::sync::watch;
 
 use crate::FleetError;
-use crate::campaign::Member;
 use crate::coordinator::{Coordinator, Kind};
+use crate::records::Member;
 
 /// Sink identities and a live view of each one's endpoint.
 pub struct SinkDirectory {

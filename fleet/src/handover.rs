@@ -13,8 +13,8 @@ use etcd_client::{EventType, PutOptions, WatchOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::FleetError;
-use crate::campaign::Member;
 use crate::coordinator::{Coordinator, Kind};
+use crate::records::Member;
 
 /// How long a request stays in etcd if nobody acts on it.
 const REQUEST_TTL_SECONDS: i64 = 120;

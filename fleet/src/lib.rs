@@ -15,6 +15,8 @@
 //!   by watchers;
 //! - [`role`]: what a process is for its identity now, for status and metrics;
 //! - [`state_lock`]: whether another process holds a state directory's lock.
+//! - [`records`]: what the cluster's keys hold (an active process, an
+//!   announcement, a role);
 //! - [`presence`]: every process of an identity announced with its role;
 //! - [`view`]: the whole cluster as etcd records it, for operators;
 //! - [`handover`]: planned handovers, asked for and heard.
@@ -28,18 +30,20 @@ pub mod directory;
 pub mod handover;
 pub mod lease;
 pub mod presence;
+pub mod records;
 pub mod registry;
 pub mod role;
 pub mod state_lock;
 pub mod view;
 
-pub use campaign::{Member, campaign};
+pub use campaign::campaign;
 pub use coordinator::{Coordinator, CoordinatorConfig, EtcdTls, Kind, parse_endpoints};
 pub use directory::{SinkDirectory, follow_sinks};
 pub use lease::{FenceReason, HeldLease};
 pub use presence::Presence;
+pub use records::{Announced, Member, Role};
 pub use registry::register_state;
-pub use role::{Role, RoleReport, RoleStatus};
+pub use role::{RoleReport, RoleStatus};
 pub use view::{ClusterView, IdentityView};
 
 /// Now, in ms since the Unix epoch (for people: never compared across hosts).

@@ -12,22 +12,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::PutOptions;
-use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{Coordinator, Kind};
-use crate::role::{Role, RoleStatus};
-
-/// What a process says of itself under `members/`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Announced {
-    pub node: String,
-    pub pid: u32,
-    pub role: Role,
-    /// The identity's epoch while this process holds it (0 otherwise).
-    pub epoch: i64,
-    /// When this process started (Unix ms).
-    pub since_unix_ms: u64,
-}
+use crate::records::Announced;
+use crate::role::RoleStatus;
 
 /// How often a process reads the cluster's view.
 const VIEW_EVERY: Duration = Duration::from_secs(2);

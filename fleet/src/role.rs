@@ -4,39 +4,9 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::campaign::Member;
 use crate::coordinator::Kind;
 use crate::lease::LeaseClock;
-
-/// A process's role for its identity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Reaching etcd (at startup, or after losing it as a standby).
-    Connecting,
-    /// Another process is active; this one waits for its key to go.
-    Standby,
-    /// Holds the lease; waits for the previous process to let go of the
-    /// state directory's lock (a frozen or dying active still holds it).
-    WaitingForLock,
-    /// Acts for the identity.
-    Active,
-    /// Stopped acting because its lease could not be kept; about to start
-    /// over as a standby.
-    Fenced,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Connecting => "connecting",
-            Role::Standby => "standby",
-            Role::WaitingForLock => "waiting_for_lock",
-            Role::Active => "active",
-            Role::Fenced => "fenced",
-        }
-    }
-}
+use crate::records::{Member, Role};
 
 /// The role and what goes with it, as status shows it.
 #[derive(Clone, Debug, Serialize)]

@@ -8,9 +8,8 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::FleetError;
-use crate::campaign::Member;
 use crate::coordinator::{Coordinator, Kind};
-use crate::presence::Announced;
+use crate::records::{Announced, Member};
 
 /// The cluster at one etcd revision.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -173,6 +173,36 @@ pub struct OutboxEvent {
     pub payload: Vec<u8>,
 }
 
+impl OutboxEvent {
+    /// The event as the outbox column family stores it: its journal round,
+    /// when it was recorded, the key's length, the key, the payload.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut value = Vec::with_capacity(20 + self.key.len() + self.payload.len());
+        value.extend_from_slice(&self.journal_round.to_be_bytes());
+        value.extend_from_slice(&self.recorded_unix_ms.to_be_bytes());
+        value.extend_from_slice(&(self.key.len() as u32).to_be_bytes());
+        value.extend_from_slice(&self.key);
+        value.extend_from_slice(&self.payload);
+        value
+    }
+
+    /// An event as [`Self::encode`] stored it (`None`: not one).
+    pub(crate) fn decode(value: &[u8]) -> Option<Self> {
+        let number = |at: usize| Some(u64::from_be_bytes(value.get(at..at + 8)?.try_into().ok()?));
+        let journal_round = number(0)?;
+        let recorded_unix_ms = number(8)?;
+        let key_len = u32::from_be_bytes(value.get(16..20)?.try_into().ok()?) as usize;
+        let key = value.get(20..20usize.checked_add(key_len)?)?.to_vec();
+        let payload = value.get(20 + key_len..)?.to_vec();
+        Some(Self {
+            journal_round,
+            recorded_unix_ms,
+            key,
+            payload,
+        })
+    }
+}
+
 /// A journaled range: (file, offset, where its bytes are).
 pub type JournalEntry = (FileId, u64, JournalBytes);
 

@@ -22,30 +22,6 @@ pub struct OutboxDepth {
     pub oldest_unix_ms: Option<u64>,
 }
 
-pub(crate) fn encode(event: &OutboxEvent) -> Vec<u8> {
-    let mut value = Vec::with_capacity(20 + event.key.len() + event.payload.len());
-    value.extend_from_slice(&event.journal_round.to_be_bytes());
-    value.extend_from_slice(&event.recorded_unix_ms.to_be_bytes());
-    value.extend_from_slice(&(event.key.len() as u32).to_be_bytes());
-    value.extend_from_slice(&event.key);
-    value.extend_from_slice(&event.payload);
-    value
-}
-
-pub(crate) fn decode(value: &[u8]) -> Option<OutboxEvent> {
-    let journal_round = decode_u64(value.get(..8)?)?;
-    let recorded_unix_ms = decode_u64(value.get(8..16)?)?;
-    let key_len = u32::from_be_bytes(value.get(16..20)?.try_into().ok()?) as usize;
-    let key = value.get(20..20usize.checked_add(key_len)?)?.to_vec();
-    let payload = value.get(20 + key_len..)?.to_vec();
-    Some(OutboxEvent {
-        journal_round,
-        recorded_unix_ms,
-        key,
-        payload,
-    })
-}
-
 impl SinkManifest {
     /// The sequence number of the newest outbox event recorded (0: none ever).
     pub fn outbox_last(&self) -> Result<u64> {
@@ -76,7 +52,7 @@ impl SinkManifest {
             .map(|(key, value)| {
                 let seq = decode_u64(&key)
                     .ok_or_else(|| store.corrupt(CF_OUTBOX, &key, "key is not a u64"))?;
-                let event = decode(&value)
+                let event = OutboxEvent::decode(&value)
                     .ok_or_else(|| store.corrupt(CF_OUTBOX, &key, "truncated event"))?;
                 Ok((seq, event))
             })

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex};
 
 use rocksdb::WriteBatch;
 
-use crate::outbox;
 use crate::store::{Entry, Store, decode_u64};
 use crate::{FileId, FileRecord, JournalBytes, JournalEntry, Result, SinkCommit, SinkCounters};
 
@@ -351,7 +350,7 @@ impl SinkManifest {
             let outbox = store.cf(CF_OUTBOX)?;
             for (seq, event) in &commit.outbox_rewrite {
                 match event {
-                    Some(event) => batch.put_cf(outbox, seq.to_be_bytes(), outbox::encode(event)),
+                    Some(event) => batch.put_cf(outbox, seq.to_be_bytes(), event.encode()),
                     None => batch.delete_cf(outbox, seq.to_be_bytes()),
                 }
             }
@@ -359,7 +358,7 @@ impl SinkManifest {
                 let mut seq = self.outbox_last()?;
                 for event in &commit.outbox {
                     seq += 1;
-                    batch.put_cf(outbox, seq.to_be_bytes(), outbox::encode(event));
+                    batch.put_cf(outbox, seq.to_be_bytes(), event.encode());
                 }
                 batch.put_cf(counters, KEY_OUTBOX_LAST, seq.to_be_bytes());
                 outbox_last = Some(seq);

@@ -6,18 +6,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
-use sink::outbox::{CLOUDEVENTS_CONTENT_TYPE, PendingEvent, RelayPhases};
+use sink::outbox::{CLOUDEVENTS_CONTENT_TYPE, Outbox, PendingEvent, RelayPhases};
 
-use super::RelayContext;
 use super::position::{Check, RELAY_HEADER, SEQ_HEADER, Written};
 
 /// How long one librdkafka call may block before it counts as failed.
@@ -36,6 +36,90 @@ const STABLE_PATIENCE: Duration = Duration::from_millis(250);
 /// The delivery opaque of the fence's records (an event's is its sequence
 /// number, never 0).
 const FENCE_OPAQUE: usize = 0;
+
+/// Hears librdkafka's errors (brokers down, authentication failed) as
+/// they happen, while a call may still be waiting out its timeout, and
+/// puts them in `status` at once; keeps the last failed delivery, which a
+/// failed commit only counts; and the last record delivered to each
+/// partition, which the relay reads back.
+pub struct RelayContext {
+    outbox: Arc<Outbox>,
+    /// This client's number, and the current client's: an abandoned client
+    /// (fenced by its successor, so it fails) does not speak for the relay.
+    generation: u64,
+    current: Arc<AtomicU64>,
+    pub failed_delivery: std::sync::Mutex<Option<String>>,
+    pub delivered: std::sync::Mutex<BTreeMap<i32, Written>>,
+    /// Delivery reports served, failed ones included.
+    pub reports: AtomicU64,
+}
+
+impl RelayContext {
+    /// The context of client number `generation`; `current` is the
+    /// relay's current client's number.
+    pub fn new(outbox: Arc<Outbox>, generation: u64, current: Arc<AtomicU64>) -> Self {
+        Self {
+            outbox,
+            generation,
+            current,
+            failed_delivery: std::sync::Mutex::new(None),
+            delivered: std::sync::Mutex::new(BTreeMap::new()),
+            reports: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ClientContext for RelayContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(%error, reason, generation = self.generation, "librdkafka reports an error");
+        if self.current.load(Ordering::SeqCst) != self.generation {
+            return;
+        }
+        self.outbox.report(|report| {
+            report.state = "failing".into();
+            report.error = Some(format!("{error}: {reason}"));
+        });
+    }
+}
+
+impl ProducerContext for RelayContext {
+    /// The event's outbox sequence number (0 for the fence's records).
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, seq: Self::DeliveryOpaque) {
+        use rdkafka::message::Message;
+        match result {
+            Ok(message) => {
+                let written = Written {
+                    offset: message.offset(),
+                    seq: seq as u64,
+                };
+                self.delivered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(message.partition())
+                    .and_modify(|last| {
+                        if written.offset > last.offset {
+                            *last = written;
+                        }
+                    })
+                    .or_insert(written);
+            }
+            Err((error, message)) => {
+                let failed = format!(
+                    "a record to {}/{} was not delivered: {error}",
+                    message.topic(),
+                    message.partition()
+                );
+                *self
+                    .failed_delivery
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(failed);
+            }
+        }
+        self.reports.fetch_add(1, Ordering::SeqCst);
+    }
+}
 
 pub type Transactional = ThreadedProducer<RelayContext>;
 

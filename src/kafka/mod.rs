@@ -41,13 +41,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use rdkafka::ClientConfig;
-use rdkafka::ClientContext;
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryResult, ProducerContext};
 use sink::outbox::Outbox;
 
-use client::{CALL_TIMEOUT, Client, Lap, ReadBack, TRANSACTION_BUDGET, Transactional};
+use client::{
+    CALL_TIMEOUT, Client, Lap, ReadBack, RelayContext, TRANSACTION_BUDGET, Transactional,
+};
 use position::{Check, Mark, Written};
 use worker::{CallError, Live, Pending, Worker};
 
@@ -158,7 +157,7 @@ struct Relay {
     /// headers kept its position.
     identity: String,
     live: Live,
-    /// The number of the current client (see [`RelayContext`]).
+    /// The number of the current client (see [`client::RelayContext`]).
     generation: Arc<AtomicU64>,
     /// The user's properties a consumer accepts, found once at start:
     /// trying each creates and drops a consumer.
@@ -167,75 +166,6 @@ struct Relay {
     confirmed: Option<u64>,
     last_warning: Option<Instant>,
     failures_unwarned: u64,
-}
-
-/// Hears librdkafka's errors (brokers down, authentication failed) as
-/// they happen, while a call may still be waiting out its timeout, and
-/// puts them in `status` at once; keeps the last failed delivery, which a
-/// failed commit only counts; and the last record delivered to each
-/// partition, which the relay reads back.
-pub struct RelayContext {
-    outbox: Arc<Outbox>,
-    /// This client's number, and the current client's: an abandoned client
-    /// (fenced by its successor, so it fails) does not speak for the relay.
-    generation: u64,
-    current: Arc<AtomicU64>,
-    pub failed_delivery: std::sync::Mutex<Option<String>>,
-    pub delivered: std::sync::Mutex<BTreeMap<i32, Written>>,
-    /// Delivery reports served, failed ones included.
-    pub reports: AtomicU64,
-}
-
-impl ClientContext for RelayContext {
-    fn error(&self, error: KafkaError, reason: &str) {
-        tracing::debug!(%error, reason, generation = self.generation, "librdkafka reports an error");
-        if self.current.load(Ordering::SeqCst) != self.generation {
-            return;
-        }
-        self.outbox.report(|report| {
-            report.state = "failing".into();
-            report.error = Some(format!("{error}: {reason}"));
-        });
-    }
-}
-
-impl ProducerContext for RelayContext {
-    /// The event's outbox sequence number (0 for the fence's records).
-    type DeliveryOpaque = usize;
-
-    fn delivery(&self, result: &DeliveryResult<'_>, seq: Self::DeliveryOpaque) {
-        use rdkafka::message::Message;
-        match result {
-            Ok(message) => {
-                let written = Written {
-                    offset: message.offset(),
-                    seq: seq as u64,
-                };
-                self.delivered
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .entry(message.partition())
-                    .and_modify(|last| {
-                        if written.offset > last.offset {
-                            *last = written;
-                        }
-                    })
-                    .or_insert(written);
-            }
-            Err((error, message)) => {
-                let failed = format!(
-                    "a record to {}/{} was not delivered: {error}",
-                    message.topic(),
-                    message.partition()
-                );
-                *self
-                    .failed_delivery
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(failed);
-            }
-        }
-        self.reports.fetch_add(1, Ordering::SeqCst);
-    }
 }
 
 /// The relay's clients, each on its worker thread: the producer, and the
@@ -347,14 +277,11 @@ impl Relay {
             // last one's markers is told to retry; librdkafka's 100 ms
             // backoff made that wait the larger part of each publication.
             .set("retry.backoff.ms", "5");
-        let context = RelayContext {
-            outbox: self.outbox.clone(),
-            generation: self.generation.load(Ordering::SeqCst),
-            current: self.generation.clone(),
-            failed_delivery: std::sync::Mutex::new(None),
-            delivered: std::sync::Mutex::new(BTreeMap::new()),
-            reports: AtomicU64::new(0),
-        };
+        let context = RelayContext::new(
+            self.outbox.clone(),
+            self.generation.load(Ordering::SeqCst),
+            self.generation.clone(),
+        );
         Ok(self
             .with_user_properties(config)
             .create_with_context(context)?)

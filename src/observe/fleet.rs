@@ -9,7 +9,8 @@ use fleet::{ClusterView, Role, RoleReport, RoleStatus};
 use serde_json::json;
 
 use super::metrics::Families;
-use super::{Observed, RecentProblems, Snapshot};
+use super::recent::RecentProblems;
+use super::snapshot::{Observed, Snapshot};
 
 const ROLES: [Role; 5] = [
     Role::Connecting,

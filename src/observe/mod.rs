@@ -14,6 +14,7 @@ mod metrics;
 pub mod otlp;
 mod recent;
 mod sink;
+mod snapshot;
 mod watch;
 
 use std::net::SocketAddr;
@@ -27,25 +28,8 @@ use axum::routing::get;
 
 pub use recent::RecentProblems;
 pub use sink::SinkObserved;
+pub use snapshot::{Observed, Snapshot};
 pub use watch::WatchObserved;
-
-/// One moment of a process, as every view of it shows it.
-pub struct Snapshot {
-    /// `/api/status` (documented in the README's section for operators).
-    pub status: serde_json::Value,
-    pub metrics: Vec<prometheus::proto::MetricFamily>,
-    /// Why the process should not be sent work now, if so.
-    pub not_ready: Option<String>,
-}
-
-/// A process that can be observed.
-pub trait Observed: Send + Sync + 'static {
-    /// Takes a snapshot; may block briefly (it reads counters from disk).
-    fn snapshot(&self) -> Snapshot;
-
-    /// Adds a point to the history the page draws (every few seconds).
-    fn sample(&self) {}
-}
 
 const PAGE: &str = include_str!("page.html");
 

@@ -18,7 +18,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prometheus::proto::{MetricFamily, MetricType};
 
-use super::Observed;
+use super::snapshot::Observed;
 
 /// Where and how often to push, and what the resource says of this process.
 pub struct OtlpConfig {

@@ -14,7 +14,8 @@ use serde_json::json;
 
 use super::history::{History, Point};
 use super::metrics::{Families, PREFIX};
-use super::{Observed, RecentProblems, Snapshot};
+use super::recent::RecentProblems;
+use super::snapshot::{Observed, Snapshot};
 
 pub struct SinkObserved {
     sink: Arc<sink::Sink>,

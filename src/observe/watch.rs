@@ -13,7 +13,8 @@ use watcher::{FileProgress, FileState, Phase, Progress, SinkLink};
 
 use super::history::{History, Point};
 use super::metrics::{Families, PREFIX};
-use super::{Observed, RecentProblems, Snapshot};
+use super::recent::RecentProblems;
+use super::snapshot::{Observed, Snapshot};
 
 /// One figure of a connection.
 type ConnectionFigure = fn(&ConnectionStats) -> f64;

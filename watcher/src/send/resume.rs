@@ -11,8 +11,8 @@ use flight_server::FlightPool;
 use flight_server::client::ClientError;
 use flight_server::protocol::{ACTION_WATERMARKS, FileWatermark};
 
-use super::Cut;
 use super::plan::Planned;
+use super::report::Cut;
 
 /// One watermarks request may take this long before it is tried again: the
 /// sink reads the head of every file of the source to answer, which for a

@@ -98,6 +98,16 @@ def first_commit_after(cl: CommitLog, after_ns: int) -> int | None:
     return min(later) if later else None
 
 
+def verify_within(b: Bench, src: Path, dest: Path, seconds: float):
+    """Waits up to `seconds` for everything the simulator wrote to arrive, identical."""
+    deadline = time.monotonic() + seconds
+    while True:
+        ok, text = b.verify(src, dest)
+        if ok or time.monotonic() > deadline:
+            return ok, text
+        time.sleep(1.0)
+
+
 def percentile(values, q):
     if not values:
         return None
@@ -172,13 +182,7 @@ def scenario_p13(b: Bench):
             wait_log(sinks[active][0], "standby", 60)
             active, standby = standby, active
         sim.stop()
-        # Everything the simulator wrote arrives, identical.
-        deadline = time.monotonic() + 180
-        while True:
-            ok, text = b.verify(src, dest / "bench")
-            if ok or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
+        ok, text = verify_within(b, src, dest / "bench", 180)
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -298,12 +302,7 @@ def scenario_p13c(b: Bench):
                 f"{report['seconds']:.3f} s, bytes durable through it after {cycles[-1]['bytes_again_s']:.3f} s")
             active = taker
         sim.stop()
-        deadline = time.monotonic() + 180
-        while True:
-            ok, text = b.verify(src, dest / "bench")
-            if ok or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
+        ok, text = verify_within(b, src, dest / "bench", 180)
     finally:
         for proc in reversed(procs):
             proc.stop()
