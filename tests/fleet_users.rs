@@ -330,6 +330,19 @@ fn operators_see_every_identity_and_are_alerted_without_an_active_process() {
         screen.contains("4 identities on 2 nodes") && screen.matches("standby").count() >= 4
     });
 
+    // Prometheus holds samples from before the takeover (an increase needs
+    // two, one of them from before).
+    wait_until(
+        "Prometheus scraped the fleet before the takeover",
+        Duration::from_secs(60),
+        || {
+            query(
+                prometheus,
+                "count_over_time(tailflight_cluster_takeovers_total{identity=\"a\"}[5m]) >= 2",
+            )
+            .is_ok_and(|result| !result.is_empty())
+        },
+    );
     // kill -9 of a's active: the standby on h2 is active, one takeover.
     fleet.sinks[actives[0].0].2.kill9();
     fleet.wait_serving(standbys[0].0);

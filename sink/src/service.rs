@@ -1,12 +1,14 @@
 //! The sink as a Flight service sees it: the [`Ingest`] the wire plugs into.
-//! The only module of this crate that speaks gRPC: it maps a [`SinkError`]
-//! to the code that tells a watcher whether to give up on what it sent
-//! (the peer's fault) or to send it again later (everything else).
+//! The only module of this crate that makes gRPC statuses: it maps a
+//! [`SinkError`] (a placement's, or one that ends a subscription) to the
+//! code that tells a peer whether to give up on what it asked (its fault)
+//! or to ask again later (everything else).
 
 use std::sync::Arc;
 
 use flight_server::protocol::{ACTION_STATUS, ACTION_WATERMARKS};
 use flight_server::{AwaitDurable, Ingest, RangeBatch, subscription};
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde::Deserialize;
 use tonic::Status;
@@ -57,7 +59,8 @@ impl Ingest for Sink {
     ) -> Result<BoxStream<'static, Result<arrow_flight::FlightData, Status>>, Status> {
         let ticket = subscription::Ticket::decode(&ticket.ticket)
             .map_err(|e| Status::invalid_argument(format!("peer {peer}: {e}")))?;
-        self.subscribe(ticket, peer).await.map_err(status_of)
+        let stream = self.subscribe(ticket, peer).await.map_err(status_of)?;
+        Ok(Box::pin(stream.map(|sent| sent.map_err(status_of))))
     }
 
     async fn list(&self, criteria: Vec<u8>) -> Result<Vec<arrow_flight::FlightInfo>, Status> {

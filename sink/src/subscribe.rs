@@ -823,7 +823,9 @@ fn read_at(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> std::io::Result
     Ok(filled)
 }
 
-type Sent = Result<FlightData, tonic::Status>;
+/// A message of a subscription's stream, or the error that ends it (the
+/// service says it in gRPC terms).
+type Sent = Result<FlightData, SinkError>;
 
 impl Sink {
     /// Starts a subscription: the stream of its Flight messages.
@@ -892,8 +894,8 @@ impl Sink {
             let _permit = permit;
             let outcome = serve(subscription, snapshot.sequence, feed, initial, &tx, &sink).await;
             crate::state::lock(&sink.subscribers.live).remove(&id);
-            if let Err(status) = outcome {
-                let _ = tx.send(Err(status)).await;
+            if let Err(error) = outcome {
+                let _ = tx.send(Err(error)).await;
             }
         });
         Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
@@ -909,8 +911,8 @@ async fn serve(
     initial: Option<CursorUpdate>,
     tx: &mpsc::Sender<Sent>,
     sink: &Sink,
-) -> Result<(), tonic::Status> {
-    let internal = |e: String| tonic::Status::internal(e);
+) -> Result<(), SinkError> {
+    let internal = SinkError::Internal;
     if tx.send(Ok(schema_message())).await.is_err() {
         return Ok(());
     }
@@ -989,7 +991,7 @@ async fn take_in(
     sink: &Sink,
     seen: &mut u64,
     received: Result<Arc<CommitRound>, broadcast::error::RecvError>,
-) -> Result<(), tonic::Status> {
+) -> Result<(), SinkError> {
     match received {
         Ok(round) => {
             if round.sequence > *seen {
@@ -999,9 +1001,7 @@ async fn take_in(
             Ok(())
         }
         Err(broadcast::error::RecvError::Lagged(_)) => resync(subscription, sink, seen).await,
-        Err(broadcast::error::RecvError::Closed) => {
-            Err(tonic::Status::unavailable("the sink is stopping"))
-        }
+        Err(broadcast::error::RecvError::Closed) => Err(SinkError::Shutdown),
     }
 }
 
@@ -1011,12 +1011,11 @@ async fn resync(
     subscription: &mut Subscription,
     sink: &Sink,
     seen: &mut u64,
-) -> Result<(), tonic::Status> {
+) -> Result<(), SinkError> {
     let reading = sink.clone();
     let snapshot = tokio::task::spawn_blocking(move || reading.durable_files())
         .await
-        .map_err(|e| tonic::Status::internal(format!("reading the manifest: {e}")))?
-        .map_err(crate::service::status_of)?;
+        .map_err(|e| SinkError::Internal(format!("reading the manifest: {e}")))??;
     *seen = snapshot.sequence;
     subscription.resync(snapshot.files);
     Ok(())
