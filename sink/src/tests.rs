@@ -335,10 +335,7 @@ async fn watermarks_leave_out_files_whose_head_cannot_be_read() {
 /// The rows a subscription stream carries: (kind, path, from_path), data
 /// rows left out, until `until` of them came.
 async fn subscription_rows(
-    stream: &mut futures::stream::BoxStream<
-        'static,
-        Result<arrow_flight::FlightData, tonic::Status>,
-    >,
+    stream: &mut futures::stream::BoxStream<'static, Result<arrow_flight::FlightData, SinkError>>,
     until: usize,
 ) -> Vec<(String, String, Option<String>)> {
     use arrow_array::Array;
