@@ -31,6 +31,22 @@ pub enum SinkError {
 }
 
 impl SinkError {
+    /// The same error with what was being done put before its detail; a
+    /// poisoned or stopping sink says so on its own.
+    pub fn context(self, doing: impl std::fmt::Display) -> Self {
+        match self {
+            Self::Peer(detail) => Self::Peer(format!("{doing}: {detail}")),
+            Self::Storage(detail) => Self::Storage(format!("{doing}: {detail}")),
+            Self::Internal(detail) => Self::Internal(format!("{doing}: {detail}")),
+            other @ (Self::Poisoned(_) | Self::Shutdown) => other,
+        }
+    }
+
+    /// A storage failure: what was being done, and the error it met.
+    pub(crate) fn storage(doing: impl std::fmt::Display, error: impl std::fmt::Display) -> Self {
+        Self::Storage(format!("{doing}: {error}"))
+    }
+
     /// The message without the variant's prefix, for wrapping in more context.
     pub fn into_detail(self) -> String {
         match self {

@@ -648,9 +648,9 @@ impl Sink {
             answer
                 .durable()
                 .await
-                .map_err(|reason| match health.reason() {
+                .map_err(|error| match health.reason() {
                     Some(poisoned) => SinkError::Poisoned(poisoned),
-                    None => SinkError::Storage(reason),
+                    None => error,
                 })?;
             Ok(ack)
         })

@@ -276,7 +276,7 @@ impl CommitRequest {
 
     /// The files and directories a request touched, for a flush at startup
     /// (the journal replay), before any round runs.
-    pub fn sync_now(&self) -> Result<(), String> {
+    pub fn sync_now(&self) -> Result<(), crate::SinkError> {
         let mut files: HashMap<*const File, &Arc<File>> = HashMap::new();
         for file in &self.files_to_sync {
             files.insert(Arc::as_ptr(file), file);

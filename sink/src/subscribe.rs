@@ -950,7 +950,7 @@ async fn serve(
                 (batch, subscription)
             })
             .await
-            .map_err(|e| internal(format!("reading files for a subscriber: {e}")))?;
+            .map_err(|e| e.context("reading files for a subscriber"))?;
             subscription = subscription_back;
             if let Some((batch, update)) = batch {
                 let message = encode_batch(&batch, &update).map_err(|e| internal(e.to_string()))?;

@@ -71,24 +71,32 @@ pub(super) struct JournalJob {
     pub(super) done: std::sync::mpsc::SyncSender<JournalWritten>,
 }
 
-pub(super) type JournalWritten = Result<(u64, u64), String>;
+pub(super) type JournalWritten = Result<(u64, u64), SinkError>;
 
 /// Writes a round's ranges, then, once the round sends it, its manifest
 /// batch and header, durably.
 pub(super) fn write_journal_round(job: &JournalJob) -> JournalWritten {
     let pieces: Vec<&[u8]> = job.ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
     let failed = |e: std::io::Error| {
-        format!(
-            "writing {} ranges to the journal file {}: {e}",
-            pieces.len(),
-            job.write.path().display()
+        SinkError::storage(
+            format_args!(
+                "writing {} ranges to the journal file {}",
+                pieces.len(),
+                job.write.path().display()
+            ),
+            e,
         )
     };
     let ranges_crc = job.write.write_ranges(&pieces).map_err(failed)?;
     let batch = job
         .batch
         .recv()
-        .map_err(|_| "the commit round failed before its journal write ended".to_string())?;
+        // The round ended without its batch: it failed, and says why itself.
+        .map_err(|_| {
+            SinkError::Internal(
+                "the commit round failed before its journal write ended".to_string(),
+            )
+        })?;
     let sealing = Instant::now();
     let end = job.write.seal(ranges_crc, &batch).map_err(failed)?;
     Ok((sealing.elapsed().as_micros() as u64, end))
@@ -122,11 +130,11 @@ impl JournalWriter {
         })
     }
 
-    pub(super) fn send(&self, job: JournalJob) -> Result<(), String> {
+    pub(super) fn send(&self, job: JournalJob) -> Result<(), SinkError> {
         self.jobs
             .as_ref()
             .and_then(|jobs| jobs.send(job).ok())
-            .ok_or_else(|| "the journal writer thread has stopped".to_string())
+            .ok_or_else(|| SinkError::Internal("the journal writer thread has stopped".to_string()))
     }
 }
 
@@ -263,17 +271,20 @@ impl Backlog {
             {
                 // Another flush failing meanwhile may have taken the error
                 // of one of these files: their entries must stay.
-                Ok(()) if flusher.has_failed() => {
-                    Err("another flush failed; journal entries are kept for the replay".to_string())
-                }
-                Ok(()) => tokio::task::spawn_blocking(move || {
+                Ok(()) if flusher.has_failed() => Err(SinkError::Storage(
+                    "another flush failed; journal entries are kept for the replay".to_string(),
+                )),
+                Ok(()) => run_blocking(move || {
                     let count = rounds.len();
                     manifest.forget_journal(&rounds).map_err(|e| {
-                        format!("dropping the entries of {count} flushed journal rounds: {e}")
+                        SinkError::storage(
+                            format_args!("dropping the entries of {count} flushed journal rounds"),
+                            e,
+                        )
                     })
                 })
                 .await
-                .unwrap_or_else(|e| Err(format!("the journal flush panicked: {e}"))),
+                .unwrap_or_else(|e| Err(e.context("the journal flush"))),
                 Err(e) => Err(e),
             }
         };
@@ -285,10 +296,10 @@ impl Backlog {
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| {
-                    Err(format!(
+                    Err(SinkError::Internal(format!(
                         "the background flush panicked: {}",
                         panic_message(panic.as_ref())
-                    ))
+                    )))
                 });
             match result {
                 Ok(()) => {
@@ -297,8 +308,8 @@ impl Backlog {
                         space.release_to(end);
                     }
                 }
-                Err(reason) => {
-                    health.poison(format!("flushing journaled files: {reason}"));
+                Err(error) => {
+                    health.poison(format!("flushing journaled files: {}", error.into_detail()));
                 }
             }
         }));

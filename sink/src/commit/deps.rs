@@ -27,7 +27,8 @@ pub(super) fn answer_ready(waiting: Vec<Queued>) -> Vec<Queued> {
                 }
             }
             Verdict::Fail(reason) => {
-                let _ = queued.reply.send(Err(reason));
+                // Retryable: the watcher sends the batch again.
+                let _ = queued.reply.send(Err(SinkError::Storage(reason)));
             }
         }
     }

@@ -64,7 +64,7 @@ pub(super) fn reserve_journal_round(
     journal: &mut JournalFile,
     writer: &JournalWriter,
     round: &mut [Queued],
-) -> Result<JournalRound, String> {
+) -> Result<JournalRound, SinkError> {
     let ranges: Vec<(FileId, u64, Vec<u8>)> = round
         .iter_mut()
         .flat_map(|q| std::mem::take(&mut q.request.journal))
@@ -75,7 +75,7 @@ pub(super) fn reserve_journal_round(
     let pieces: Vec<&[u8]> = ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
     let reservation = journal
         .reserve(&pieces)
-        .map_err(|e| format!("journaling {} ranges: {e}", ranges.len()))?;
+        .map_err(|e| SinkError::storage(format_args!("journaling {} ranges", ranges.len()), e))?;
     let entries = ranges
         .iter()
         .zip(reservation.refs)

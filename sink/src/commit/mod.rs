@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use manifest_db::{FileId, JournalEntry, SinkCommit, SinkManifest};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::SinkError;
 use crate::blocking::run_blocking;
 use crate::durability::flush::{Flusher, SyncTarget};
 use crate::durability::journal::{JournalFile, JournalSpace, RoundWrite};
@@ -69,7 +70,7 @@ pub(crate) struct Queued {
     pub request: CommitRequest,
     /// When it was queued (for the commit round's trace).
     pub queued: Instant,
-    pub reply: oneshot::Sender<Result<(), String>>,
+    pub reply: oneshot::Sender<Result<(), SinkError>>,
 }
 
 /// Handle to the committer task. Clones share the task; [`Self::stop`]
@@ -164,7 +165,7 @@ impl Committer {
     /// Queues the request for the next round; the answer resolves once it
     /// is durable (or the sink failed). Callable from a blocking thread, so
     /// a placed batch joins the queue without waiting for an async worker.
-    pub fn submit(&self, request: CommitRequest) -> Result<CommitAnswer, crate::SinkError> {
+    pub fn submit(&self, request: CommitRequest) -> Result<CommitAnswer, SinkError> {
         self.health.check()?;
         let (reply, answer) = oneshot::channel();
         self.queue
@@ -179,31 +180,33 @@ impl Committer {
 
     /// Why the committer takes nothing any more: it died (the health says
     /// why), or the sink is stopping.
-    fn stopped(&self) -> crate::SinkError {
+    fn stopped(&self) -> SinkError {
         match self.health.reason() {
-            Some(reason) => crate::SinkError::Poisoned(reason),
-            None => crate::SinkError::Shutdown,
+            Some(reason) => SinkError::Poisoned(reason),
+            None => SinkError::Shutdown,
         }
     }
 }
 
 /// The outcome of a submitted commit request.
-pub(crate) struct CommitAnswer(oneshot::Receiver<Result<(), String>>);
+pub(crate) struct CommitAnswer(oneshot::Receiver<Result<(), SinkError>>);
 
 impl CommitAnswer {
-    pub async fn durable(self) -> Result<(), String> {
-        self.0
-            .await
-            .map_err(|_| "the committer has stopped".to_string())?
+    pub async fn durable(self) -> Result<(), SinkError> {
+        self.0.await.map_err(|_| committer_gone())?
     }
 
     /// [`Self::durable`], for a blocking thread (placement waiting for the
     /// intent of a move it is about to make).
-    pub fn wait(self) -> Result<(), String> {
-        self.0
-            .blocking_recv()
-            .map_err(|_| "the committer has stopped".to_string())?
+    pub fn wait(self) -> Result<(), SinkError> {
+        self.0.blocking_recv().map_err(|_| committer_gone())?
     }
+}
+
+/// A request the committer dropped unanswered: it ended without failing
+/// the requests it held, which only a bug does.
+fn committer_gone() -> SinkError {
+    SinkError::Internal("the committer stopped without answering a commit request".to_string())
 }
 
 /// The journal file, and what bounds the files waiting for its background flush.
@@ -258,7 +261,7 @@ async fn run(rounds: Rounds) {
             // Requests waiting on others' ranges get their answer now: no
             // round may record those ranges any more.
             reason = health.poisoned(), if !waiting.is_empty() => {
-                fail_all(std::mem::take(&mut waiting), &reason);
+                fail_all(std::mem::take(&mut waiting), &SinkError::Poisoned(reason));
                 continue;
             }
             () = stopping.notified(), if !draining => {
@@ -293,8 +296,9 @@ async fn run(rounds: Rounds) {
             }
         }
         if let Some(reason) = health.reason() {
-            fail_all(round, &reason);
-            fail_all(std::mem::take(&mut waiting), &reason);
+            let error = SinkError::Poisoned(reason);
+            fail_all(round, &error);
+            fail_all(std::mem::take(&mut waiting), &error);
             continue;
         }
         #[cfg(test)]
@@ -387,9 +391,12 @@ async fn run(rounds: Rounds) {
         let (mut round, result) = match outcome {
             Ok(done) => done,
             Err(panic) => {
-                let reason = format!("the commit round panicked: {panic}");
+                let reason = format!("the commit round panicked: {}", panic.into_detail());
                 health.poison(reason.clone());
-                fail_all(std::mem::take(&mut waiting), &reason);
+                fail_all(
+                    std::mem::take(&mut waiting),
+                    &SinkError::Poisoned(reason.into()),
+                );
                 continue;
             }
         };
@@ -414,12 +421,14 @@ async fn run(rounds: Rounds) {
         );
         let recorded = match result {
             Ok(recorded) => recorded,
-            Err(reason) => {
+            Err(error) => {
                 // A round that failed before its records (a flush) stops
                 // placement too, which checks the health.
-                health.poison(format!("a commit round failed: {reason}"));
-                fail_all(round, &reason);
-                fail_all(std::mem::take(&mut waiting), &reason);
+                let reason = format!("a commit round failed: {}", error.into_detail());
+                health.poison(reason.clone());
+                let error = SinkError::Poisoned(reason.into());
+                fail_all(round, &error);
+                fail_all(std::mem::take(&mut waiting), &error);
                 continue;
             }
         };
@@ -448,7 +457,7 @@ async fn run(rounds: Rounds) {
     if let Some(flushing) = backlog.flushing.take() {
         let _ = flushing.await;
     }
-    fail_all(waiting, "the sink is shutting down");
+    fail_all(waiting, &SinkError::Shutdown);
 }
 
 async fn flush_ended(flushing: &mut Option<tokio::task::JoinHandle<()>>) {
@@ -469,11 +478,9 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn fail_all(requests: Vec<Queued>, reason: &str) {
+fn fail_all(requests: Vec<Queued>, error: &SinkError) {
     for queued in requests {
-        let _ = queued
-            .reply
-            .send(Err(format!("sink storage failed, restart it: {reason}")));
+        let _ = queued.reply.send(Err(error.clone()));
     }
 }
 

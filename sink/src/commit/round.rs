@@ -149,7 +149,7 @@ pub(super) fn record_round(
     journal: JournalRound,
     journal_complete: u64,
     stages: RoundStages,
-) -> Result<Recorded, String> {
+) -> Result<Recorded, SinkError> {
     // Snapshots and their write happen under the gate, which is also what
     // the journal replay writes records under before the committer runs.
     // It is held until the journal write is done too, and a failure (or a panic) poisons the sink and the gate
@@ -161,16 +161,16 @@ pub(super) fn record_round(
     let gate_us = asking.elapsed().as_micros() as u64;
     if let Some(reason) = sink.health.reason() {
         // Placement stopped the sink (a failed flush) while this round ran.
-        return Err(format!("the sink stopped: {reason}"));
+        return Err(SinkError::Poisoned(reason));
     }
     let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         record_round_under_gate(sink, round, journal, journal_complete)
     }))
     .unwrap_or_else(|panic| {
-        Err(format!(
+        Err(SinkError::Internal(format!(
             "the commit round panicked: {}",
             panic_message(panic.as_ref())
-        ))
+        )))
     });
     match recorded {
         Ok(mut recorded) => {
@@ -188,10 +188,12 @@ pub(super) fn record_round(
             recorded.gate_us = gate_us;
             Ok(recorded)
         }
-        Err(reason) => {
-            sink.health
-                .poison(format!("a commit round failed: {reason}"));
-            Err(reason)
+        Err(error) => {
+            sink.health.poison(format!(
+                "a commit round failed: {}",
+                error.clone().into_detail()
+            ));
+            Err(error)
         }
     }
 }
@@ -201,7 +203,7 @@ pub(super) fn record_round_under_gate(
     round: &mut [Queued],
     journal: JournalRound,
     journal_complete: u64,
-) -> Result<Recorded, String> {
+) -> Result<Recorded, SinkError> {
     let folding = Instant::now();
     let RoundSink {
         manifest, counts, ..
@@ -270,8 +272,8 @@ pub(super) fn record_round_under_gate(
         // its change and queues its flush.
         let mut unsynced = lock(&slot.unsynced);
         while let Some(pending) = unsynced.first() {
-            pending.target.sync().inspect_err(|reason| {
-                sink.health.poison(reason.clone());
+            pending.target.sync().inspect_err(|error| {
+                sink.health.poison(error.clone().into_detail());
             })?;
             unsynced.remove(0);
         }
@@ -300,8 +302,12 @@ pub(super) fn record_round_under_gate(
     }
     let writing = Instant::now();
     let fold_us = (writing - folding).as_micros() as u64;
-    let recording =
-        |e: manifest_db::Error| format!("recording {} ranges: {e}", commit.placements.len());
+    let recording = |e: manifest_db::Error| {
+        SinkError::storage(
+            format_args!("recording {} ranges", commit.placements.len()),
+            e,
+        )
+    };
     let prepared = manifest.prepare(&commit).map_err(recording)?;
     let outbox = prepared.outbox_last().map(|last| (last, outbox_bytes));
     let prepare_us = writing.elapsed().as_micros() as u64;
@@ -333,7 +339,9 @@ pub(super) fn record_round_under_gate(
     let (journal_us, journal_end) = match journal_written {
         Some(written) => {
             let (us, end) = written.recv().unwrap_or_else(|_| {
-                Err("the journal writer thread died (panicked) before it answered".to_string())
+                Err(SinkError::Internal(
+                    "the journal writer thread died (panicked) before it answered".to_string(),
+                ))
             })?;
             (us, Some(end))
         }

@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::blocking::join_error;
 use crate::confine::{Root, sync_dir};
+use crate::error::SinkError;
 use crate::health::Health;
 
 /// How a commit round makes its files durable.
@@ -88,13 +90,14 @@ impl SyncTarget {
         }
     }
 
-    pub(crate) fn sync(&self) -> Result<(), String> {
+    pub(crate) fn sync(&self) -> Result<(), SinkError> {
         match self {
-            SyncTarget::File(file) => {
-                fdatasync(file).map_err(|e| format!("fdatasync of {}: {e}", describe(file)))
-            }
-            SyncTarget::Dir(dir) => sync_dir(dir.as_ref())
-                .map_err(|e| format!("fsync of the directory {}: {e}", describe(dir))),
+            SyncTarget::File(file) => fdatasync(file).map_err(|e| {
+                SinkError::storage(format_args!("fdatasync of {}", describe(file)), e)
+            }),
+            SyncTarget::Dir(dir) => sync_dir(dir.as_ref()).map_err(|e| {
+                SinkError::storage(format_args!("fsync of the directory {}", describe(dir)), e)
+            }),
         }
     }
 
@@ -215,7 +218,7 @@ impl Flusher {
         &self,
         targets: Vec<SyncTarget>,
         parallelism: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), SinkError> {
         if targets.len() <= BACKGROUND_EACH_UP_TO {
             return flush_each(targets, parallelism, &self.health).await;
         }
@@ -225,7 +228,11 @@ impl Flusher {
 
     /// Makes every target durable, with at most `parallelism` per-file
     /// flushes at once.
-    pub async fn flush(&self, targets: Vec<SyncTarget>, parallelism: usize) -> Result<(), String> {
+    pub async fn flush(
+        &self,
+        targets: Vec<SyncTarget>,
+        parallelism: usize,
+    ) -> Result<(), SinkError> {
         if targets.is_empty() {
             return Ok(());
         }
@@ -242,15 +249,15 @@ impl Flusher {
             let health = self.health.clone();
             let whole = tokio::task::spawn_blocking(move || {
                 rustix::fs::syncfs(&root).map_err(|e| {
-                    let reason = format!("syncfs of the sink root: {e}");
-                    health.poison(reason.clone());
-                    reason
+                    let error = SinkError::storage("syncfs of the sink root", e);
+                    health.poison(error.clone().into_detail());
+                    error
                 })
             });
             let rest = flush_each(elsewhere, parallelism, &self.health).await;
             whole
                 .await
-                .map_err(|e| format!("the syncfs task failed: {e}"))??;
+                .map_err(|e| join_error(e).context("the syncfs task"))??;
             return rest;
         }
         // A round too dirty for syncfs: its many files a few at a time.
@@ -302,7 +309,7 @@ async fn flush_each(
     targets: Vec<SyncTarget>,
     parallelism: usize,
     health: &Health,
-) -> Result<(), String> {
+) -> Result<(), SinkError> {
     if targets.is_empty() {
         return Ok(());
     }
@@ -315,21 +322,21 @@ async fn flush_each(
         tasks.push(tokio::task::spawn_blocking(move || {
             part.iter()
                 .try_for_each(SyncTarget::sync)
-                .inspect_err(|reason| {
-                    health.poison(reason.clone());
+                .inspect_err(|error| {
+                    health.poison(error.clone().into_detail());
                 })
         }));
     }
     for task in tasks {
         task.await
-            .map_err(|e| format!("a sync task failed: {e}"))??;
+            .map_err(|e| join_error(e).context("a sync task"))??;
     }
     Ok(())
 }
 
 /// Flushes targets one after another on the calling thread (for the
 /// journal replay at startup, before any round runs).
-pub(crate) fn flush_now(targets: &[SyncTarget]) -> Result<(), String> {
+pub(crate) fn flush_now(targets: &[SyncTarget]) -> Result<(), SinkError> {
     targets.iter().try_for_each(SyncTarget::sync)
 }
 

@@ -41,6 +41,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use flight_server::checksum::{crc32c, crc32c_append};
 use manifest_db::{JournalBytes, SinkManifest};
 
+use crate::error::SinkError;
+
 /// Size of the journal file: enough for the ranges of the rounds between
 /// two background flushes, with room for one flush running late.
 pub(crate) const JOURNAL_FILE_BYTES: u64 = 64 << 20;
@@ -358,21 +360,28 @@ impl RoundWrite {
 /// unsynced manifest writes, and some of their ranges were acknowledged.
 /// Returns how many rounds it redid. A round cut short (its CRC fails) ends
 /// the search: rounds are written one at a time, so none follows it.
-pub(crate) fn redo_lost_rounds(manifest: &SinkManifest, path: &Path) -> Result<usize, String> {
-    let state = manifest.journal_state().map_err(|e| e.to_string())?;
+pub(crate) fn redo_lost_rounds(manifest: &SinkManifest, path: &Path) -> Result<usize, SinkError> {
+    let state = manifest
+        .journal_state()
+        .map_err(|e| SinkError::storage("reading the journal's state from the manifest", e))?;
     let file = match File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
         Err(e) => {
-            return Err(format!(
-                "cannot open the journal file {}: {e}",
-                path.display()
+            return Err(SinkError::storage(
+                format_args!("cannot open the journal file {}", path.display()),
+                e,
             ));
         }
     };
     let capacity = file
         .metadata()
-        .map_err(|e| format!("cannot read the size of {}: {e}", path.display()))?
+        .map_err(|e| {
+            SinkError::storage(
+                format_args!("cannot read the size of {}", path.display()),
+                e,
+            )
+        })?
         .len();
     if capacity < ROUND_HEADER_BYTES {
         return Ok(0);
@@ -420,9 +429,12 @@ pub(crate) fn redo_lost_rounds(manifest: &SinkManifest, path: &Path) -> Result<u
             return Ok(redone);
         }
         manifest.redo(&batch).map_err(|e| {
-            format!(
-                "redoing the manifest write of journal round {round} (position {}): {e}",
-                header.start
+            SinkError::storage(
+                format_args!(
+                    "redoing the manifest write of journal round {round} (position {})",
+                    header.start
+                ),
+                e,
             )
         })?;
         redone += 1;
@@ -445,7 +457,7 @@ impl Ring<'_> {
     /// Round `round` of this epoch, if it starts at `start` and is whole.
     /// Fails only if the file cannot be read: a round silently skipped would
     /// be lost for good.
-    fn read_round(&self, start: u64, round: u64) -> Result<Option<FoundRound>, String> {
+    fn read_round(&self, start: u64, round: u64) -> Result<Option<FoundRound>, SinkError> {
         let offset = start % self.capacity;
         let mut head = [0u8; ROUND_HEADER_BYTES as usize];
         if !self.read_at(&mut head, offset)? {
@@ -475,14 +487,17 @@ impl Ring<'_> {
     }
 
     /// Reads `buf.len()` bytes at `offset`; false if the file ends first.
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool, String> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<bool, SinkError> {
         match self.file.read_exact_at(buf, offset) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
-            Err(e) => Err(format!(
-                "reading {} bytes at offset {offset} of the journal file {}: {e}",
-                buf.len(),
-                self.path.display()
+            Err(e) => Err(SinkError::storage(
+                format_args!(
+                    "reading {} bytes at offset {offset} of the journal file {}",
+                    buf.len(),
+                    self.path.display()
+                ),
+                e,
             )),
         }
     }
@@ -694,11 +709,11 @@ mod tests {
             })
         );
         // Nothing is redone twice.
-        assert_eq!(redo_lost_rounds(&survived, &path), Ok(0));
+        assert_eq!(redo_lost_rounds(&survived, &path).expect("redo"), 0);
         // A new epoch's rounds start at the beginning again: the old ones
         // there are not taken for them.
         survived.clear_journal().unwrap();
-        assert_eq!(redo_lost_rounds(&survived, &path), Ok(0));
+        assert_eq!(redo_lost_rounds(&survived, &path).expect("redo"), 0);
         assert_eq!(survived.placements(&id).unwrap().len(), 3);
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -20,12 +20,15 @@ pub(super) fn write_range(
     bytes: &[u8],
     offset: u64,
     dest: impl FnOnce() -> String,
-) -> Result<(), String> {
+) -> Result<(), SinkError> {
     file.write_all_at(bytes, offset).map_err(|e| {
-        format!(
-            "writing {} bytes at offset {offset} of {}: {e}",
-            bytes.len(),
-            dest()
+        SinkError::storage(
+            format_args!(
+                "writing {} bytes at offset {offset} of {}",
+                bytes.len(),
+                dest()
+            ),
+            e,
         )
     })
 }
@@ -54,7 +57,7 @@ impl Placer {
         file: &File,
         bytes: &[u8],
         offset: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), SinkError> {
         let middle = match self.direct_min {
             0 => None,
             min => direct::aligned_middle(offset, bytes.len() as u64, min),
@@ -97,9 +100,12 @@ impl Placer {
                 write_range(file, middle_bytes, start, || state.record.dest_path.clone())?;
             }
             Err(failed) => {
-                return Err(format!(
-                    "writing {} bytes at offset {} of {} (O_DIRECT): {}",
-                    failed.len, failed.offset, state.record.dest_path, failed.error
+                return Err(SinkError::storage(
+                    format_args!(
+                        "writing {} bytes at offset {} of {} (O_DIRECT)",
+                        failed.len, failed.offset, state.record.dest_path
+                    ),
+                    failed.error,
                 ));
             }
         }
@@ -238,7 +244,8 @@ impl Placer {
             // A failed write leaves nothing the page cache claims: it is
             // refused as retryable (only a failed flush poisons the sink).
             return Err(RowError::Storage(format!(
-                "{error}{}",
+                "{}{}",
+                error.into_detail(),
                 self.space_left(file, bytes.len() as u64)
             )));
         }

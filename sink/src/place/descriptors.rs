@@ -111,7 +111,7 @@ impl Descriptors {
     /// Room to open one more destination file, or why not (retryable).
     /// Short of room, `relieve` is called (it closes what it can) and the
     /// descriptors are counted again before refusing.
-    pub fn take_one(&self, relieve: impl FnOnce()) -> Result<(), String> {
+    pub fn take_one(&self, relieve: impl FnOnce()) -> Result<(), DescriptorsShort> {
         let mut in_use = self.in_use();
         if in_use >= self.share(OPEN_BELOW_TENTHS) {
             relieve();
@@ -119,15 +119,25 @@ impl Descriptors {
             in_use = self.in_use();
         }
         if in_use >= self.share(OPEN_BELOW_TENTHS) {
-            return Err(format!(
-                "the sink holds {in_use} of its {} file descriptors (files and directories awaiting their commit round, cached files, subscriptions); the batch is sent again once some are released",
-                self.limit
-            ));
+            return Err(DescriptorsShort {
+                in_use,
+                limit: self.limit,
+            });
         }
         // A file and, when new, up to a few directories.
         self.opened_since.fetch_add(2, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// A destination file not opened for want of descriptors: retryable.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the sink holds {in_use} of its {limit} file descriptors (files and directories awaiting their commit round, cached files, subscriptions); the batch is sent again once some are released"
+)]
+pub(crate) struct DescriptorsShort {
+    in_use: usize,
+    limit: usize,
 }
 
 #[cfg(test)]
@@ -155,6 +165,7 @@ mod tests {
         let (opened, reason) = refused.expect("the budget refused an open");
         assert!(opened < 40, "{opened} opens were let through");
         assert!(relieved >= 1, "refused without trying to relieve");
+        let reason = reason.to_string();
         assert!(reason.contains("file descriptors"), "{reason}");
     }
 }

@@ -86,7 +86,7 @@ impl Placer {
     pub(super) fn take_descriptor(&self, slot: Option<&Arc<Slot>>) -> Result<(), RowError> {
         self.descriptors
             .take_one(|| self.trim_open_files(self.max_open_files / 4, slot))
-            .map_err(RowError::Storage)
+            .map_err(|short| RowError::Storage(short.to_string()))
     }
 
     /// Notes a slot whose new file and directories wait for their round's
@@ -126,8 +126,9 @@ impl Placer {
             for (token, target) in pending {
                 if let Err(error) = target.sync() {
                     let reason = format!(
-                        "flushing a new file of {:?} early (descriptors ran short): {error}",
-                        slot.id.key
+                        "flushing a new file of {:?} early (descriptors ran short): {}",
+                        slot.id.key,
+                        error.into_detail()
                     );
                     self.health.poison(reason.clone());
                     return Err(SinkError::Storage(reason));

@@ -25,9 +25,8 @@ impl Placer {
         request.touched = slots;
         committer
             .submit(request)
-            .map_err(|e| e.to_string())
             .and_then(|answer| answer.wait())
-            .map_err(|reason| RowError::Storage(format!("{}: {reason}", what())))
+            .map_err(|error| RowError::Storage(format!("{}: {}", what(), error.into_detail())))
     }
 
     /// [`Self::record_durably`] before the committer runs: under the gate,
@@ -90,8 +89,9 @@ impl Placer {
             };
             if let Err(error) = target.sync() {
                 let reason = format!(
-                    "flushing a change to {:?} before recording it again: {error}",
-                    slot.id.key
+                    "flushing a change to {:?} before recording it again: {}",
+                    slot.id.key,
+                    error.into_detail()
                 );
                 self.health.poison(reason.clone());
                 return Err(RowError::Storage(reason));

@@ -28,7 +28,7 @@ impl Placer {
     pub fn replay_journal(&self, journal_path: &Path) -> Result<u64, SinkError> {
         let storage = |e: String| SinkError::Storage(format!("replaying the journal: {e}"));
         let redone = crate::durability::journal::redo_lost_rounds(&self.manifest, journal_path)
-            .map_err(storage)?;
+            .map_err(|e| e.context("replaying the journal"))?;
         if redone > 0 {
             tracing::warn!(
                 rounds = redone,
@@ -38,14 +38,14 @@ impl Placer {
         let entries = self
             .manifest
             .journal()
-            .map_err(|e| storage(e.to_string()))?;
+            .map_err(|e| SinkError::storage("replaying the journal", e))?;
         let mut work = BatchWork::new(0);
         // The round a crash may have cut short, if any: its entries were
         // written while its bytes were, and none of its ranges was acknowledged.
         let (round_in_doubt, in_doubt) = self
             .manifest
             .journal_round_in_doubt()
-            .map_err(|e| storage(e.to_string()))?;
+            .map_err(|e| SinkError::storage("replaying the journal", e))?;
         let in_doubt: std::collections::HashSet<_> = in_doubt.into_iter().collect();
         let mut withdrawn = Vec::new();
         let mut unsealed = Vec::new();
@@ -157,13 +157,16 @@ impl Placer {
                     }
                 }
             };
-            write_range(&file, &bytes, offset, || dest.clone()).map_err(storage)?;
+            write_range(&file, &bytes, offset, || dest.clone())
+                .map_err(|e| e.context("replaying the journal"))?;
             state.file_end = state.file_end.max(offset + bytes.len() as u64);
             work.request.files_to_sync.push(file);
             replayed += bytes.len() as u64;
         }
         let request = work.request;
-        request.sync_now().map_err(storage)?;
+        request
+            .sync_now()
+            .map_err(|e| e.context("replaying the journal"))?;
         for slot in &request.touched {
             lock(&slot.unsynced).clear();
         }
@@ -197,7 +200,7 @@ impl Placer {
                     &unsealed,
                     |id| ends.get(id).copied().unwrap_or(0),
                 )
-                .map_err(|e| storage(e.to_string()))?
+                .map_err(|e| SinkError::storage("replaying the journal", e))?
             };
             let _gate = lock(&self.commit_gate);
             self.manifest
@@ -207,11 +210,11 @@ impl Placer {
                     outbox_rewrite,
                     ..SinkCommit::default()
                 })
-                .map_err(|e| storage(e.to_string()))?;
+                .map_err(|e| SinkError::storage("replaying the journal", e))?;
         }
         self.manifest
             .clear_journal()
-            .map_err(|e| storage(e.to_string()))?;
+            .map_err(|e| SinkError::storage("replaying the journal", e))?;
         Ok(replayed)
     }
 }

@@ -187,10 +187,10 @@ impl Placer {
 
 /// The CRC-32C of the first `len` bytes of a destination file, for
 /// reconciliation; an error says which file could not be read, and why.
-pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> Result<u32, String> {
+pub(crate) fn head_crc(root: &Root, dest: &str, len: u64) -> Result<u32, SinkError> {
     let file = root
         .open_for_read(dest)
-        .map_err(|e| format!("opening {dest}: {e}"))?;
+        .map_err(|e| SinkError::storage(format_args!("opening {dest}"), e))?;
     flight_server::checksum::crc32c_of_file_prefix(&file, len)
-        .map_err(|e| format!("reading the first {len} bytes of {dest}: {e}"))
+        .map_err(|e| SinkError::storage(format_args!("reading the first {len} bytes of {dest}"), e))
 }
