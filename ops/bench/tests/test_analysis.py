@@ -278,12 +278,14 @@ class KafkaLatencies(unittest.TestCase):
         self.assertIsNone(a.arrival_batches(records, since_ms=1000))
 
     def test_parse_floor_log(self):
-        lines = ["1000\t3000000\t0\n", "bad line\n", "1\t2\n", "-1\t2\t3\n", "2000 4000000 1\n"]
-        self.assertEqual(a.parse_floor_log(lines), [(1000, 3_000_000, 0), (2000, 4_000_000, 1)])
+        lines = ["1000\t3000000\t0\n", "bad line\n", "1\t2\n", "-1\t2\t3\n", "2000 4000000 1\n",
+                 "3000\t5000000\t2\t4\n"]
+        self.assertEqual(a.parse_floor_log(lines),
+                         [(1000, 3_000_000, 0, 1), (2000, 4_000_000, 1, 1), (3000, 5_000_000, 2, 4)])
 
     def test_floor_latencies_by_timestamp_and_exact(self):
         # sent 10.4 ms (timestamp 10 ms), arrived 12 ms: 2.0 ms by timestamp, 1.6 ms exact
-        records = [(10 * MS + 400_000, 12 * MS, 10), (20 * MS, 21 * MS, 20), (30 * MS, 33 * MS, 30)]
+        records = [(10 * MS + 400_000, 12 * MS, 10, 1), (20 * MS, 21 * MS, 20, 1), (30 * MS, 33 * MS, 30, 4)]
         by_ts, exact = a.floor_latencies(records)
         self.assertEqual(by_ts, [2.0, 1.0, 3.0])
         self.assertEqual(exact, [1.6, 1.0, 3.0])
@@ -291,6 +293,9 @@ class KafkaLatencies(unittest.TestCase):
         self.assertEqual(a.floor_latencies(records, 15 * MS, 30 * MS), ([1.0, 3.0], [1.0, 3.0]))
         self.assertEqual(a.floor_latencies(records, None, 20 * MS)[0], [2.0, 1.0])
         self.assertEqual(a.floor_latencies([]), ([], []))
+        # alone in their transaction, or spread over the partitions
+        self.assertEqual(a.floor_latencies(records, spread=False)[0], [2.0, 1.0])
+        self.assertEqual(a.floor_latencies(records, spread=True)[0], [3.0])
 
 if __name__ == "__main__":
     unittest.main()

@@ -308,23 +308,28 @@ def arrival_batches(records, since_ms=None) -> dict | None:
             "gap_max_ms": gaps[-1] if gaps else None}
 
 
-def parse_floor_log(lines) -> list[tuple[int, int, int]]:
-    """P12's floor log (tools/kafka_latency.py floor: send ns, arrival ns, record timestamp ms,
-    tab-separated) as (send ns, arrival ns, timestamp ms); other lines are skipped."""
+def parse_floor_log(lines) -> list[tuple[int, int, int, int]]:
+    """P12's floor log (tools/kafka_latency.py floor: send ns, arrival ns, record timestamp ms and, in
+    newer logs, how many messages the message's transaction held; tab-separated) as (send ns, arrival
+    ns, timestamp ms, width; 1 when absent); other lines are skipped."""
     out = []
     for line in lines:
         parts = line.split()
-        if len(parts) == 3 and all(p.isdigit() for p in parts):
-            out.append((int(parts[0]), int(parts[1]), int(parts[2])))
+        if len(parts) in (3, 4) and all(p.isdigit() for p in parts):
+            width = int(parts[3]) if len(parts) == 4 else 1
+            out.append((int(parts[0]), int(parts[1]), int(parts[2]), width))
     return out
 
 
-def floor_latencies(records, first_ns=None, last_ns=None) -> tuple[list[float], list[float]]:
+def floor_latencies(records, first_ns=None, last_ns=None, spread=None) -> tuple[list[float], list[float]]:
     """The floor's messages sent between first_ns and last_ns (inclusive; None: unbounded): ms from
     each one's record timestamp to its arrival (as P12 measures the events), and from its exact send
-    time to its arrival."""
+    time to its arrival. `spread`: None for every message, False for those sent alone in their
+    transaction, True for those of transactions spread over the partitions."""
     by_ts, exact = [], []
-    for sent, recv, ts in records:
+    for sent, recv, ts, width in records:
+        if spread is not None and (width > 1) != spread:
+            continue
         if (first_ns is None or sent >= first_ns) and (last_ns is None or sent <= last_ns):
             by_ts.append((recv - ts * 1_000_000) / 1e6)
             exact.append((recv - sent) / 1e6)

@@ -32,7 +32,7 @@ MODES = {
         p6_files=2000, p6_size=65536, p6_sink="", p6_settle_s=0, p6_peers=1,
         p7_seconds=8, p7_rate=10.0, p7_kills=3,
         p8_total_mib=128, p10_total_mib=128,
-        p12_seconds=5, p12_floor_seconds=2, p12_total_mib=256,
+        p12_seconds=5, p12_floor_seconds=2, p12_total_mib=256, p12_broker_tmpfs=0,
         p13_kills=2, p13c_handovers=3,
     ),
     "full": dict(
@@ -47,7 +47,7 @@ MODES = {
         p6_files=100000, p6_size=65536, p6_sink="", p6_settle_s=40, p6_peers=1,
         p7_seconds=20, p7_rate=10.0, p7_kills=3,
         p8_total_mib=2048, p10_total_mib=2048,
-        p12_seconds=30, p12_floor_seconds=10, p12_total_mib=2048,
+        p12_seconds=30, p12_floor_seconds=10, p12_total_mib=2048, p12_broker_tmpfs=0,
         p13_kills=10, p13c_handovers=10,
     ),
 }

@@ -3,11 +3,14 @@
 
 `floor`: the broker's own floor. One small message every `--every-ms` for
 `--seconds`, from an idempotent producer (linger.ms=0; `--transactional`:
-one transaction per message) to a read_committed consumer of a fresh group
-in the same process. The consumer is assigned, at each partition's end,
+one transaction per message; with `--spread`, every other transaction
+writes one message to each of the topic's partitions instead, the shape of
+a relay's transaction) to a read_committed consumer of a fresh group in the
+same process. The consumer is assigned, at each partition's end,
 before the first message; the first `--warmup-s` of messages (connections,
 metadata) are not measured. Logs each measured message: its send time (ns),
-its arrival (ns) and its record timestamp (ms).
+its arrival (ns), its record timestamp (ms) and how many messages its
+transaction held.
 
 `relay`: a plain transactional relay, the peer of the sink's. Events are
 made at `--rate` a second (each stamped with the time it was made) and
@@ -155,7 +158,7 @@ def measure(consumer, producing, sent, bound, log_path):
         for msg in msgs:
             if not check(msg):
                 continue
-            warm, sent_ns = msg.value().split(b" ", 2)[:2]
+            warm, sent_ns, width = msg.value().split(b" ", 3)[:3]
             if warm == b"1":
                 continue
             sent_ns = int(sent_ns)
@@ -163,7 +166,7 @@ def measure(consumer, producing, sent, bound, log_path):
             by_ts.append((recv_ns - ts_ms * 1_000_000) / 1e6)
             exact.append((recv_ns - sent_ns) / 1e6)
             if log:
-                log.write(f"{sent_ns}\t{recv_ns}\t{ts_ms}\n")
+                log.write(f"{sent_ns}\t{recv_ns}\t{ts_ms}\t{int(width)}\n")
     if log:
         log.close()
     consumer.close()
@@ -204,6 +207,7 @@ def floor(args):
     pad = b"x" * max(0, args.size - 48)
     sent = [0]
     errors = []
+    partitions = len(producer.list_topics(args.topic, 30).topics[args.topic].partitions)
 
     def delivered(err, _msg):
         if err is not None:
@@ -214,19 +218,24 @@ def floor(args):
         # a late tick is not made up for with a burst.
         clock = Schedule(args.warmup_s, args.seconds)
         next_at = clock.start
+        spread = False
         while clock.now() is not None:
             measuring = clock.measuring
             sent_ns = time.time_ns()
-            value = b"%d %d " % (int(not measuring), sent_ns) + pad
+            targets = list(range(partitions)) if spread else [None]
+            value = b"%d %d %d " % (int(not measuring), sent_ns, len(targets)) + pad
             if args.transactional:
                 producer.begin_transaction()
-            producer.produce(args.topic, value, timestamp=sent_ns // 1_000_000, on_delivery=delivered)
+            for partition in targets:
+                extra = {} if partition is None else {"partition": partition}
+                producer.produce(args.topic, value, timestamp=sent_ns // 1_000_000, on_delivery=delivered, **extra)
             if args.transactional:
                 producer.commit_transaction(30)
             else:
                 producer.poll(0)
             if measuring:
-                sent[0] += 1
+                sent[0] += len(targets)
+            spread = args.spread and not spread
             next_at = max(next_at + every, time.monotonic())
             time.sleep(max(0.0, next_at - time.monotonic()))
         producer.flush(30)
@@ -283,7 +292,7 @@ def relay(args):
             batch = [waiting.popleft() for _ in range(min(len(waiting), args.max_batch))]
             producer.begin_transaction()
             for n, made_ns, warm in batch:
-                producer.produce(args.topic, b"%d %d " % (int(warm), made_ns) + pad,
+                producer.produce(args.topic, b"%d %d 1 " % (int(warm), made_ns) + pad,
                                  key=b"file-%d" % (n % args.keys), timestamp=made_ns // 1_000_000,
                                  on_delivery=delivered)
             producer.commit_transaction(30)
@@ -342,6 +351,8 @@ def main():
     f.add_argument("--warmup-s", type=float, default=1.0)
     f.add_argument("--size", type=int, default=400, help="bytes per message (a commit event's order)")
     f.add_argument("--transactional", action="store_true")
+    f.add_argument("--spread", action="store_true",
+                   help="every other transaction: one message to each partition (needs --transactional)")
     r = sub.choices["relay"]
     r.add_argument("--seconds", type=float, required=True, help="how long measured events are made")
     r.add_argument("--rate", type=float, required=True, help="events a second")
@@ -354,6 +365,8 @@ def main():
     args = ap.parse_args()
     if args.mode == "events" and not args.log:
         ap.error("events needs --log")
+    if args.mode == "floor" and args.spread and not args.transactional:
+        ap.error("--spread needs --transactional")
     {"floor": floor, "relay": relay, "events": events}[args.mode](args)
 
 
