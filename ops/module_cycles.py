@@ -48,9 +48,13 @@ def module_of(src, path):
     return "::".join(parts)
 
 
+# `#[cfg(test)]`, and `#[cfg(all(test, ...))]`: code built for tests only.
+TEST_ONLY = re.compile(r"#\[cfg\((test|all\(test\b.*)\)\]")
+
+
 def code_lines(text):
     """The file's lines that are not comments, test code (the item after a
-    `#[cfg(test)]`), declarations or re-exports."""
+    `#[cfg(test)]` or `#[cfg(all(test, ...))]`), declarations or re-exports."""
     out = []
     skipping, depth, started = False, 0, False
     for line in text.splitlines():
@@ -64,7 +68,7 @@ def code_lines(text):
             if (started and depth <= 0) or (not started and stripped.endswith(";")):
                 skipping, depth, started = False, 0, False
             continue
-        if stripped.startswith("#[cfg(test)]"):
+        if TEST_ONLY.match(stripped):
             skipping = True
             continue
         if re.match(r"(pub(\(\w+\))?\s+)?mod\s+\w+\s*;", stripped):

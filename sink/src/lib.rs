@@ -483,6 +483,34 @@ impl Sink {
         })
     }
 
+    /// Starts a live-tail subscription: the stream of its Flight messages.
+    pub(crate) async fn subscribe(
+        &self,
+        ticket: flight_server::subscription::Ticket,
+        peer: String,
+    ) -> Result<futures::stream::BoxStream<'static, subscribe::Sent>, SinkError> {
+        self.subscribers
+            .open(
+                self.clone(),
+                &self.placer.root,
+                self.placer.layout,
+                &self.feed,
+                ticket,
+                peer,
+            )
+            .await
+    }
+
+    /// The files a ListFlights criteria names (see [`subscribe::list_files`]).
+    /// Blocking.
+    pub(crate) fn list_files(
+        &self,
+        criteria: &str,
+    ) -> Result<Vec<arrow_flight::FlightInfo>, SinkError> {
+        let snapshot = self.durable_files()?;
+        subscribe::list_files(&snapshot.files, self.placer.layout, criteria)
+    }
+
     /// Makes `status` include `describe()`'s account of the process's place
     /// in a fleet. The first description given stays.
     pub fn describe_fleet(&self, describe: impl Fn() -> serde_json::Value + Send + Sync + 'static) {
@@ -654,6 +682,19 @@ impl Sink {
                 })?;
             Ok(ack)
         })
+    }
+}
+
+impl subscribe::DurableFiles for Sink {
+    fn knows_source(&self, source: &str) -> Result<bool, SinkError> {
+        let files = self.placer.manifest.files_of_source(source).map_err(|e| {
+            SinkError::storage(format_args!("reading the files of source {source:?}"), e)
+        })?;
+        Ok(!files.is_empty())
+    }
+
+    fn durable_files(&self) -> Result<feed::DurableSnapshot, SinkError> {
+        Sink::durable_files(self)
     }
 }
 

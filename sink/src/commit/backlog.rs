@@ -3,7 +3,30 @@
 //! (after [`FLUSH_AFTER`] or once [`FLUSH_AT_BYTES`] wait) before their
 //! journal space is given back; and the thread that writes journal rounds.
 
-use super::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use manifest_db::{FileId, SinkManifest};
+
+use crate::blocking::run_blocking;
+use crate::durability::flush::{Flusher, SyncTarget};
+use crate::durability::journal::{JournalFile, JournalSpace, RoundWrite};
+use crate::error::{SinkError, panic_message};
+use crate::health::Health;
+use crate::stage_cpu::{Stage, StageTimer};
+
+/// The journal file, and what bounds the files waiting for its background flush.
+pub(crate) struct CommitJournal {
+    pub file: Option<JournalFile>,
+    /// Journaled bytes whose files are not flushed yet (placement reads it).
+    pub backlog_bytes: Arc<AtomicU64>,
+    /// A background flush starts once this many files wait for one: each
+    /// keeps its descriptor open until then, beyond the placement's cache.
+    pub flush_at_files: usize,
+}
 
 /// Journaled files are flushed at the latest this long after their first
 /// range (their rounds hold journal space until then; a replay after a
@@ -318,6 +341,18 @@ impl Backlog {
 
 /// Most flushes the background journal flush issues at once.
 pub(super) const BACKGROUND_SYNC_PARALLELISM: usize = 2;
+
+/// The end of the background flush under way; never, when none is.
+pub(super) async fn flush_ended(flushing: &mut Option<tokio::task::JoinHandle<()>>) {
+    match flushing {
+        Some(task) => {
+            // Its own failures and panics poisoned the sink (the entries
+            // stay); it is never aborted.
+            let _ = task.await;
+        }
+        None => std::future::pending().await,
+    }
+}
 
 #[cfg(test)]
 mod tests {

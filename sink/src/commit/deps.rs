@@ -1,7 +1,9 @@
 //! Requests that leaned on ranges another batch was writing (duplicates in
 //! flight): answered once those are recorded, failed if their batch failed.
 
-use super::*;
+use super::queued::Queued;
+use crate::error::SinkError;
+use crate::state::{CommitRequest, lock};
 
 /// How long a batch may wait for the bytes before a range it sent (held in
 /// memory until they arrive) before it is failed and sent again. A stream

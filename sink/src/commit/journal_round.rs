@@ -2,7 +2,12 @@
 //! its files are flushed, and the journal region it reserves.
 
 use super::backlog::{JournalJob, JournalWriter, JournalWritten};
-use super::*;
+
+use manifest_db::{FileId, JournalEntry};
+
+use super::queued::Queued;
+use crate::durability::journal::JournalFile;
+use crate::error::SinkError;
 
 /// Decides whether the round's small ranges go to the journal file: only if
 /// the round flushes nothing else (a flush it pays anyway covers them too)

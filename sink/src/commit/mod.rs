@@ -35,43 +35,35 @@
 //! journal write), `backlog` (the background flush of journaled files),
 //! and `deps` (answers that wait for other batches' ranges).
 
-use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use manifest_db::{FileId, JournalEntry, SinkCommit, SinkManifest};
+use manifest_db::SinkManifest;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::SinkError;
 use crate::blocking::run_blocking;
-use crate::durability::flush::{Flusher, SyncTarget};
-use crate::durability::journal::{JournalFile, JournalSpace, RoundWrite};
+use crate::durability::flush::Flusher;
 use crate::error::panic_message;
-use crate::feed::{CommitFeed, FileChange, FileCommit, RoundStages};
+use crate::feed::{CommitFeed, RoundStages};
 use crate::health::Health;
 use crate::stage_cpu::{Stage, StageTimer};
-use crate::state::{CommitGate, CommitRequest, FileCounts, Slot, lock};
+use crate::state::{CommitGate, CommitRequest, FileCounts, lock};
 
 mod backlog;
 mod deps;
 mod journal_round;
+mod queued;
 mod round;
 
-use backlog::Backlog;
+pub(crate) use backlog::CommitJournal;
+use backlog::{Backlog, flush_ended};
 pub(crate) use deps::HOLD_WAIT;
 use deps::{HOLD_RECHECK, answer_ready};
 use journal_round::{JournalRound, journal_or_flush, reserve_journal_round};
+pub(crate) use queued::Queued;
 use round::{RoundSink, record_round};
 pub(crate) use round::{forget_flushed, sync_targets};
-
-pub(crate) struct Queued {
-    pub request: CommitRequest,
-    /// When it was queued (for the commit round's trace).
-    pub queued: Instant,
-    pub reply: oneshot::Sender<Result<(), SinkError>>,
-}
 
 /// Handle to the committer task. Clones share the task; [`Self::stop`]
 /// drains what is queued and joins it.
@@ -207,16 +199,6 @@ impl CommitAnswer {
 /// the requests it held, which only a bug does.
 fn committer_gone() -> SinkError {
     SinkError::Internal("the committer stopped without answering a commit request".to_string())
-}
-
-/// The journal file, and what bounds the files waiting for its background flush.
-pub(crate) struct CommitJournal {
-    pub file: Option<JournalFile>,
-    /// Journaled bytes whose files are not flushed yet (placement reads it).
-    pub backlog_bytes: Arc<AtomicU64>,
-    /// A background flush starts once this many files wait for one: each
-    /// keeps its descriptor open until then, beyond the placement's cache.
-    pub flush_at_files: usize,
 }
 
 /// Most requests merged into one round, so one round's latency stays bounded.
@@ -458,17 +440,6 @@ async fn run(rounds: Rounds) {
         let _ = flushing.await;
     }
     fail_all(waiting, &SinkError::Shutdown);
-}
-
-async fn flush_ended(flushing: &mut Option<tokio::task::JoinHandle<()>>) {
-    match flushing {
-        Some(task) => {
-            // Its own failures and panics poisoned the sink (the entries
-            // stay); it is never aborted.
-            let _ = task.await;
-        }
-        None => std::future::pending().await,
-    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -1,7 +1,19 @@
 //! One commit round's record: what it flushes, the records it folds and
 //! writes under the gate, and what it tells the feed.
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use manifest_db::{FileId, SinkCommit, SinkManifest};
+
+use super::journal_round::JournalRound;
+use super::queued::Queued;
+use crate::durability::flush::SyncTarget;
+use crate::error::{SinkError, panic_message};
+use crate::feed::{CommitFeed, FileChange, FileCommit, RoundStages};
+use crate::health::Health;
+use crate::state::{CommitGate, FileCounts, Slot, lock};
 
 /// Every distinct file and directory the round must flush: those its
 /// batches touched, and what earlier changes to the files it records still

@@ -107,7 +107,8 @@ type SourceCell = Mutex<Option<Arc<Source>>>;
 
 /// Everything placement needs; shared by all streams.
 pub(crate) struct Placer {
-    pub root: Root,
+    /// Shared with subscriptions, which read the files under it.
+    pub root: Arc<Root>,
     pub manifest: SinkManifest,
     pub layout: Layout,
     pub superseded: SupersededPolicy,
@@ -244,7 +245,7 @@ impl Placer {
         Self {
             journal,
             commit_gate,
-            root,
+            root: Arc::new(root),
             manifest,
             layout,
             superseded,
