@@ -74,6 +74,9 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 # No new module cycle in any crate (the ones left to undo are listed).
 python3 ops/module_cycles.py --allow ops/module-cycles.allow
+# A sink that takes its locks out of order panics in every process the
+# tests start, instead of logging it (sink/src/lock_order.rs).
+export TAILFLIGHT_LOCK_ORDER=panic
 # Two test threads: the machines this runs on have two cores, and the
 # end-to-end tests each run several processes.
 cargo test --workspace -- --test-threads=2

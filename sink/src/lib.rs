@@ -26,6 +26,7 @@ mod durability;
 pub mod error;
 pub mod feed;
 pub mod health;
+mod lock_order;
 pub mod outbox;
 mod place;
 pub mod root_mark;
@@ -367,7 +368,7 @@ impl Sink {
         );
         let manifest = SinkManifest::open(&config.state_dir)?;
         root_mark::check(&config.root, &manifest)?;
-        let gate = state::CommitGate::default();
+        let gate = state::new_commit_gate();
         let journal_backlog = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let placer = Placer::new(
             root,

@@ -15,6 +15,7 @@ use manifest_db::{FileId, FileRecord, IntervalSet, SinkCounters, SinkManifest};
 
 use crate::durability::direct::DirectFile;
 use crate::durability::flush::{SyncTarget, flush_now};
+use crate::lock_order::{self, Rank, Ranked};
 use crate::written_crc::WrittenCrc;
 
 /// Locks a mutex of the sink's shared state. A mutex a panic left poisoned
@@ -23,22 +24,59 @@ use crate::written_crc::WrittenCrc;
 /// [`crate::health::Health::guard_thread`]): their panics poison the sink's
 /// health before unwinding lets go of any lock, and from then on nothing
 /// read under these locks is recorded or acknowledged.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+pub(crate) fn lock<L: Lock + ?Sized>(mutex: &L) -> L::Guard<'_> {
+    mutex.acquire()
+}
+
+/// A mutex [`lock`] takes: a plain one, or one with its place in the
+/// order ([`crate::lock_order`]).
+pub(crate) trait Lock {
+    type Guard<'a>
+    where
+        Self: 'a;
+    fn acquire(&self) -> Self::Guard<'_>;
+}
+
+impl<T: ?Sized> Lock for Mutex<T> {
+    type Guard<'a>
+        = MutexGuard<'a, T>
+    where
+        T: 'a;
+    fn acquire(&self) -> MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl<L: Lock + ?Sized> Lock for Arc<L> {
+    type Guard<'a>
+        = L::Guard<'a>
+    where
+        L: 'a;
+    fn acquire(&self) -> L::Guard<'_> {
+        (**self).acquire()
+    }
+}
+
+impl<T> Lock for Ranked<T> {
+    type Guard<'a>
+        = lock_order::Guard<'a, T>
+    where
+        T: 'a;
+    fn acquire(&self) -> lock_order::Guard<'_, T> {
+        self.lock()
+    }
 }
 
 /// One generation of one source file.
 pub(crate) struct Slot {
     pub id: FileId,
-    pub state: Mutex<SlotState>,
+    pub state: Ranked<SlotState>,
     /// Flushes a change to this file's name or existence still needs
     /// before its record may be written (see
     /// [`CommitRequest::flush_before_record`]). Locked after `state`, never
     /// before it, and never held across other work, so the committer can
     /// read it without waiting for placement.
-    pub unsynced: Mutex<Vec<Pending>>,
+    pub unsynced: Ranked<Vec<Pending>>,
 }
 
 pub(crate) struct SlotState {
@@ -209,7 +247,12 @@ impl Drop for DependencyCharge {
 /// before it lets go of the gate: from then on those records may name
 /// ranges that are not durable, so whoever takes the gate checks the health
 /// before it writes or hands out records.
-pub(crate) type CommitGate = Arc<Mutex<()>>;
+pub(crate) type CommitGate = Arc<Ranked<()>>;
+
+/// A commit gate of its own (a sink's, or a test's).
+pub(crate) fn new_commit_gate() -> CommitGate {
+    Arc::new(Ranked::new(Rank::CommitGate, ()))
+}
 
 /// Ranges one batch wrote into one file generation.
 pub(crate) type PlacedRanges = (Arc<Slot>, Vec<(u64, u64)>);

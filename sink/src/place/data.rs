@@ -427,10 +427,7 @@ impl Placer {
             match slot.state.try_lock() {
                 Ok(mut state) => evict(&mut state),
                 // Busy: looked at on the next full budget.
-                Err(std::sync::TryLockError::WouldBlock) => true,
-                Err(std::sync::TryLockError::Poisoned(poisoned)) => {
-                    evict(&mut poisoned.into_inner())
-                }
+                Err(crate::lock_order::WouldBlock) => true,
             }
         });
         // A slot that emptied and held again is listed twice: keep one.

@@ -59,26 +59,29 @@ impl Placer {
                 key: key.to_owned(),
                 generation,
             },
-            state: Mutex::new(SlotState {
-                record: FileRecord {
-                    dest_path: dest.clone(),
-                    ..FileRecord::default()
+            state: Ranked::new(
+                Rank::SlotState,
+                SlotState {
+                    record: FileRecord {
+                        dest_path: dest.clone(),
+                        ..FileRecord::default()
+                    },
+                    pending: IntervalSet::new(),
+                    disk_len,
+                    file: Some(file.clone()),
+                    direct: DirectFile::NotOpened,
+                    recorded: false,
+                    recorded_sealed: false,
+                    recorded_path: None,
+                    recorded_superseded: false,
+                    moving: false,
+                    file_end: disk_len.unwrap_or(0),
+                    held: Default::default(),
+                    written_crc: WrittenCrc::new(true),
+                    inode: None,
                 },
-                pending: IntervalSet::new(),
-                disk_len,
-                file: Some(file.clone()),
-                direct: DirectFile::NotOpened,
-                recorded: false,
-                recorded_sealed: false,
-                recorded_path: None,
-                recorded_superseded: false,
-                moving: false,
-                file_end: disk_len.unwrap_or(0),
-                held: Default::default(),
-                written_crc: WrittenCrc::new(true),
-                inode: None,
-            }),
-            unsynced: Mutex::new(unsynced),
+            ),
+            unsynced: Ranked::new(Rank::Unsynced, unsynced),
         });
         lock(&slot.state).opened(&file);
         if created {

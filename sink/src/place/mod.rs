@@ -27,8 +27,8 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind, SealDigest, checksum};
 use manifest_db::{
@@ -41,6 +41,7 @@ use crate::config::{Layout, SupersededPolicy};
 use crate::confine::{ConfineError, Root, SettledMove};
 use crate::durability::direct::{self, DirectFile};
 use crate::health::Health;
+use crate::lock_order::{Guard, Rank, Ranked};
 use crate::state::{CommitGate, CommitRequest, DependencyCharge, Held, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
 
@@ -92,9 +93,9 @@ impl SourceFiles {
 
 pub(crate) struct Source {
     name: String,
-    files: Mutex<SourceFiles>,
-    /// Taken on its own, after any other lock (and before `unsynced`).
-    moved_away: Mutex<MovedAway>,
+    files: Ranked<SourceFiles>,
+    /// Taken after any other lock but `unsynced` (see [`crate::lock_order`]).
+    moved_away: Ranked<MovedAway>,
 }
 
 /// Most sources one sink serves: each keeps some state for the life of the
@@ -103,7 +104,7 @@ pub(crate) struct Source {
 const MAX_SOURCES: usize = 4096;
 
 /// A source's state once loaded; locked while it loads.
-type SourceCell = Mutex<Option<Arc<Source>>>;
+type SourceCell = Ranked<Option<Arc<Source>>>;
 
 /// Everything placement needs; shared by all streams.
 pub(crate) struct Placer {
@@ -114,8 +115,8 @@ pub(crate) struct Placer {
     pub superseded: SupersededPolicy,
     /// Per source, its state once loaded: each behind a lock of its own,
     /// so that loading one source holds up only that source's batches.
-    sources: Mutex<HashMap<String, Arc<SourceCell>>>,
-    open_files: Mutex<VecDeque<Arc<Slot>>>,
+    sources: Ranked<HashMap<String, Arc<SourceCell>>>,
+    open_files: Ranked<VecDeque<Arc<Slot>>>,
     commit_gate: CommitGate,
     max_open_files: usize,
     pub journal: Journal,
@@ -131,7 +132,7 @@ pub(crate) struct Placer {
     pub health: Health,
     /// With the flat layout, the one source this sink serves (the first
     /// one seen, in the manifest or on the wire).
-    flat_source: Mutex<Option<String>>,
+    flat_source: Ranked<Option<String>>,
     /// Most sources served at once (their state stays for the process).
     max_sources: usize,
     /// The manifest's one writer once the sink runs: records changed out of
@@ -145,12 +146,12 @@ pub(crate) struct Placer {
     hold_limit: u64,
     /// Slots that held something when last looked at: where a full hold
     /// budget looks for ranges nobody waits for any more.
-    holders: Mutex<Vec<std::sync::Weak<Slot>>>,
+    holders: Ranked<Vec<std::sync::Weak<Slot>>>,
     /// The process's descriptors, which new files awaiting their round hold.
     descriptors: descriptors::Descriptors,
     /// Slots whose creation left flushes pending (and descriptors held for
     /// them): what is flushed early when descriptors run short.
-    awaiting_flush: Mutex<Vec<std::sync::Weak<Slot>>>,
+    awaiting_flush: Ranked<Vec<std::sync::Weak<Slot>>>,
     /// Ranges that batches not answered yet wait for (see [`DependencyCharge`]).
     waiting_dependencies: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -249,21 +250,21 @@ impl Placer {
             manifest,
             layout,
             superseded,
-            sources: Mutex::new(HashMap::new()),
-            open_files: Mutex::new(VecDeque::new()),
+            sources: Ranked::new(Rank::Sources, HashMap::new()),
+            open_files: Ranked::new(Rank::OpenFiles, VecDeque::new()),
             max_open_files: max_open_files.min(most_cached).max(16),
             direct_min: 0,
             direct_buffers: direct::Buffers::default(),
             seal_read_back: false,
             health,
-            flat_source: Mutex::new(None),
+            flat_source: Ranked::new(Rank::FlatSource, None),
             max_sources: MAX_SOURCES,
             committer: std::sync::OnceLock::new(),
             held_bytes: AtomicU64::new(0),
             hold_limit: HOLD_LIMIT,
-            holders: Mutex::new(Vec::new()),
+            holders: Ranked::new(Rank::Holders, Vec::new()),
             descriptors,
-            awaiting_flush: Mutex::new(Vec::new()),
+            awaiting_flush: Ranked::new(Rank::AwaitingFlush, Vec::new()),
             waiting_dependencies: Default::default(),
         }
     }
@@ -313,7 +314,10 @@ impl Placer {
                         self.max_sources
                     )));
                 }
-                sources.entry(name.to_owned()).or_default().clone()
+                sources
+                    .entry(name.to_owned())
+                    .or_insert_with(|| Arc::new(Ranked::new(Rank::SourceCell, None)))
+                    .clone()
             };
             // Held across the scan: no batch of this source is placed, and so
             // none of its records rewritten in the manifest (in place, see
@@ -385,8 +389,8 @@ impl Placer {
         }
         Ok(Arc::new(Source {
             name: name.to_owned(),
-            files: Mutex::new(files),
-            moved_away: Mutex::new(moved_away),
+            files: Ranked::new(Rank::SourceFiles, files),
+            moved_away: Ranked::new(Rank::MovedAway, moved_away),
         }))
     }
 
@@ -416,14 +420,14 @@ impl Placer {
     /// records are written until its journal write and its deferred writes
     /// are done too; it says why
     /// the sink stopped if a round failed meanwhile.
-    pub fn commit_gate(&self) -> MutexGuard<'_, ()> {
+    pub fn commit_gate(&self) -> Guard<'_, ()> {
         lock(&self.commit_gate)
     }
 
     /// The commit gate, unless the sink is poisoned (then it refuses work
     /// until it is restarted). Checked under the gate: a round that fails
     /// poisons the health before it lets go.
-    fn open_gate(&self) -> Result<MutexGuard<'_, ()>, RowError> {
+    fn open_gate(&self) -> Result<Guard<'_, ()>, RowError> {
         let gate = lock(&self.commit_gate);
         match self.health.reason() {
             Some(reason) => Err(RowError::Storage(format!(
@@ -570,35 +574,38 @@ impl Placer {
         };
         let slot = Arc::new(Slot {
             id,
-            state: Mutex::new(SlotState {
-                recorded: true,
-                recorded_sealed: record.sealed.is_some(),
-                // Where the feed last told the file was: a move recorded
-                // and not made yet (a crash between) is told once a round
-                // records it made.
-                recorded_path: Some(
-                    record
-                        .renamed_from
-                        .clone()
-                        .or_else(|| record.untold_from.clone())
-                        .unwrap_or_else(|| record.dest_path.clone()),
-                ),
-                recorded_superseded: record.superseded,
-                moving: false,
-                // Set from the file when it is first opened.
-                file_end: 0,
-                held: Default::default(),
-                // Bytes placed by an earlier run are vouched for only by the
-                // file itself.
-                written_crc: WrittenCrc::new(record.placed.is_empty()),
-                inode: None,
-                record,
-                pending: IntervalSet::new(),
-                disk_len: None,
-                file: None,
-                direct: DirectFile::NotOpened,
-            }),
-            unsynced: Mutex::new(Vec::new()),
+            state: Ranked::new(
+                Rank::SlotState,
+                SlotState {
+                    recorded: true,
+                    recorded_sealed: record.sealed.is_some(),
+                    // Where the feed last told the file was: a move recorded
+                    // and not made yet (a crash between) is told once a round
+                    // records it made.
+                    recorded_path: Some(
+                        record
+                            .renamed_from
+                            .clone()
+                            .or_else(|| record.untold_from.clone())
+                            .unwrap_or_else(|| record.dest_path.clone()),
+                    ),
+                    recorded_superseded: record.superseded,
+                    moving: false,
+                    // Set from the file when it is first opened.
+                    file_end: 0,
+                    held: Default::default(),
+                    // Bytes placed by an earlier run are vouched for only by the
+                    // file itself.
+                    written_crc: WrittenCrc::new(record.placed.is_empty()),
+                    inode: None,
+                    record,
+                    pending: IntervalSet::new(),
+                    disk_len: None,
+                    file: None,
+                    direct: DirectFile::NotOpened,
+                },
+            ),
+            unsynced: Ranked::new(Rank::Unsynced, Vec::new()),
         });
         self.cache(files, cache_key, slot.clone());
         Ok(Some(slot))

@@ -75,7 +75,7 @@ impl Placer {
     pub(super) fn flush_unsynced_now(
         &self,
         slot: &Slot,
-        _gate: &MutexGuard<'_, ()>,
+        _gate: &Guard<'_, ()>,
     ) -> Result<(), RowError> {
         // Not holding `unsynced` across a flush: the committer reads it. No
         // move of this file can queue more meanwhile (the caller holds its

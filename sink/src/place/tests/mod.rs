@@ -42,7 +42,7 @@ impl Fixture {
             superseded,
             64,
             Shared {
-                commit_gate: CommitGate::default(),
+                commit_gate: crate::state::new_commit_gate(),
                 journal: Journal {
                     max_range: journal_max_range,
                     backlog: Arc::default(),
@@ -499,7 +499,12 @@ fn loading_one_source_holds_up_no_other() {
     // As if "slow" were being loaded by another stream right now.
     let loading = lock(&placer.sources)
         .entry("slow".to_owned())
-        .or_default()
+        .or_insert_with(|| {
+            Arc::new(crate::lock_order::Ranked::new(
+                crate::lock_order::Rank::SourceCell,
+                None,
+            ))
+        })
         .clone();
     let scan = lock(&loading);
     let (answer, answered) = std::sync::mpsc::channel();
