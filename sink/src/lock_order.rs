@@ -121,22 +121,16 @@ struct Held {
 }
 
 #[cfg(debug_assertions)]
-mod held {
-    use std::cell::{Cell, RefCell};
-
-    use super::Rank;
-
-    thread_local! {
-        /// The ranks this thread holds, with each hold's id.
-        pub(super) static HELD: RefCell<Vec<(Rank, u64)>> = const { RefCell::new(Vec::new()) };
-        pub(super) static NEXT: Cell<u64> = const { Cell::new(0) };
-    }
+thread_local! {
+    /// The ranks this thread holds, with each hold's id.
+    static HELD: std::cell::RefCell<Vec<(Rank, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static NEXT_HOLD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl Held {
     #[cfg(debug_assertions)]
     fn next_id() -> u64 {
-        held::NEXT.with(|next| {
+        NEXT_HOLD.with(|next| {
             next.set(next.get() + 1);
             next.get()
         })
@@ -146,7 +140,7 @@ impl Held {
     #[cfg(debug_assertions)]
     fn record(rank: Rank) -> Self {
         let id = Self::next_id();
-        held::HELD.with(|held| held.borrow_mut().push((rank, id)));
+        HELD.with(|held| held.borrow_mut().push((rank, id)));
         Self { id }
     }
 
@@ -157,7 +151,7 @@ impl Held {
 
     #[cfg(debug_assertions)]
     fn take(rank: Rank) -> Self {
-        let after = held::HELD.with(|held| {
+        let after = HELD.with(|held| {
             held.borrow()
                 .iter()
                 .find(|&&(h, _)| h > rank || (h == rank && !rank.nests()))
@@ -206,7 +200,7 @@ fn out_of_order(taking: Rank, held: Rank) {
 #[cfg(debug_assertions)]
 impl Drop for Held {
     fn drop(&mut self) {
-        let _ = held::HELD.try_with(|held| held.borrow_mut().retain(|&(_, id)| id != self.id));
+        let _ = HELD.try_with(|held| held.borrow_mut().retain(|&(_, id)| id != self.id));
     }
 }
 
