@@ -36,7 +36,7 @@
 //! and `deps` (answers that wait for other batches' ranges).
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use manifest_db::SinkManifest;
 use tokio::sync::{mpsc, oneshot};
@@ -62,7 +62,7 @@ pub(crate) use deps::HOLD_WAIT;
 use deps::{HOLD_RECHECK, answer_ready};
 use journal_round::{JournalRound, journal_or_flush, reserve_journal_round};
 pub(crate) use queued::Queued;
-use round::{RoundSink, record_round};
+use round::{Recorded, RoundSink, record_round};
 pub(crate) use round::{forget_flushed, sync_targets};
 
 /// Handle to the committer task. Clones share the task; [`Self::stop`]
@@ -120,6 +120,8 @@ impl Committer {
             stopping: stopping.clone(),
             feed: Arc::new(feed),
             outbox,
+            waiting: Vec::new(),
+            draining: false,
         };
         let watched = health.clone();
         let task = tokio::spawn(async move {
@@ -215,152 +217,212 @@ struct Rounds {
     stopping: Arc<tokio::sync::Notify>,
     feed: Arc<CommitFeed>,
     outbox: Option<Arc<crate::outbox::Outbox>>,
+    /// Requests recorded but not answered: they wait for other batches'
+    /// ranges (see `deps`).
+    waiting: Vec<Queued>,
+    /// Told to stop: it takes no more requests, and ends once the queue is
+    /// empty.
+    draining: bool,
 }
 
-async fn run(rounds: Rounds) {
-    let Rounds {
-        manifest,
-        mut receiver,
-        health,
-        gate,
-        mut backlog,
-        counts,
-        stopping,
-        feed,
-        outbox,
-    } = rounds;
-    let flusher = backlog.flusher.clone();
-    let mut waiting: Vec<Queued> = Vec::new();
-    let mut draining = false;
-    loop {
-        let deadline = backlog.deadline();
-        let flushing = backlog.flushing.is_some();
-        let first = tokio::select! {
-            next = receiver.recv() => match next {
-                Some(first) => first,
-                None => break,
-            },
+async fn run(mut rounds: Rounds) {
+    while let Some(round) = rounds.next_round().await {
+        rounds.commit(round).await;
+    }
+    rounds.finish().await;
+}
+
+/// When a round started, and how long its requests took to reach it: its
+/// stages for the feed, and its trace.
+struct RoundTimes {
+    started: Instant,
+    /// How long the oldest batch of the round waited since it arrived
+    /// (placement, then the queue behind the previous round).
+    waited_us: u64,
+    placing_us: u64,
+    place_us: u64,
+    queued_us: u64,
+    receive_us: u64,
+}
+
+impl RoundTimes {
+    fn of(round: &[Queued]) -> Self {
+        let most = |of: fn(&Queued) -> u64| round.iter().map(of).max().unwrap_or(0);
+        Self {
+            started: Instant::now(),
+            waited_us: round
+                .iter()
+                .filter_map(|q| q.request.received)
+                .min()
+                .and_then(|received| received.elapsed().ok())
+                .map_or(0, |waited| waited.as_micros() as u64),
+            placing_us: most(|q| q.request.placing_us),
+            place_us: most(|q| q.request.place_us),
+            queued_us: most(|q| q.queued.elapsed().as_micros() as u64),
+            receive_us: most(|q| q.request.placing_us.saturating_sub(q.request.place_us)),
+        }
+    }
+
+    fn stages(&self, flushed_after: Duration) -> RoundStages {
+        RoundStages {
+            receive_us: self.receive_us,
+            write_us: self.place_us,
+            queue_us: self.queued_us,
+            flush_us: flushed_after.as_micros() as u64,
+            ..RoundStages::default()
+        }
+    }
+}
+
+impl Rounds {
+    /// The next round: the first request to arrive and those queued behind
+    /// it (at most [`MAX_ROUND`]); none once the queue is closed and empty.
+    /// A sink poisoned meanwhile fails what it gathered, and waits again.
+    async fn next_round(&mut self) -> Option<Vec<Queued>> {
+        loop {
+            let Some(first) = self.next_request().await? else {
+                continue;
+            };
+            let mut round = vec![first];
+            while round.len() < MAX_ROUND {
+                match self.receiver.try_recv() {
+                    Ok(next) => round.push(next),
+                    Err(_) => break,
+                }
+            }
+            if let Some(reason) = self.health.reason() {
+                let error = SinkError::Poisoned(reason);
+                fail_all(round, &error);
+                fail_all(std::mem::take(&mut self.waiting), &error);
+                continue;
+            }
+            #[cfg(test)]
+            for queued in &round {
+                for slot in &queued.request.touched {
+                    crate::fault::hit(crate::fault::Point::CommitterLoop, &slot.id.source);
+                }
+            }
+            return Some(round);
+        }
+    }
+
+    /// Waits for a request, seeing to whatever comes first meanwhile:
+    /// `Some(None)` after anything else, `None` once the queue is closed and
+    /// empty.
+    async fn next_request(&mut self) -> Option<Option<Queued>> {
+        let deadline = self.backlog.deadline();
+        let flushing = self.backlog.flushing.is_some();
+        tokio::select! {
+            next = self.receiver.recv() => return next.map(Some),
             // Requests waiting on others' ranges get their answer now: no
             // round may record those ranges any more.
-            reason = health.poisoned(), if !waiting.is_empty() => {
-                fail_all(std::mem::take(&mut waiting), &SinkError::Poisoned(reason));
-                continue;
+            reason = self.health.poisoned(), if !self.waiting.is_empty() => {
+                fail_all(std::mem::take(&mut self.waiting), &SinkError::Poisoned(reason));
             }
-            () = stopping.notified(), if !draining => {
+            () = self.stopping.notified(), if !self.draining => {
                 // Whatever is queued already still gets its round; a
                 // placement thread submitting later finds the queue closed.
-                draining = true;
-                receiver.close();
-                continue;
+                self.draining = true;
+                self.receiver.close();
             }
             // A flush is running: the next one waits for its end.
-            _ = flush_ended(&mut backlog.flushing), if flushing => {
-                backlog.flushing = None;
-                backlog.flush_if_due(&manifest, &health);
-                continue;
+            _ = flush_ended(&mut self.backlog.flushing), if flushing => {
+                self.backlog.flushing = None;
+                self.backlog.flush_if_due(&self.manifest, &self.health);
             }
-            () = sleep_until(deadline), if deadline.is_some() && !flushing && !draining => {
-                backlog.flush_if_due(&manifest, &health);
-                continue;
+            () = sleep_until(deadline), if deadline.is_some() && !flushing && !self.draining => {
+                self.backlog.flush_if_due(&self.manifest, &self.health);
             }
             // Requests waiting for held ranges are looked at again even
             // when no round runs: one held too long is failed (see `deps`).
-            () = tokio::time::sleep(HOLD_RECHECK), if !waiting.is_empty() => {
-                waiting = answer_ready(std::mem::take(&mut waiting));
-                continue;
-            }
-        };
-        let mut round = vec![first];
-        while round.len() < MAX_ROUND {
-            match receiver.try_recv() {
-                Ok(next) => round.push(next),
-                Err(_) => break,
+            () = tokio::time::sleep(HOLD_RECHECK), if !self.waiting.is_empty() => {
+                self.waiting = answer_ready(std::mem::take(&mut self.waiting));
             }
         }
-        if let Some(reason) = health.reason() {
-            let error = SinkError::Poisoned(reason);
-            fail_all(round, &error);
-            fail_all(std::mem::take(&mut waiting), &error);
-            continue;
-        }
-        #[cfg(test)]
-        for queued in &round {
-            for slot in &queued.request.touched {
-                crate::fault::hit(crate::fault::Point::CommitterLoop, &slot.id.source);
-            }
-        }
-        let started = Instant::now();
-        // How long the oldest batch of the round waited since it arrived
-        // (placement, then the queue behind the previous round).
-        let waited_us = round
-            .iter()
-            .filter_map(|q| q.request.received)
-            .min()
-            .and_then(|received| received.elapsed().ok())
-            .map_or(0, |waited| waited.as_micros() as u64);
-        let placing_us = round
-            .iter()
-            .map(|q| q.request.placing_us)
-            .max()
-            .unwrap_or(0);
-        let place_us = round.iter().map(|q| q.request.place_us).max().unwrap_or(0);
-        let queued_us = round
-            .iter()
-            .map(|q| q.queued.elapsed().as_micros() as u64)
-            .max()
-            .unwrap_or(0);
-        let journaling = journal_or_flush(&mut round, backlog.journal_for_round());
+        Some(None)
+    }
+
+    /// Makes a round durable (flushed, or journaled with its records),
+    /// records it, and answers its requests once what they wait for is
+    /// recorded too. A failure poisons the sink and fails every request
+    /// that waits.
+    async fn commit(&mut self, mut round: Vec<Queued>) {
+        let times = RoundTimes::of(&round);
+        let journaling = journal_or_flush(&mut round, self.backlog.journal_for_round());
         let (targets, pending_flushed) = sync_targets(&round);
         let flushed = targets.len();
         // Placement wrote every range into its file before it submitted
         // the request, so a flush finds them there. A journaling round
         // still flushes its directories and the files' pending changes (a
         // rename, a new file): the journal holds only ranges.
+        let flusher = self.backlog.flusher.clone();
         let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
         if synced.is_ok() {
             forget_flushed(&round, &pending_flushed);
         }
-        let synced_after = started.elapsed();
-        let stages = RoundStages {
-            receive_us: round
-                .iter()
-                .map(|q| q.request.placing_us.saturating_sub(q.request.place_us))
-                .max()
-                .unwrap_or(0),
-            write_us: place_us,
-            queue_us: queued_us,
-            flush_us: synced_after.as_micros() as u64,
-            ..RoundStages::default()
-        };
+        let synced_after = times.started.elapsed();
         // The journal region is reserved now: the manifest's entries then
         // know where the bytes go and their CRC.
-        let journal = synced.and_then(|()| match (backlog.file.as_mut(), &backlog.writer) {
-            (Some(file), Some(writer)) if journaling => {
-                reserve_journal_round(file, writer, &mut round)
+        let journal =
+            synced.and_then(
+                |()| match (self.backlog.file.as_mut(), &self.backlog.writer) {
+                    (Some(file), Some(writer)) if journaling => {
+                        reserve_journal_round(file, writer, &mut round)
+                    }
+                    _ => Ok(JournalRound::default()),
+                },
+            );
+        let Some((round, result)) = self
+            .record(round, journal, times.stages(synced_after))
+            .await
+        else {
+            return;
+        };
+        trace_round(&round, &times, flushed, synced_after, &result);
+        match result {
+            Ok(recorded) => self.settle(round, recorded),
+            Err(error) => {
+                // A round that failed before its records (a flush) stops
+                // placement too, which checks the health.
+                let reason = format!("a commit round failed: {}", error.into_detail());
+                self.health.poison(reason.clone());
+                let error = SinkError::Poisoned(reason.into());
+                fail_all(round, &error);
+                fail_all(std::mem::take(&mut self.waiting), &error);
             }
-            _ => Ok(JournalRound::default()),
-        });
-        let manifest_for_round = manifest.clone();
-        let round_gate = gate.clone();
-        let counts = counts.clone();
-        let round_health = health.clone();
-        let round_feed = feed.clone();
-        let round_outbox = outbox.clone();
-        let complete = backlog.complete;
+        }
+    }
+
+    /// Records the round on a blocking thread (see [`record_round`]). A
+    /// panic there poisons the sink and fails what waits: then there is
+    /// nothing to return (the round's requests went with the thread).
+    async fn record(
+        &mut self,
+        round: Vec<Queued>,
+        journal: Result<JournalRound, SinkError>,
+        stages: RoundStages,
+    ) -> Option<(Vec<Queued>, Result<Recorded, SinkError>)> {
+        let manifest = self.manifest.clone();
+        let gate = self.gate.clone();
+        let counts = self.counts.clone();
+        let health = self.health.clone();
+        let feed = self.feed.clone();
+        let outbox = self.outbox.clone();
+        let complete = self.backlog.complete;
         let handed = Instant::now();
         let outcome = run_blocking(move || {
-            let _guard = round_health.guard_thread();
+            let _guard = health.guard_thread();
             let blocking_us = handed.elapsed().as_micros() as u64;
             let _timer = StageTimer::start(Stage::Round);
             let mut round = round;
             let result = journal.and_then(|journal| {
                 let sink = RoundSink {
-                    manifest: &manifest_for_round,
-                    gate: &round_gate,
+                    manifest: &manifest,
+                    gate: &gate,
                     counts: &counts,
-                    health: &round_health,
-                    feed: &round_feed,
-                    outbox: round_outbox.as_deref(),
+                    health: &health,
+                    feed: &feed,
+                    outbox: outbox.as_deref(),
                 };
                 record_round(&sink, &mut round, journal, complete, stages).map(|mut recorded| {
                     recorded.blocking_us = blocking_us;
@@ -370,50 +432,25 @@ async fn run(rounds: Rounds) {
             (round, result)
         })
         .await;
-        let (mut round, result) = match outcome {
-            Ok(done) => done,
+        match outcome {
+            Ok(done) => Some(done),
             Err(panic) => {
                 let reason = format!("the commit round panicked: {}", panic.into_detail());
-                health.poison(reason.clone());
+                self.health.poison(reason.clone());
                 fail_all(
-                    std::mem::take(&mut waiting),
+                    std::mem::take(&mut self.waiting),
                     &SinkError::Poisoned(reason.into()),
                 );
-                continue;
+                None
             }
-        };
-        tracing::debug!(
-            requests = round.len(),
-            waited_us,
-            placing_us,
-            place_us,
-            queued_us,
-            flushed,
-            journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
-            sync_us = synced_after.as_micros() as u64,
-            journal_us = result.as_ref().map_or(0, |r| r.journal_us),
-            fold_us = result.as_ref().map_or(0, |r| r.fold_us),
-            prepare_us = result.as_ref().map_or(0, |r| r.prepare_us),
-            blocking_us = result.as_ref().map_or(0, |r| r.blocking_us),
-            gate_us = result.as_ref().map_or(0, |r| r.gate_us),
-            manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
-            total_us = started.elapsed().as_micros() as u64,
-            cpu_totals_us = %crate::stage_cpu::totals_text(),
-            "commit round"
-        );
-        let recorded = match result {
-            Ok(recorded) => recorded,
-            Err(error) => {
-                // A round that failed before its records (a flush) stops
-                // placement too, which checks the health.
-                let reason = format!("a commit round failed: {}", error.into_detail());
-                health.poison(reason.clone());
-                let error = SinkError::Poisoned(reason.into());
-                fail_all(round, &error);
-                fail_all(std::mem::take(&mut waiting), &error);
-                continue;
-            }
-        };
+        }
+    }
+
+    /// After a recorded round: the journal's backlog takes its journaled
+    /// files (and starts a background flush when one is due), and its
+    /// requests are answered once what they depend on is recorded too.
+    fn settle(&mut self, mut round: Vec<Queued>, recorded: Recorded) {
+        let backlog = &mut self.backlog;
         let mut journal_round = None;
         if let Some((round, start, end)) = recorded.journal_round {
             backlog.complete = round;
@@ -427,19 +464,51 @@ async fn run(rounds: Rounds) {
             .flat_map(|queued| std::mem::take(&mut queued.request.journaled_files))
             .collect();
         backlog.add(journal_round, recorded.journal_bytes, files);
-        backlog.flush_if_due(&manifest, &health);
-        waiting.extend(round.into_iter().map(|mut queued| {
+        backlog.flush_if_due(&self.manifest, &self.health);
+        self.waiting.extend(round.into_iter().map(|mut queued| {
             queued.request.keep_dependencies_only();
             queued
         }));
-        waiting = answer_ready(waiting);
+        self.waiting = answer_ready(std::mem::take(&mut self.waiting));
     }
-    // Stopping: a background flush in progress ends before its files and
-    // journal go away (what it does not cover, the next start replays).
-    if let Some(flushing) = backlog.flushing.take() {
-        let _ = flushing.await;
+
+    /// Stopping: a background flush in progress ends before its files and
+    /// journal go away (what it does not cover, the next start replays).
+    async fn finish(mut self) {
+        if let Some(flushing) = self.backlog.flushing.take() {
+            let _ = flushing.await;
+        }
+        fail_all(self.waiting, &SinkError::Shutdown);
     }
-    fail_all(waiting, &SinkError::Shutdown);
+}
+
+/// A round's trace: where its time went.
+fn trace_round(
+    round: &[Queued],
+    times: &RoundTimes,
+    flushed: usize,
+    synced_after: Duration,
+    result: &Result<Recorded, SinkError>,
+) {
+    tracing::debug!(
+        requests = round.len(),
+        waited_us = times.waited_us,
+        placing_us = times.placing_us,
+        place_us = times.place_us,
+        queued_us = times.queued_us,
+        flushed,
+        journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
+        sync_us = synced_after.as_micros() as u64,
+        journal_us = result.as_ref().map_or(0, |r| r.journal_us),
+        fold_us = result.as_ref().map_or(0, |r| r.fold_us),
+        prepare_us = result.as_ref().map_or(0, |r| r.prepare_us),
+        blocking_us = result.as_ref().map_or(0, |r| r.blocking_us),
+        gate_us = result.as_ref().map_or(0, |r| r.gate_us),
+        manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),
+        total_us = times.started.elapsed().as_micros() as u64,
+        cpu_totals_us = %crate::stage_cpu::totals_text(),
+        "commit round"
+    );
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
