@@ -3,11 +3,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use manifest_db::{FileId, SinkCommit, SinkManifest};
 
-use super::journal_round::JournalRound;
+use super::backlog::JournalWritten;
+use super::journal_round::{JournalRound, PendingJournalWrite};
 use super::queued::Queued;
 use crate::durability::flush::SyncTarget;
 use crate::error::{SinkError, panic_message};
@@ -217,9 +218,6 @@ pub(super) fn record_round_under_gate(
     journal_complete: u64,
 ) -> Result<Recorded, SinkError> {
     let folding = Instant::now();
-    let RoundSink {
-        manifest, counts, ..
-    } = sink;
     let JournalRound {
         entries: journal,
         round: journal_round,
@@ -235,18 +233,65 @@ pub(super) fn record_round_under_gate(
         journal_complete,
         ..SinkCommit::default()
     };
-    let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
+    let listened = sink.feed.has_listeners();
     // What the round makes durable of each file, for the feed's listeners
     // and the round's events.
-    let listened = sink.feed.has_listeners();
-    let mut fed: Option<HashMap<*const Slot, Made>> =
-        (listened || sink.outbox.is_some()).then(HashMap::new);
-    for queued in round.iter() {
+    let mut made = (listened || sink.outbox.is_some()).then(HashMap::new);
+    let touched = fold_ranges(round, &mut commit, made.as_mut());
+    // One time for the records and the events.
+    let committed_at = SystemTime::now();
+    let Snapshot { written, told } =
+        snapshot_records(sink, &touched, &mut commit, made, committed_at)?;
+    let mut outbox_bytes = 0;
+    if let (Some(outbox), Some(told)) = (sink.outbox, told.as_ref()) {
+        commit.outbox = outbox.events_of(told, committed_at, journal_round);
+        outbox_bytes = commit.outbox.iter().map(crate::outbox::stored_len).sum();
+    }
+    let writing = Instant::now();
+    let fold_us = (writing - folding).as_micros() as u64;
+    let ManifestWrite {
+        journal_written,
+        outbox_last,
+        prepare_us,
+    } = write_manifest(sink.manifest, &commit, journal_write)?;
+    let manifest_us = writing.elapsed().as_micros() as u64;
+    let (journal_us, journal_end) = journal_written.map_or(Ok((0, None)), wait_for_journal)?;
+    for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
+        let mut state = lock(&slot.state);
+        state.recorded_path = Some(path_on_disk(record).to_owned());
+        state.record.untold_from = None;
+        state.recorded_superseded = record.superseded;
+        sink.counts.committed(&mut state, sealed);
+    }
+    Ok(Recorded {
+        feed: told.filter(|_| listened),
+        outbox: outbox_last.map(|last| (last, outbox_bytes)),
+        journal_us,
+        manifest_us,
+        prepare_us,
+        fold_us,
+        blocking_us: 0,
+        gate_us: 0,
+        journal_round: journal_end.map(|end| (commit.journal_round, commit.journal_start, end)),
+        journal_bytes: journaled_bytes(&commit),
+    })
+}
+
+/// Folds the round's ranges into their files' records (in memory) and the
+/// commit's placements and counters; notes what each file got in `made`.
+/// Returns every file the round touched.
+fn fold_ranges<'r>(
+    round: &'r [Queued],
+    commit: &mut SinkCommit,
+    mut made: Option<&mut HashMap<*const Slot, Made>>,
+) -> HashMap<*const Slot, &'r Arc<Slot>> {
+    let mut touched: HashMap<*const Slot, &Arc<Slot>> = HashMap::new();
+    for queued in round {
         let request = &queued.request;
         for (slot, ranges) in &request.placed {
             let mut state = lock(&slot.state);
-            if let Some(fed) = fed.as_mut() {
-                let made = fed.entry(Arc::as_ptr(slot)).or_default();
+            if let Some(made) = made.as_deref_mut() {
+                let made = made.entry(Arc::as_ptr(slot)).or_default();
                 for &(start, end) in ranges {
                     made.ranges.insert(start, end);
                 }
@@ -258,8 +303,7 @@ pub(super) fn record_round_under_gate(
                     .placements
                     .push((slot.id.clone(), start, end - start));
             }
-            let pending: Vec<(u64, u64)> = ranges.clone();
-            for (start, end) in pending {
+            for &(start, end) in ranges {
                 state.pending.remove(start, end);
             }
         }
@@ -270,13 +314,33 @@ pub(super) fn record_round_under_gate(
         commit.counters.duplicate_bytes += request.counters.duplicate_bytes;
         commit.counters.rewritten_bytes += request.counters.rewritten_bytes;
     }
+    touched
+}
+
+/// The records a round wrote, and what it tells of them.
+struct Snapshot<'r> {
+    /// Each file, and whether it is sealed.
+    written: Vec<(&'r Arc<Slot>, bool)>,
+    /// What the round tells of each file (when someone listens, or events
+    /// are recorded).
+    told: Option<Vec<FileCommit>>,
+}
+
+/// The records of the files the round touched, as they are now, into the
+/// commit: each file's pending flushes done first.
+fn snapshot_records<'r>(
+    sink: &RoundSink<'_>,
+    touched: &HashMap<*const Slot, &'r Arc<Slot>>,
+    commit: &mut SinkCommit,
+    mut made: Option<HashMap<*const Slot, Made>>,
+    committed_at: SystemTime,
+) -> Result<Snapshot<'r>, SinkError> {
     let mut written = Vec::with_capacity(touched.len());
-    let committed_at = std::time::SystemTime::now();
     let committed_unix_ms = committed_at
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64);
-    let mut told = fed.as_ref().map(|_| Vec::with_capacity(touched.len()));
-    for slot in touched.values() {
+    let mut told = made.as_ref().map(|_| Vec::with_capacity(touched.len()));
+    for &slot in touched.values() {
         let state = lock(&slot.state);
         // Whatever the round's flush did not cover (a move made since, by a
         // batch that has not reached a round): the record must not outrun
@@ -294,8 +358,8 @@ pub(super) fn record_round_under_gate(
         record.committed_unix_ms = Some(committed_unix_ms);
         // This round tells whatever move is still untold (see describe_commit).
         record.untold_from = None;
-        if let (Some(told), Some(fed)) = (told.as_mut(), fed.as_mut()) {
-            let made = fed.remove(&Arc::as_ptr(slot)).unwrap_or_default();
+        if let (Some(told), Some(made)) = (told.as_mut(), made.as_mut()) {
+            let made = made.remove(&Arc::as_ptr(slot)).unwrap_or_default();
             let commit = describe_commit(&slot.id, &state, &record, made);
             // A file recorded again with nothing new (a duplicate batch, a
             // move's intent, a seal sent again) is not news to listeners.
@@ -304,28 +368,41 @@ pub(super) fn record_round_under_gate(
             }
         }
         drop(state);
-        written.push((*slot, record.sealed.is_some()));
+        written.push((slot, record.sealed.is_some()));
         commit.records.push((slot.id.clone(), record));
     }
-    let mut outbox_bytes = 0;
-    if let (Some(outbox), Some(told)) = (sink.outbox, told.as_ref()) {
-        commit.outbox = outbox.events_of(told, committed_at, journal_round);
-        outbox_bytes = commit.outbox.iter().map(crate::outbox::stored_len).sum();
-    }
-    let writing = Instant::now();
-    let fold_us = (writing - folding).as_micros() as u64;
+    Ok(Snapshot { written, told })
+}
+
+/// A round's manifest write under way.
+struct ManifestWrite {
+    /// The journal write's answer, to wait for.
+    journal_written: Option<std::sync::mpsc::Receiver<JournalWritten>>,
+    /// The last outbox event the batch holds.
+    outbox_last: Option<u64>,
+    /// How long building the batch took (µs).
+    prepare_us: u64,
+}
+
+/// Writes the round's manifest batch. A journal round carries the batch
+/// too, and the manifest writes it without a sync of its own: one
+/// fdatasync makes the round durable, and the startup redoes a batch a
+/// machine crash lost.
+fn write_manifest(
+    manifest: &SinkManifest,
+    commit: &SinkCommit,
+    journal_write: Option<PendingJournalWrite>,
+) -> Result<ManifestWrite, SinkError> {
+    let preparing = Instant::now();
     let recording = |e: manifest_db::Error| {
         SinkError::storage(
             format_args!("recording {} ranges", commit.placements.len()),
             e,
         )
     };
-    let prepared = manifest.prepare(&commit).map_err(recording)?;
-    let outbox = prepared.outbox_last().map(|last| (last, outbox_bytes));
-    let prepare_us = writing.elapsed().as_micros() as u64;
-    // A journal round carries the records' batch too, and the manifest
-    // writes it without a sync of its own: one fdatasync makes the round
-    // durable, and the startup redoes a batch a machine crash lost.
+    let prepared = manifest.prepare(commit).map_err(recording)?;
+    let outbox_last = prepared.outbox_last();
+    let prepare_us = preparing.elapsed().as_micros() as u64;
     let journal_written = match journal_write {
         Some(write) if write.batch_fits(prepared.data().len()) => {
             let written = write.finish(prepared.data().to_vec());
@@ -342,50 +419,39 @@ pub(super) fn record_round_under_gate(
             None
         }
     };
-    let manifest_us = writing.elapsed().as_micros() as u64;
-    // Nothing of this round is acknowledged before its journal write ends.
-    // A process crash before then may leave its entries recorded with bytes
-    // that fail their CRC: the replay withdraws them. A machine crash may
-    // also lose the manifest write: then the round is simply not recorded,
-    // unless its journal write had ended, and the startup redoes it.
-    let (journal_us, journal_end) = match journal_written {
-        Some(written) => {
-            let (us, end) = written.recv().unwrap_or_else(|_| {
-                Err(SinkError::Internal(
-                    "the journal writer thread died (panicked) before it answered".to_string(),
-                ))
-            })?;
-            (us, Some(end))
-        }
-        None => (0, None),
-    };
-    let feed = told.filter(|_| listened);
-    for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
-        let mut state = lock(&slot.state);
-        state.recorded_path = Some(path_on_disk(record).to_owned());
-        state.record.untold_from = None;
-        state.recorded_superseded = record.superseded;
-        counts.committed(&mut state, sealed);
-    }
-    let journal_bytes = commit
+    Ok(ManifestWrite {
+        journal_written,
+        outbox_last,
+        prepare_us,
+    })
+}
+
+/// Waits for the round's journal write: how long it took from the batch on
+/// (µs), and where the round ends in the journal. Nothing of the round is
+/// acknowledged before it ends. A process crash before then may leave its
+/// entries recorded with bytes that fail their CRC: the replay withdraws
+/// them. A machine crash may also lose the manifest write: then the round
+/// is simply not recorded, unless its journal write had ended, and the
+/// startup redoes it.
+fn wait_for_journal(
+    written: std::sync::mpsc::Receiver<JournalWritten>,
+) -> Result<(u64, Option<u64>), SinkError> {
+    let (us, end) = written.recv().unwrap_or_else(|_| {
+        Err(SinkError::Internal(
+            "the journal writer thread died (panicked) before it answered".to_string(),
+        ))
+    })?;
+    Ok((us, Some(end)))
+}
+
+/// The bytes the round put in the journal.
+fn journaled_bytes(commit: &SinkCommit) -> u64 {
+    commit
         .journal
         .iter()
         .map(|(_, _, bytes)| match bytes {
             manifest_db::JournalBytes::InFile { len, .. } => u64::from(*len),
             manifest_db::JournalBytes::Inline(bytes) => bytes.len() as u64,
         })
-        .sum();
-    let journal_round = journal_end.map(|end| (commit.journal_round, commit.journal_start, end));
-    Ok(Recorded {
-        feed,
-        outbox,
-        journal_us,
-        manifest_us,
-        prepare_us,
-        fold_us,
-        blocking_us: 0,
-        gate_us: 0,
-        journal_round,
-        journal_bytes,
-    })
+        .sum()
 }
