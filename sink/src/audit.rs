@@ -38,8 +38,14 @@ pub struct AuditReport {
 pub fn audit(state_dir: &std::path::Path, with_records: bool) -> anyhow::Result<AuditReport> {
     let manifest = SinkManifest::open(state_dir)?;
     let redone_journal_rounds =
-        journal::redo_lost_rounds(&manifest, &state_dir.join(journal::JOURNAL_FILE_NAME))
-            .map_err(|e| anyhow::anyhow!("redoing lost manifest writes from the journal: {e}"))?;
+        journal::redo_lost_rounds(&manifest, &state_dir.join(journal::JOURNAL_FILE_NAME)).map_err(
+            |e| {
+                anyhow::anyhow!(
+                    "redoing lost manifest writes from the journal: {}",
+                    e.into_detail()
+                )
+            },
+        )?;
     let counters = manifest.counters()?;
     let files = manifest.all_files()?;
     let mut report = AuditReport {

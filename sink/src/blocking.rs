@@ -20,7 +20,10 @@ pub(crate) async fn run_blocking<T: Send + 'static>(
 /// task the runtime dropped unrun means the sink is shutting down.
 pub(crate) fn join_error(error: tokio::task::JoinError) -> SinkError {
     if error.is_panic() {
-        SinkError::Internal(panic_message(error.into_panic().as_ref()))
+        SinkError::Internal(format!(
+            "panicked: {}",
+            panic_message(error.into_panic().as_ref())
+        ))
     } else {
         SinkError::Shutdown
     }

@@ -508,8 +508,9 @@ impl Sink {
         &self,
         criteria: &str,
     ) -> Result<Vec<arrow_flight::FlightInfo>, SinkError> {
+        let criteria = subscribe::Criteria::parse(criteria)?;
         let snapshot = self.durable_files()?;
-        subscribe::list_files(&snapshot.files, self.placer.layout, criteria)
+        subscribe::list_files(&snapshot.files, self.placer.layout, &criteria)
     }
 
     /// Makes `status` include `describe()`'s account of the process's place

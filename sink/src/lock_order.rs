@@ -77,12 +77,13 @@ impl<T> Ranked<T> {
     }
 
     /// Locks it if no one holds it. A try never waits, so it may go against
-    /// the order; what it holds counts for the locks taken after it.
+    /// the order; what it holds counts for the locks taken after it. A
+    /// mutex a panic left poisoned counts as busy: its callers (sweeps of
+    /// caches) leave it alone.
     pub(crate) fn try_lock(&self) -> Result<Guard<'_, T>, WouldBlock> {
         let guard = match self.mutex.try_lock() {
             Ok(guard) => guard,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return Err(WouldBlock),
+            Err(TryLockError::Poisoned(_) | TryLockError::WouldBlock) => return Err(WouldBlock),
         };
         Ok(Guard {
             guard,

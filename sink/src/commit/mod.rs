@@ -197,10 +197,11 @@ impl CommitAnswer {
     }
 }
 
-/// A request the committer dropped unanswered: it ended without failing
-/// the requests it held, which only a bug does.
+/// A request the committer dropped unanswered: the runtime dropped its
+/// task (the sink is stopping), or the task panicked, which poisons the
+/// sink (and the caller then says so).
 fn committer_gone() -> SinkError {
-    SinkError::Internal("the committer stopped without answering a commit request".to_string())
+    SinkError::Shutdown
 }
 
 /// Most requests merged into one round, so one round's latency stays bounded.
@@ -383,10 +384,12 @@ impl Rounds {
             Ok(recorded) => self.settle(round, recorded),
             Err(error) => {
                 // A round that failed before its records (a flush) stops
-                // placement too, which checks the health.
+                // placement too, which checks the health. Those who wait
+                // are told the sink's first reason.
                 let reason = format!("a commit round failed: {}", error.into_detail());
                 self.health.poison(reason.clone());
-                let error = SinkError::Poisoned(reason.into());
+                let error =
+                    SinkError::Poisoned(self.health.reason().unwrap_or_else(|| reason.into()));
                 fail_all(round, &error);
                 fail_all(std::mem::take(&mut self.waiting), &error);
             }

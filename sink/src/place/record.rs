@@ -26,7 +26,15 @@ impl Placer {
         committer
             .submit(request)
             .and_then(|answer| answer.wait())
-            .map_err(|error| RowError::Storage(format!("{}: {}", what(), error.into_detail())))
+            .map_err(|error| {
+                // A stopped sink's errors keep their words ("refuses work
+                // until restarted"); others, their detail.
+                let detail = match error {
+                    SinkError::Poisoned(_) | SinkError::Shutdown => error.to_string(),
+                    other => other.into_detail(),
+                };
+                RowError::Storage(format!("{}: {detail}", what()))
+            })
     }
 
     /// [`Self::record_durably`] before the committer runs: under the gate,

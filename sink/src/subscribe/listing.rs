@@ -37,30 +37,40 @@ struct ListedFile<'a> {
     last_commit_unix_ms: Option<u64>,
 }
 
-/// The files a ListFlights criteria names: a glob over
-/// `<source>/<path>` (empty: every file), superseded generations left
-/// out, among `files` (what the manifest holds). Each comes with a
-/// ticket that reads it from its start (and follows it while it is not
-/// sealed).
+/// Which files a ListFlights criteria names: a glob over
+/// `<source>/<path>` (empty: every file).
+pub(crate) struct Criteria(Option<(String, Globs)>);
+
+impl Criteria {
+    /// Checked before anything is read: a bad criteria is the peer's fault,
+    /// whatever state the sink is in.
+    pub(crate) fn parse(criteria: &str) -> Result<Self, SinkError> {
+        Ok(Self(match criteria {
+            "" => None,
+            glob => {
+                let source = glob.split('/').next().unwrap_or_default();
+                if source.contains(['*', '?', '[', '{']) {
+                    return Err(SinkError::Peer(format!(
+                        "criteria {glob:?} must start with a source name (<source>/<glob>)"
+                    )));
+                }
+                let globs = Globs::new(source, &[glob.to_owned()]).map_err(SinkError::Peer)?;
+                Some((source.to_owned(), globs))
+            }
+        }))
+    }
+}
+
+/// The files `criteria` names among `files` (what the manifest holds),
+/// superseded generations left out. Each comes with a ticket that reads it
+/// from its start (and follows it while it is not sealed).
 pub(crate) fn list_files(
     files: &[DurableFile],
     layout: Layout,
-    criteria: &str,
+    criteria: &Criteria,
 ) -> Result<Vec<arrow_flight::FlightInfo>, SinkError> {
     use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo};
-    let filter = match criteria {
-        "" => None,
-        glob => {
-            let source = glob.split('/').next().unwrap_or_default();
-            if source.contains(['*', '?', '[', '{']) {
-                return Err(SinkError::Peer(format!(
-                    "criteria {glob:?} must start with a source name (<source>/<glob>)"
-                )));
-            }
-            let globs = Globs::new(source, &[glob.to_owned()]).map_err(SinkError::Peer)?;
-            Some((source.to_owned(), globs))
-        }
-    };
+    let filter = &criteria.0;
     let mut infos = Vec::new();
     for file in files {
         let source = file.id.source.as_str();
@@ -68,7 +78,7 @@ pub(crate) fn list_files(
         if file.superseded {
             continue;
         }
-        if let Some((wanted, globs)) = &filter
+        if let Some((wanted, globs)) = filter
             && (wanted != source || !globs.matches(&format!("{source}/{path}")))
         {
             continue;
@@ -158,24 +168,25 @@ mod tests {
             file("a", "run2/x.xtc2", "k3", 1, false),
             file("b", "run1/x.xtc2", "k4", 1, false),
         ];
-        let infos = list_files(&files, Layout::PerSource, "a/run1/*").expect("listed");
+        let list = |criteria: &str| {
+            let criteria = Criteria::parse(criteria).expect("a good criteria");
+            list_files(&files, Layout::PerSource, &criteria).expect("listed")
+        };
+        let infos = list("a/run1/*");
         let got = listed(&infos);
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!(got[0].0, vec!["a".to_string(), "run1/x.xtc2".to_string()]);
         assert_eq!(got[0].1.file_key.as_deref(), Some("k1"));
         assert!(got[0].1.follow, "an unsealed file is followed");
         // Everything, superseded generations left out.
-        assert_eq!(
-            list_files(&files, Layout::PerSource, "")
-                .expect("listed")
-                .len(),
-            3
-        );
+        assert_eq!(list("").len(), 3);
     }
 
     #[test]
     fn a_criteria_must_start_with_a_source_name() {
-        let error = list_files(&[], Layout::PerSource, "*/run1/*").expect_err("refused");
+        let Err(error) = Criteria::parse("*/run1/*") else {
+            panic!("a criteria without a source was taken");
+        };
         assert!(matches!(error, SinkError::Peer(_)), "{error:?}");
     }
 

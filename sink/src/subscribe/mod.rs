@@ -41,7 +41,7 @@ use crate::error::SinkError;
 use crate::feed::FeedHandle;
 use crate::state::lock;
 use descriptors::SharedDescriptors;
-pub(crate) use listing::list_files;
+pub(crate) use listing::{Criteria, list_files};
 use serve::serve;
 pub(crate) use serve::{DurableFiles, Sent};
 use stats::SubscriberStats;

@@ -27,7 +27,6 @@ pub(super) struct Subscription {
     pub(super) ticket: Ticket,
     globs: Globs,
     layout: Layout,
-    /// Whose root the files are read under.
     /// The sink's root, under which the files are read.
     root: Arc<Root>,
     files: BTreeMap<(String, u64), Followed>,
