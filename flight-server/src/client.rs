@@ -190,12 +190,36 @@ struct Shared {
 /// A pool of connections to one sink.
 pub struct FlightPool {
     shared: Arc<Shared>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl FlightPool {
+    /// Ends its connections and waits until their tasks are gone: a sink
+    /// stopping after this sees no stream of this pool's. (Dropping the
+    /// pool only asks them to end.)
+    pub async fn close(&self) {
+        let tasks = std::mem::take(
+            &mut *self
+                .tasks
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
 }
 
 impl Drop for FlightPool {
     fn drop(&mut self) {
-        for task in &self.tasks {
+        let tasks = self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for task in tasks.iter() {
             task.abort();
         }
     }
@@ -280,7 +304,13 @@ impl FlightPool {
         let tasks = (0..shared.config.connections.max(1))
             .map(|index| tokio::spawn(run_connection(shared.clone(), index)))
             .collect();
-        Ok((Self { shared, tasks }, receiver))
+        Ok((
+            Self {
+                shared,
+                tasks: std::sync::Mutex::new(tasks),
+            },
+            receiver,
+        ))
     }
 
     /// Queues a batch, waiting while the queue is full.

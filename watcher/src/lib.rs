@@ -244,6 +244,7 @@ pub async fn run(
             () = &mut shutdown => {
                 // Nothing was recorded, so the next run reconciles again.
                 tracing::info!("stopped before every sink was reconciled; nothing was sent");
+                close_pools(&pools).await;
                 return Ok(());
             }
         }
@@ -282,15 +283,24 @@ pub async fn run(
     tracing::info!(root = %config.root.display(), source = %config.source, sinks = ?config.sinks, events_asked = config.events.as_str(), "watching");
     progress.set_phase(Phase::Tailing);
     tokio::pin!(done_rx);
-    tokio::select! {
-        result = &mut done_rx => return result.unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked"))),
-        () = &mut shutdown => {}
+    let ended = tokio::select! {
+        result = &mut done_rx => result,
+        () = &mut shutdown => {
+            stop.request();
+            progress.set_phase(Phase::Stopped);
+            done_rx.await
+        }
+    };
+    close_pools(&pools).await;
+    ended.unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked")))
+}
+
+/// Ends every pool's connections before `run` returns: a sink stopped
+/// right after must not find a stream of this watcher's still open.
+async fn close_pools(pools: &[Arc<FlightPool>]) {
+    for pool in pools {
+        pool.close().await;
     }
-    stop.request();
-    progress.set_phase(Phase::Stopped);
-    done_rx
-        .await
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("the tailer thread panicked")))
 }
 
 /// Aborts its tasks when dropped.
