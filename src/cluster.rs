@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 use fleet::{ClusterView, Kind};
 
 use crate::identity::FleetArgs;
+use crate::process::say;
 
 #[derive(Args, Clone)]
 pub struct ClusterArgs {
@@ -79,7 +80,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<std::process::ExitCode> {
                 let asked = Instant::now();
                 let requested = fleet::handover::request(&coordinator, kind, &identity, force).await?;
                 if !args.json {
-                    eprintln!(
+                    say!(
                         "asked {} pid {} (epoch {}) to hand {} {identity} over",
                         requested.from.host,
                         requested.from.pid,
@@ -96,7 +97,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<std::process::ExitCode> {
                 )
                 .await;
                 let Ok((member, epoch)) = taken else {
-                    eprintln!(
+                    say!(
                         "tailflight fleet: no process took {identity} over within {wait:?} (is one standing by?)"
                     );
                     return Ok(std::process::ExitCode::from(3));

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 
+use crate::process::say;
+
 #[derive(Args, Clone)]
 pub struct DemoArgs {
     /// Folder for the demo's source, destination and state (emptied first).
@@ -245,11 +247,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let _ = stop_watch.send(());
     runtime.block_on(async {
         if let Ok(Err(e)) = watch_task.await {
-            eprintln!("watcher: {e:#}");
+            say!("watcher: {e:#}");
         }
         let _ = stop_sink.send(());
         if let Ok(Err(e)) = sink_task.await {
-            eprintln!("sink: {e:#}");
+            say!("sink: {e:#}");
         }
     });
     let verify =

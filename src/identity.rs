@@ -20,6 +20,7 @@ use fleet::lease::LeaseClock;
 use fleet::{Coordinator, CoordinatorConfig, EtcdTls, HeldLease, Kind, Member, Role, RoleStatus};
 
 use crate::parse::parse_duration;
+use crate::process::say;
 
 /// What to do when etcd cannot be reached at startup.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -465,7 +466,7 @@ fn guard_fence(
                     )
                     .exec();
                 // Only reached if exec failed: stop acting all the same.
-                eprintln!("tailflight: fenced ({reason}) and cannot start over: {error}");
+                say!("tailflight: fenced ({reason}) and cannot start over: {error}");
                 // SAFETY: as above.
                 unsafe { libc::_exit(75) };
             }

@@ -33,7 +33,7 @@ use args::{
     AuditArgs, CertsArgs, SimArgs, SinkArgs, StatusArgs, VerifyArgs, WatchArgs, sim_config,
     sink_config,
 };
-use process::{raise_fd_limit, runtime, stop_signal, terminated};
+use process::{raise_fd_limit, runtime, say, stop_signal, terminated};
 
 #[derive(Parser)]
 #[command(
@@ -82,7 +82,7 @@ fn main() -> std::process::ExitCode {
     let args = match config::expand_config_args(std::env::args_os().collect()) {
         Ok(args) => args,
         Err(e) => {
-            eprintln!("tailflight: {e:#}");
+            say!("tailflight: {e:#}");
             return std::process::ExitCode::from(2);
         }
     };
@@ -100,7 +100,7 @@ fn main() -> std::process::ExitCode {
             Command::Demo(args) => match demo::log_file(args) {
                 Ok(file) => Some(file),
                 Err(e) => {
-                    eprintln!("tailflight: {e:#}");
+                    say!("tailflight: {e:#}");
                     return std::process::ExitCode::FAILURE;
                 }
             },
@@ -134,11 +134,11 @@ fn main() -> std::process::ExitCode {
         Err(e) => match e.downcast_ref::<limits::FlagsRefused>() {
             // As clap refuses what it cannot parse: the caller's mistake.
             Some(refused) => {
-                eprintln!("tailflight: {refused}");
+                say!("tailflight: {refused}");
                 std::process::ExitCode::from(2)
             }
             None => {
-                eprintln!("tailflight: error: {e:#}");
+                say!("tailflight: error: {e:#}");
                 std::process::ExitCode::FAILURE
             }
         },

@@ -3,6 +3,26 @@
 
 use anyhow::Context;
 
+/// Writes one line to stderr in a single write. `eprintln!` writes each
+/// piece of its format separately (stderr is unbuffered), so a line of
+/// stdout written meanwhile by another thread (a `tail --print` row) can
+/// land inside it when both go to one file, as `2>&1` does.
+pub(crate) fn say_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut text = line.to_string();
+    text.push('\n');
+    // Nothing better to do with a stderr that cannot be written.
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// `eprintln!` as one write: see [`say_line`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::process::say_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use say;
+
 /// Sinks and watchers hold a descriptor per open file: take the hard limit.
 pub(crate) fn raise_fd_limit() {
     // SAFETY: getrlimit/setrlimit with a valid, initialised struct.

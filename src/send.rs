@@ -15,6 +15,7 @@ use watcher::send::{Cut, Outcome, SendConfig, SendProgress, SendReport, SinkTarg
 
 use crate::args::ClientTlsArgs;
 use crate::identity::FleetArgs;
+use crate::process::say;
 
 /// Exit codes, as `tailflight send --help` lists them.
 pub mod exit {
@@ -217,7 +218,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
     let mut config = match config(&args) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("tailflight send: {e:#}");
+            say!("tailflight send: {e:#}");
             return Ok(ExitCode::from(2));
         }
     };
@@ -245,7 +246,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<ExitCode> {
                 }
                 Ok(None) => return Ok(None),
                 Err(e) => {
-                    eprintln!("tailflight send: the fleet's sinks are unreachable: {e:#}");
+                    say!("tailflight send: the fleet's sinks are unreachable: {e:#}");
                     return Ok(Some(Err(())));
                 }
             }
@@ -411,7 +412,7 @@ fn show_progress(args: &SendArgs, progress: Arc<SendProgress>) -> Shown {
         loop {
             tick.tick().await;
             if !progress.started.load(Ordering::Relaxed) {
-                eprintln!("send: waiting for the sink");
+                say!("send: waiting for the sink");
                 continue;
             }
             let done = load(&progress.bytes_done);
@@ -424,7 +425,7 @@ fn show_progress(args: &SendArgs, progress: Arc<SendProgress>) -> Shown {
             } else {
                 "-".into()
             };
-            eprintln!(
+            say!(
                 "send: {} of {} ({:.0}%), {}/s, ETA {eta}, files {}/{}, connections {}",
                 bytes(done),
                 bytes(total),

@@ -20,6 +20,7 @@ use flight_server::subscription::{Cursor, RowKind, Start, Ticket};
 use futures::StreamExt;
 
 use crate::args::ClientTlsArgs;
+use crate::process::say;
 
 #[derive(Args, Clone)]
 pub struct TailArgs {
@@ -405,12 +406,12 @@ impl Follower {
             .await;
             match outcome {
                 Ok(Ended::Moved) => {
-                    eprintln!("{name}: moved from {endpoint}; resuming at its new endpoint");
+                    say!("{name}: moved from {endpoint}; resuming at its new endpoint");
                     continue;
                 }
                 Ok(Ended::Finished) if !self.args.follow => return Ok(()),
                 Ok(Ended::Finished) => {
-                    eprintln!("{name}: the subscription ended; resuming in 1 s")
+                    say!("{name}: the subscription ended; resuming in 1 s")
                 }
                 Err(error) if self.fleet && unknown_source(&error) => {
                     // This identity holds none of the source's files yet.
@@ -423,7 +424,7 @@ impl Follower {
                 // Following, a sink that went away is waited for: the
                 // stream resumes from the cursor once it is back.
                 Err(error) if (self.args.follow || self.fleet) && retryable(&error) => {
-                    eprintln!("{name}: subscription interrupted ({error:#}); resuming in 1 s");
+                    say!("{name}: subscription interrupted ({error:#}); resuming in 1 s");
                 }
                 Err(error) => return Err(error.context(name)),
             }
@@ -545,7 +546,7 @@ impl Progress {
 
     fn report(&self, done: bool) {
         let seconds = self.started.elapsed().as_secs_f64().max(1e-3);
-        eprintln!(
+        say!(
             "{} {:.1} MiB ({} bytes) in {seconds:.1} s ({:.1} MiB/s)",
             if done { "received" } else { "receiving:" },
             self.bytes as f64 / 1048576.0,
