@@ -10,7 +10,7 @@ use clap::Args;
 use flight_server::tls::{ClientTls, ServerTls};
 
 use crate::parse::{SizeOrAuto, parse_duration, parse_size, parse_size_or_auto};
-use crate::{choices, identity, kafka, observe};
+use crate::{choices, identity, observe};
 
 #[derive(Args, Clone)]
 pub struct ServerTlsArgs {
@@ -236,10 +236,10 @@ pub struct EventArgs {
 }
 
 impl EventArgs {
-    pub(crate) fn kafka(&self) -> Option<kafka::KafkaSettings> {
+    pub(crate) fn kafka(&self) -> Option<kafka_relay::KafkaSettings> {
         self.kafka_brokers
             .as_ref()
-            .map(|brokers| kafka::KafkaSettings {
+            .map(|brokers| kafka_relay::KafkaSettings {
                 brokers: brokers.clone(),
                 topic: self.kafka_topic.clone(),
                 properties: self.kafka_property.clone(),
@@ -249,7 +249,7 @@ impl EventArgs {
 
 pub(crate) fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
-        Some((key, _)) if kafka::RESERVED_PROPERTIES.contains(&key.trim()) => Err(format!(
+        Some((key, _)) if kafka_relay::RESERVED_PROPERTIES.contains(&key.trim()) => Err(format!(
             "{} is set by the relay (exactly-once publication depends on it); use --kafka-brokers \
              for the brokers",
             key.trim()

@@ -12,7 +12,6 @@ mod demo;
 mod feed_log;
 mod heap;
 mod identity;
-mod kafka;
 mod limits;
 mod observe;
 mod parse;

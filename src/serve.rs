@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::args::{SinkArgs, WatchArgs, watch_config};
 #[cfg(feature = "bench")]
 use crate::commit_log;
-use crate::{feed_log, identity, kafka, observe, service_manager};
+use crate::{feed_log, identity, observe, service_manager};
 
 /// Makes a future that resolves when the process is asked to stop.
 pub type StopMaker = dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
@@ -107,7 +107,7 @@ pub async fn serve_sink(
         listeners.push(feed_log::attach(&sink, path)?);
     }
     let relay = match (args.events.kafka(), sink.outbox()) {
-        (Some(settings), Some(outbox)) => Some(kafka::KafkaRelay::start(
+        (Some(settings), Some(outbox)) => Some(kafka_relay::KafkaRelay::start(
             outbox.clone(),
             settings,
             tokio::runtime::Handle::current(),

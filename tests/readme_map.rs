@@ -6,17 +6,25 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The crates' source folders, relative to the workspace root.
-const SOURCES: [&str; 9] = [
-    "src",
-    "manifest-db/src",
-    "flight-server/src",
-    "watcher/src",
-    "sink/src",
-    "fleet/src",
-    "detector-sim/src",
-    "units/src",
-    "ops/fuzz/src",
-];
+/// The source folders of the binary and of every workspace member, read
+/// from the workspace's `members`, so a new crate is walked too.
+fn sources(root: &Path) -> Vec<String> {
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    let members = manifest
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("members = ["))
+        .expect("the workspace lists its members on one line");
+    let mut sources = vec!["src".to_owned()];
+    sources.extend(
+        members
+            .trim_end_matches(']')
+            .split(',')
+            .map(|member| member.trim().trim_matches('"'))
+            .filter(|member| !member.is_empty())
+            .map(|member| format!("{member}/src")),
+    );
+    sources
+}
 
 /// The words written in backticks in the README's architecture section
 /// (`place/{data, seal}` names both `data` and `seal`).
@@ -76,7 +84,12 @@ fn the_readme_map_names_every_module() {
     let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
     let named = named_in_map(&readme);
     let mut found = Vec::new();
-    for source in SOURCES {
+    let sources = sources(root);
+    assert!(
+        sources.iter().any(|s| s == "sink/src"),
+        "the workspace's members were read: {sources:?}"
+    );
+    for source in &sources {
         modules(&root.join(source), &mut found);
     }
     assert!(

@@ -1,73 +1,18 @@
-//! The Kafka relay: publishes the sink's event outbox to a topic through
-//! librdkafka, exactly once.
-//!
-//! Each publication is one Kafka transaction holding a run of outbox events
-//! (in outbox order, keyed by file, so a file's events keep their order in
-//! one partition). Every record names the relay and carries its outbox
-//! sequence number in headers, and that is the relay's position: what the
-//! topic holds ([`position`]). Readers must consume with
-//! `isolation.level=read_committed` (librdkafka's default; the Java
-//! client's default is read_uncommitted) to see each event once.
-//!
-//! The relay trusts only what it reads back from the brokers: an
-//! acknowledged transaction leaves its events in the outbox until the last
-//! record it wrote to each partition is read back committed (by a consumer
-//! on a thread of its own, beside publishing, at least once a second, and
-//! whenever there is nothing left to publish); a record not
-//! there (a broker restarted while it wrote the markers can take a
-//! transaction back) makes it publish again from there. Every start of a
-//! client first ends whatever an earlier one left without markers (see
-//! [`client::Client::start`]), then reads its records after its mark back.
-//!
-//! Every librdkafka call runs on a worker thread ([`worker`]) with a
-//! deadline: a client stuck in a call is abandoned and a new one with the
-//! same transactional id fences it. After any failure the relay starts a
-//! new client from the position the brokers confirm, with backoff; it
-//! never stops for good, and `status` counts its restarts and says why.
-//!
-//! The relay never slows ingest: it runs on a thread of its own, reads the
-//! outbox behind the commits, and while the brokers cannot be reached it
-//! retries with backoff, says why in `status` and a rate-limited warning,
-//! and lets the outbox grow (bounded: see `sink::outbox`).
-
-mod client;
-mod position;
-mod worker;
+//! The relay's state machine: each pass connects a client, finds the
+//! position from what the topic holds, publishes the outbox after it in
+//! transactions, confirms them by reading their last records back and
+//! only then withdraws them from the outbox; after any failure the next
+//! pass starts over from what the brokers confirm.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::BaseConsumer;
-use sink::outbox::Outbox;
-
-use client::{
-    CALL_TIMEOUT, Client, Lap, ReadBack, RelayContext, TRANSACTION_BUDGET, Transactional,
-};
-use position::{Check, Mark, Written};
-use worker::{CallError, Live, Pending, Worker};
-
-/// Where and how to publish, validated from the flags.
-#[derive(Clone, Debug)]
-pub struct KafkaSettings {
-    pub brokers: String,
-    pub topic: String,
-    /// librdkafka properties, applied after ours (so they win).
-    pub properties: Vec<(String, String)>,
-}
-
-/// Properties the relay sets itself: exactly once depends on them.
-pub const RESERVED_PROPERTIES: [&str; 6] = [
-    "bootstrap.servers",
-    "transactional.id",
-    "enable.idempotence",
-    "isolation.level",
-    "group.id",
-    "enable.auto.commit",
-];
+use crate::brokers::{Brokers, EventLog, Publisher, Reader};
+use crate::client::{CALL_TIMEOUT, Lap, TRANSACTION_BUDGET};
+use crate::position::{self, Check, Mark, Written};
+use crate::worker::{CallError, Live, Pending, Worker};
 
 /// Events per transaction at most, and their bytes.
 const BATCH_EVENTS: usize = 2000;
@@ -105,63 +50,12 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// One warning per this long while the relay keeps failing.
 const WARN_EVERY: Duration = Duration::from_secs(30);
 
-/// The relay's thread; stopped and joined by [`KafkaRelay::stop`].
-pub struct KafkaRelay {
+pub(crate) struct Relay<B: Brokers> {
+    outbox: Arc<dyn EventLog>,
+    topic: String,
+    brokers: B,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl KafkaRelay {
-    /// Checks the settings (an unknown or invalid property fails here, at
-    /// startup) and starts publishing `outbox`.
-    pub fn start(
-        outbox: Arc<Outbox>,
-        settings: KafkaSettings,
-        runtime: tokio::runtime::Handle,
-    ) -> anyhow::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut relay = Relay::new(outbox, settings, runtime, stop.clone());
-        // Creating a client validates every property without connecting.
-        let _checked = relay
-            .producer()
-            .context("the Kafka producer's settings are not valid")?;
-        relay
-            .find_consumer_properties()
-            .context("the Kafka position reader's settings are not valid")?;
-        let thread = std::thread::Builder::new()
-            .name("kafka-relay".into())
-            .spawn(move || relay.run())
-            .context("starting the Kafka relay's thread")?;
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// Stops after the call under way, and joins the thread.
-    pub fn stop(mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-struct Relay {
-    outbox: Arc<Outbox>,
-    settings: KafkaSettings,
-    runtime: tokio::runtime::Handle,
-    stop: Arc<AtomicBool>,
-    /// `tailflight-relay.<sink id>`: the transactional id, the value of
-    /// the records' relay header, and the group where a relay before the
-    /// headers kept its position.
-    identity: String,
     live: Live,
-    /// The number of the current client (see [`client::RelayContext`]).
-    generation: Arc<AtomicU64>,
-    /// The user's properties a consumer accepts, found once at start:
-    /// trying each creates and drops a consumer.
-    consumer_properties: Vec<(String, String)>,
     /// The newest event of a transaction whose position this run read back.
     confirmed: Option<u64>,
     last_warning: Option<Instant>,
@@ -170,9 +64,9 @@ struct Relay {
 
 /// The relay's clients, each on its worker thread: the producer, and the
 /// consumer that reads back beside it.
-struct Connection {
-    client: Worker<Client>,
-    read_back: Worker<ReadBack>,
+struct Connection<B: Brokers> {
+    client: Worker<B::Publisher>,
+    read_back: Worker<B::Reader>,
 }
 
 /// Whether a confirmation waits for its read-back.
@@ -186,7 +80,7 @@ enum Confirm {
     Beside,
 }
 
-/// A read-back on the [`ReadBack`] worker: what it found, how long it took
+/// A read-back on the [`Reader`]'s worker: what it found, how long it took
 /// (µs), and when it answered.
 type ReadingBack = Pending<anyhow::Result<(Check, u64, Instant)>>;
 
@@ -222,22 +116,19 @@ struct Position {
     confirmed_at: Instant,
 }
 
-impl Relay {
-    fn new(
-        outbox: Arc<Outbox>,
-        settings: KafkaSettings,
-        runtime: tokio::runtime::Handle,
+impl<B: Brokers> Relay<B> {
+    pub(crate) fn new(
+        outbox: Arc<dyn EventLog>,
+        topic: String,
+        brokers: B,
         stop: Arc<AtomicBool>,
     ) -> Self {
         Self {
-            identity: format!("tailflight-relay.{}", outbox.sink_id()),
             outbox,
-            settings,
-            runtime,
+            topic,
+            brokers,
             stop,
             live: Live::default(),
-            generation: Arc::new(AtomicU64::new(0)),
-            consumer_properties: Vec::new(),
             confirmed: None,
             last_warning: None,
             failures_unwarned: 0,
@@ -248,88 +139,11 @@ impl Relay {
         self.stop.load(Ordering::SeqCst)
     }
 
-    fn client_config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.settings.brokers);
-        config.set("client.id", &self.identity);
-        config
-    }
-
-    fn with_user_properties(&self, mut config: ClientConfig) -> ClientConfig {
-        for (key, value) in &self.settings.properties {
-            config.set(key, value);
-        }
-        config
-    }
-
-    fn producer(&self) -> anyhow::Result<Transactional> {
-        let mut config = self.client_config();
-        config
-            .set("enable.idempotence", "true")
-            .set("transactional.id", &self.identity)
-            // An event is published as soon as its round is durable; the
-            // transaction's commit flushes anyway.
-            .set("linger.ms", "1")
-            // Brokers that stop answering are given up on (and the call
-            // retried) after 10 s instead of librdkafka's 60.
-            .set("socket.timeout.ms", "10000")
-            // A transaction that starts while the broker still writes the
-            // last one's markers is told to retry; librdkafka's 100 ms
-            // backoff made that wait the larger part of each publication.
-            .set("retry.backoff.ms", "5");
-        let context = RelayContext::new(
-            self.outbox.clone(),
-            self.generation.load(Ordering::SeqCst),
-            self.generation.clone(),
-        );
-        Ok(self
-            .with_user_properties(config)
-            .create_with_context(context)?)
-    }
-
-    fn consumer_config(&self) -> ClientConfig {
-        let mut config = self.client_config();
-        config
-            .set("group.id", &self.identity)
-            .set("enable.auto.commit", "false")
-            // Also makes librdkafka ask for stable offsets only, and its
-            // watermarks' high one the stable offset.
-            .set("isolation.level", "read_committed")
-            // Reading records back ends at the stable offset.
-            .set("enable.partition.eof", "true")
-            .set("fetch.wait.max.ms", "20");
-        config
-    }
-
-    /// Producer-only properties would be refused by a consumer: keeps the
-    /// ones it knows (security, SASL and the like) by trying each.
-    fn find_consumer_properties(&mut self) -> anyhow::Result<()> {
-        let mut config = self.consumer_config();
-        for (key, value) in &self.settings.properties {
-            let mut trial = config.clone();
-            trial.set(key, value);
-            if trial.create::<BaseConsumer>().is_ok() {
-                config = trial;
-                self.consumer_properties.push((key.clone(), value.clone()));
-            }
-        }
-        config.create::<BaseConsumer>()?;
-        Ok(())
-    }
-
-    fn consumer(&self) -> anyhow::Result<BaseConsumer> {
-        let mut config = self.consumer_config();
-        for (key, value) in &self.consumer_properties {
-            config.set(key, value);
-        }
-        Ok(config.create()?)
-    }
-
     /// Runs until the sink stops: each pass makes a client, and publishes
     /// with it until anything fails; then the client goes (abandoned if
     /// stuck in a call) and the next pass starts from the position the
     /// brokers confirm. It never stops for good.
-    fn run(mut self) {
+    pub(crate) fn run(mut self) {
         let mut backoff = BACKOFF_MIN;
         let mut first = true;
         while !self.stopping() {
@@ -343,7 +157,7 @@ impl Relay {
                 continue;
             }
             if !first {
-                self.outbox.report(|report| report.restarts += 1);
+                self.outbox.report(&mut |report| report.restarts += 1);
             }
             first = false;
             self.outbox.waiting_for_brokers(true);
@@ -381,8 +195,8 @@ impl Relay {
             }
             self.failing(reason.clone());
             let stuck = self.live.count();
-            self.outbox.report(|report| {
-                report.last_restart_reason = Some(reason);
+            self.outbox.report(&mut |report| {
+                report.last_restart_reason = Some(reason.clone());
                 report.stuck_clients = stuck as u64;
             });
             // Two relays sharing an id would fence each other in a hot
@@ -394,19 +208,8 @@ impl Relay {
 
     /// A client whose transactions are ready, and the relay's position: the
     /// newest outbox event the topic holds with every one before it.
-    fn connect(&mut self) -> Result<(Connection, Position), String> {
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        let client = Client {
-            producer: self.producer().map_err(|e| format!("{e:#}"))?,
-            consumer: self.consumer().map_err(|e| format!("{e:#}"))?,
-            topic: self.settings.topic.clone(),
-            identity: self.identity.clone(),
-        };
-        let read_back = ReadBack {
-            consumer: self.consumer().map_err(|e| format!("{e:#}"))?,
-            topic: self.settings.topic.clone(),
-            identity: self.identity.clone(),
-        };
+    fn connect(&mut self) -> Result<(Connection<B>, Position), String> {
+        let (client, read_back) = self.brokers.connect().map_err(|e| format!("{e:#}"))?;
         let mut connection = Connection {
             client: Worker::spawn("kafka-client", client, &self.live)
                 .map_err(|e| format!("starting the Kafka client's thread: {e}"))?,
@@ -417,8 +220,7 @@ impl Relay {
             .outbox
             .mark()
             .map_err(|e| e.to_string())?
-            .and_then(|bytes| Mark::decode(&bytes, &self.settings.topic));
-        let brokers = self.settings.brokers.clone();
+            .and_then(|bytes| Mark::decode(&bytes, &self.topic));
         let with_group = mark.is_none();
         let fenced = connection
             .client
@@ -426,14 +228,64 @@ impl Relay {
                 "starting transactions",
                 START_ABANDON_AFTER,
                 &self.stop,
-                move |client| client.start(&brokers, with_group),
+                move |client: &mut B::Publisher| client.start(with_group),
             )
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("{e:#}"))?;
+        let position = self.position_at_start(&mut connection, mark, &fenced)?;
+        // Every later record of this relay comes after the fence's.
+        let from: BTreeMap<i32, i64> = fenced
+            .iter()
+            .map(|(&partition, &fence)| (partition, fence + 1))
+            .collect();
+        let mark = Mark {
+            topic: self.topic.clone(),
+            through: position,
+            from: from.clone(),
+        };
+        // Synced: without it, a machine's crash could leave no mark at all
+        // (on the first start) and the next start would publish again
+        // what this client publishes.
+        self.outbox
+            .published(position, Some(&mark.encode()), true)
+            .map_err(|e| format!("removing events the topic already holds: {e}"))?;
+        // Less this connection's two.
+        let stuck = self.live.count().saturating_sub(2);
+        self.outbox.report(&mut |report| {
+            report.state = "publishing".into();
+            report.error = None;
+            report.stuck_clients = stuck as u64;
+        });
+        tracing::info!(
+            brokers = %self.brokers.describe(),
+            topic = %self.topic,
+            position,
+            "the Kafka relay is connected; publishing the outbox after its position"
+        );
+        Ok((
+            connection,
+            Position {
+                next_after: position,
+                acknowledged: position,
+                unconfirmed: BTreeMap::new(),
+                confirming: None,
+                from,
+                confirmed_at: Instant::now(),
+            },
+        ))
+    }
+
+    /// The relay's position as the topic shows it after the fence: read
+    /// from the relay's records after its `mark`, or without one from the
+    /// group where a relay before the record headers kept it.
+    fn position_at_start(
+        &self,
+        connection: &mut Connection<B>,
+        mark: Option<Mark>,
+        fenced: &BTreeMap<i32, i64>,
+    ) -> Result<u64, String> {
         let recorded = self.outbox.durable_through();
         let position = match mark {
-            // A sink whose relay never published, or published before the
-            // record headers: that relay kept its position in its group.
             None => connection
                 .client
                 .call(
@@ -487,46 +339,7 @@ impl Relay {
                  events after it, no longer in the outbox, are missing from the topic"
             );
         }
-        // Every later record of this relay comes after the fence's.
-        let from: BTreeMap<i32, i64> = fenced
-            .iter()
-            .map(|(&partition, &fence)| (partition, fence + 1))
-            .collect();
-        let mark = Mark {
-            topic: self.settings.topic.clone(),
-            through: position,
-            from: from.clone(),
-        };
-        // Synced: without it, a machine's crash could leave no mark at all
-        // (on the first start) and the next start would publish again
-        // what this client publishes.
-        self.outbox
-            .published(position, Some(&mark.encode()), true)
-            .map_err(|e| format!("removing events the topic already holds: {e}"))?;
-        // Less this connection's two.
-        let stuck = self.live.count().saturating_sub(2);
-        self.outbox.report(|report| {
-            report.state = "publishing".into();
-            report.error = None;
-            report.stuck_clients = stuck as u64;
-        });
-        tracing::info!(
-            brokers = %self.settings.brokers,
-            topic = %self.settings.topic,
-            position,
-            "the Kafka relay is connected; publishing the outbox after its position"
-        );
-        Ok((
-            connection,
-            Position {
-                next_after: position,
-                acknowledged: position,
-                unconfirmed: BTreeMap::new(),
-                confirming: None,
-                from,
-                confirmed_at: Instant::now(),
-            },
-        ))
+        Ok(position)
     }
 
     fn ahead_of_outbox(&self, position: u64, recorded: u64) -> String {
@@ -567,7 +380,11 @@ impl Relay {
 
     /// Publishes until a call fails or the sink stops. Returns whether
     /// anything was published, and why it ended.
-    fn publish(&mut self, connection: &mut Connection, mut position: Position) -> (bool, String) {
+    fn publish(
+        &mut self,
+        connection: &mut Connection<B>,
+        mut position: Position,
+    ) -> (bool, String) {
         let mut published_any = false;
         let mut idle_reported = false;
         while !self.stopping() {
@@ -594,16 +411,14 @@ impl Relay {
                     return (published_any, reason);
                 }
                 if !idle_reported {
-                    self.outbox.report(|report| {
+                    self.outbox.report(&mut |report| {
                         report.state = "idle".into();
                         report.error = None;
                     });
                     idle_reported = true;
                 }
-                let outbox = self.outbox.clone();
-                let after = position.next_after;
-                self.runtime
-                    .block_on(outbox.wait_beyond(after, Duration::from_millis(500)));
+                self.outbox
+                    .wait_beyond(position.next_after, Duration::from_millis(500));
                 continue;
             };
             idle_reported = false;
@@ -631,7 +446,7 @@ impl Relay {
                     position.unconfirmed.extend(written);
                     published_any = true;
                     let now_ms = unix_ms();
-                    self.outbox.report(|report| {
+                    self.outbox.report(&mut |report| {
                         report.state = "publishing".into();
                         report.error = None;
                         report.published_events += count;
@@ -674,7 +489,7 @@ impl Relay {
     /// transaction goes out while the last ones are read back.
     fn confirm(
         &mut self,
-        connection: &mut Connection,
+        connection: &mut Connection<B>,
         position: &mut Position,
         how: Confirm,
     ) -> Result<(), String> {
@@ -707,7 +522,7 @@ impl Relay {
                     .map_err(|e: CallError| e.to_string())?
                     .map_err(|e| format!("{e:#}"))?;
                 self.outbox
-                    .report(|report| report.phase_us.confirm += confirm_us);
+                    .report(&mut |report| report.phase_us.confirm += confirm_us);
                 if !self.checked(position, check, answered)? {
                     return Ok(());
                 }
@@ -806,7 +621,7 @@ impl Relay {
                      markers): publishing again from what the topic holds"
                 );
                 tracing::warn!("{reason}");
-                self.outbox.report(|report| report.taken_back += 1);
+                self.outbox.report(&mut |report| report.taken_back += 1);
                 Err(reason)
             }
         }
@@ -816,7 +631,7 @@ impl Relay {
     /// of where this relay's records after them start.
     fn mark_published(&self, position: &Position, through: u64) -> Result<(), String> {
         let mark = Mark {
-            topic: self.settings.topic.clone(),
+            topic: self.topic.clone(),
             through,
             from: position.from.clone(),
         };
@@ -828,7 +643,7 @@ impl Relay {
     /// Says the relay is failing: in `status` at once, in the log at most
     /// every [`WARN_EVERY`].
     fn failing(&mut self, reason: String) {
-        self.outbox.report(|report| {
+        self.outbox.report(&mut |report| {
             report.state = "failing".into();
             report.error = Some(reason.clone());
         });
@@ -836,11 +651,11 @@ impl Relay {
             .last_warning
             .is_none_or(|last| last.elapsed() >= WARN_EVERY);
         if due {
-            let status = self.outbox.status();
+            let (events, bytes) = self.outbox.depth();
             tracing::warn!(
                 %reason,
-                unpublished_events = status.depth_events,
-                unpublished_bytes = status.depth_bytes,
+                unpublished_events = events,
+                unpublished_bytes = bytes,
                 failures_since_last_warning = self.failures_unwarned,
                 "the Kafka relay cannot publish; events wait in the outbox and ingest goes on"
             );

@@ -2,7 +2,7 @@
 //! that reads the relay's records back at a start, the consumer that reads
 //! back what the brokers acknowledged while publishing, and every
 //! librdkafka call the relay makes. Each method blocks; the relay runs them on a
-//! [`super::worker::Worker`] so none can hold it up for good.
+//! [`crate::worker::Worker`] so none can hold it up for good.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,9 +16,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
-use sink::outbox::{CLOUDEVENTS_CONTENT_TYPE, Outbox, PendingEvent, RelayPhases};
+use sink::outbox::{CLOUDEVENTS_CONTENT_TYPE, PendingEvent, RelayPhases};
 
-use super::position::{Check, RELAY_HEADER, SEQ_HEADER, Written};
+use crate::brokers::{EventLog, Publisher, Reader};
+use crate::position::{Check, RELAY_HEADER, SEQ_HEADER, Written};
 
 /// How long one librdkafka call may block before it counts as failed.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,7 +44,7 @@ const FENCE_OPAQUE: usize = 0;
 /// failed commit only counts; and the last record delivered to each
 /// partition, which the relay reads back.
 pub struct RelayContext {
-    outbox: Arc<Outbox>,
+    log: Arc<dyn EventLog>,
     /// This client's number, and the current client's: an abandoned client
     /// (fenced by its successor, so it fails) does not speak for the relay.
     generation: u64,
@@ -57,9 +58,9 @@ pub struct RelayContext {
 impl RelayContext {
     /// The context of client number `generation`; `current` is the
     /// relay's current client's number.
-    pub fn new(outbox: Arc<Outbox>, generation: u64, current: Arc<AtomicU64>) -> Self {
+    pub fn new(log: Arc<dyn EventLog>, generation: u64, current: Arc<AtomicU64>) -> Self {
         Self {
-            outbox,
+            log,
             generation,
             current,
             failed_delivery: std::sync::Mutex::new(None),
@@ -75,7 +76,7 @@ impl ClientContext for RelayContext {
         if self.current.load(Ordering::SeqCst) != self.generation {
             return;
         }
-        self.outbox.report(|report| {
+        self.log.report(&mut |report| {
             report.state = "failing".into();
             report.error = Some(format!("{error}: {reason}"));
         });
@@ -131,6 +132,8 @@ pub struct Client {
     /// the records' relay header, and the group where a relay before the
     /// headers kept its position.
     pub identity: String,
+    /// Where the brokers are, for errors.
+    pub brokers: String,
 }
 
 impl Client {
@@ -152,7 +155,8 @@ impl Client {
     /// `with_group`: the fence also covers the consumer group where a relay
     /// before the record headers kept its position, which is then read
     /// (only a relay without a mark reads it).
-    pub fn start(&mut self, brokers: &str, with_group: bool) -> anyhow::Result<BTreeMap<i32, i64>> {
+    pub fn start(&mut self, with_group: bool) -> anyhow::Result<BTreeMap<i32, i64>> {
+        let brokers = &self.brokers;
         self.producer
             .init_transactions(CALL_TIMEOUT)
             .with_context(|| format!("starting transactions with the brokers {brokers}"))?;
@@ -532,6 +536,36 @@ impl Client {
     }
 }
 
+impl Publisher for Client {
+    fn start(&mut self, with_group: bool) -> anyhow::Result<BTreeMap<i32, i64>> {
+        Client::start(self, with_group)
+    }
+
+    fn read_position(&self) -> anyhow::Result<u64> {
+        Client::read_position(self)
+    }
+
+    fn scan(
+        &mut self,
+        from: &BTreeMap<i32, i64>,
+        fenced: &BTreeMap<i32, i64>,
+    ) -> anyhow::Result<BTreeSet<u64>> {
+        Client::scan(self, from, fenced)
+    }
+
+    fn transaction(
+        &mut self,
+        events: &[PendingEvent],
+        stop: &Arc<AtomicBool>,
+    ) -> anyhow::Result<(RelayPhases, BTreeMap<i32, Written>)> {
+        Client::transaction(self, events, stop)
+    }
+
+    fn abort(&self) -> anyhow::Result<()> {
+        Client::abort(self)
+    }
+}
+
 /// The consumer that reads back, beside publishing, the last records of
 /// the transactions the brokers acknowledged: on a thread of its own, so a
 /// read-back never holds up the next transaction.
@@ -619,6 +653,12 @@ impl ReadBack {
             .unassign()
             .with_context(|| doing("ending the read"))?;
         Ok(outcome)
+    }
+}
+
+impl Reader for ReadBack {
+    fn check(&mut self, written: &BTreeMap<i32, Written>) -> anyhow::Result<Check> {
+        ReadBack::check(self, written)
     }
 }
 

@@ -1,0 +1,143 @@
+//! The rows of a consumer batch, read out of its columns without copying
+//! their bytes, and the one-line form `tail --print` gives each.
+
+use anyhow::Context;
+use arrow_array::Array;
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt64Type;
+use flight_server::subscription::RowKind;
+
+/// One row of a consumer batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row<'a> {
+    pub kind: RowKind,
+    /// Relative to the source, as the sink names the file now.
+    pub path: &'a str,
+    pub key: &'a str,
+    pub generation: u64,
+    pub offset: u64,
+    pub data: &'a [u8],
+    pub size: Option<u64>,
+    pub digest: Option<&'a str>,
+    pub from_path: Option<&'a str>,
+}
+
+/// The rows of `batch`, in order. A batch that lacks a column or names an
+/// unknown kind of row is the sink's fault, and says so.
+pub fn rows(batch: &arrow_array::RecordBatch) -> anyhow::Result<Vec<Row<'_>>> {
+    let column = |name: &str| {
+        batch
+            .column_by_name(name)
+            .with_context(|| format!("the sink sent a consumer batch without column {name:?}"))
+    };
+    let kind = column("kind")?.as_string::<i32>();
+    let path = column("path")?.as_string::<i32>();
+    let key = column("file_key")?.as_string::<i32>();
+    let generation = column("generation")?.as_primitive::<UInt64Type>();
+    let offset = column("offset")?.as_primitive::<UInt64Type>();
+    let data = column("data")?.as_binary::<i32>();
+    let size = column("size")?.as_primitive::<UInt64Type>();
+    let digest = column("digest")?.as_string::<i32>();
+    let from_path = column("from_path")?.as_string::<i32>();
+    (0..batch.num_rows())
+        .map(|i| {
+            Ok(Row {
+                kind: RowKind::parse(kind.value(i)).with_context(|| {
+                    format!("the sink sent an unknown kind of row {:?}", kind.value(i))
+                })?,
+                path: path.value(i),
+                key: key.value(i),
+                generation: generation.value(i),
+                offset: offset.value(i),
+                data: data.value(i),
+                size: size.is_valid(i).then(|| size.value(i)),
+                digest: digest.is_valid(i).then(|| digest.value(i)),
+                from_path: from_path.is_valid(i).then(|| from_path.value(i)),
+            })
+        })
+        .collect()
+}
+
+impl Row<'_> {
+    /// The row as one line (without its newline): kind, path, key,
+    /// generation, offset, and what the kind adds (a data row's CRC-32C
+    /// and length, a rename's old path, a seal's size and digest).
+    pub fn line(&self) -> String {
+        let what = match self.kind {
+            RowKind::Data => format!(
+                "crc32c={:08x} {} bytes",
+                flight_server::checksum::crc32c(self.data),
+                self.data.len()
+            ),
+            RowKind::Renamed => format!("from {}", self.from_path.unwrap_or("?")),
+            RowKind::Sealed => format!(
+                "size {} digest {}",
+                self.size.unwrap_or(0),
+                self.digest.unwrap_or("?")
+            ),
+            RowKind::Opened | RowKind::Superseded => String::new(),
+        };
+        format!(
+            "{:<10} {} key={} gen={} offset={} {what}",
+            self.kind.as_str(),
+            self.path,
+            self.key,
+            self.generation,
+            self.offset
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use flight_server::subscription::{ConsumerBatchBuilder, ConsumerRow};
+
+    use super::*;
+
+    #[test]
+    fn rows_read_back_as_they_were_built_and_print_on_one_line() {
+        let mut builder = ConsumerBatchBuilder::new("src", 64);
+        let data = ConsumerRow {
+            kind: RowKind::Data,
+            path: "a.dat",
+            file_key: "k1",
+            generation: 2,
+            offset: 4096,
+            data: b"bytes",
+            size: None,
+            digest: None,
+            from_path: None,
+        };
+        let renamed = ConsumerRow {
+            kind: RowKind::Renamed,
+            path: "b.dat",
+            data: &[],
+            from_path: Some("a.dat"),
+            ..data
+        };
+        builder.push(&data);
+        builder.push(&renamed);
+        let batch = builder.finish();
+        let rows = rows(&batch).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (rows[0].kind, rows[0].path, rows[0].key, rows[0].generation),
+            (RowKind::Data, "a.dat", "k1", 2)
+        );
+        assert_eq!((rows[0].offset, rows[0].data), (4096, &b"bytes"[..]));
+        assert_eq!(rows[1].from_path, Some("a.dat"));
+        let line = rows[0].line();
+        assert!(!line.contains('\n'));
+        assert!(line.starts_with("data       a.dat key=k1 gen=2 offset=4096 crc32c="));
+        assert!(line.ends_with(" 5 bytes"), "{line}");
+        assert!(rows[1].line().ends_with("from a.dat"));
+    }
+
+    #[test]
+    fn a_batch_without_a_column_is_the_sinks_fault() {
+        let empty = std::sync::Arc::new(arrow_schema::Schema::empty());
+        let batch = arrow_array::RecordBatch::new_empty(empty);
+        let error = rows(&batch).unwrap_err().to_string();
+        assert!(error.contains("the sink sent"), "{error}");
+    }
+}
