@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// The crates' source folders, relative to the workspace root.
 /// The source folders of the binary and of every workspace member, read
 /// from the workspace's `members`, so a new crate is walked too.
 fn sources(root: &Path) -> Vec<String> {

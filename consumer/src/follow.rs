@@ -186,6 +186,8 @@ struct Follower {
 enum Ended {
     /// The sink ended it (everything durable was sent, without follow).
     Finished,
+    /// The loop that takes the batches is gone: the tail is stopping.
+    Closed,
     /// The identity moved to another process (a takeover).
     Moved,
 }
@@ -217,6 +219,7 @@ impl Follower {
                     );
                     continue;
                 }
+                Ok(Ended::Closed) => return Ok(()),
                 Ok(Ended::Finished) if !follow => return Ok(()),
                 Ok(Ended::Finished) => self
                     .events
@@ -247,7 +250,7 @@ impl Follower {
     async fn subscribe(&self, stream: &mut Stream, endpoint: &str) -> anyhow::Result<Ended> {
         let (settled, settling) = oneshot::channel();
         if self.deliver.send(Delivery::Settled(settled)).await.is_err() {
-            return Ok(Ended::Finished);
+            return Ok(Ended::Closed);
         }
         let _ = settling.await;
         let ticket = lock(&self.cursors).ticket(self.index, &self.config.ticket);
@@ -265,7 +268,7 @@ impl Follower {
                     let Some(consumed) = next else { return Ok(Ended::Finished) };
                     let delivery = Delivery::Batch { stream: self.index, consumed: consumed? };
                     if self.deliver.send(delivery).await.is_err() {
-                        return Ok(Ended::Finished);
+                        return Ok(Ended::Closed);
                     }
                 }
                 // A takeover: the new process serves from the same state.

@@ -30,15 +30,30 @@ pub fn rows(batch: &arrow_array::RecordBatch) -> anyhow::Result<Vec<Row<'_>>> {
             .column_by_name(name)
             .with_context(|| format!("the sink sent a consumer batch without column {name:?}"))
     };
-    let kind = column("kind")?.as_string::<i32>();
-    let path = column("path")?.as_string::<i32>();
-    let key = column("file_key")?.as_string::<i32>();
-    let generation = column("generation")?.as_primitive::<UInt64Type>();
-    let offset = column("offset")?.as_primitive::<UInt64Type>();
-    let data = column("data")?.as_binary::<i32>();
-    let size = column("size")?.as_primitive::<UInt64Type>();
-    let digest = column("digest")?.as_string::<i32>();
-    let from_path = column("from_path")?.as_string::<i32>();
+    let mistyped = |name: &str| {
+        format!("the sink sent a consumer batch whose column {name:?} has another type")
+    };
+    let text = |name: &str| {
+        column(name)?
+            .as_string_opt::<i32>()
+            .with_context(|| mistyped(name))
+    };
+    let number = |name: &str| {
+        column(name)?
+            .as_primitive_opt::<UInt64Type>()
+            .with_context(|| mistyped(name))
+    };
+    let kind = text("kind")?;
+    let path = text("path")?;
+    let key = text("file_key")?;
+    let generation = number("generation")?;
+    let offset = number("offset")?;
+    let data = column("data")?
+        .as_binary_opt::<i32>()
+        .with_context(|| mistyped("data"))?;
+    let size = number("size")?;
+    let digest = text("digest")?;
+    let from_path = text("from_path")?;
     (0..batch.num_rows())
         .map(|i| {
             Ok(Row {

@@ -86,7 +86,9 @@ impl StateFile {
                 BTreeMap::new()
             },
         };
-        write_whole(&self.path, &serde_json::to_vec(&state)?)
+        let bytes = serde_json::to_vec(&state)
+            .with_context(|| format!("encoding the cursor for {}", self.path.display()))?;
+        write_whole(&self.path, &bytes)
     }
 }
 
@@ -226,6 +228,7 @@ mod tests {
     #[test]
     fn a_state_file_reads_back_what_was_saved() {
         let path = std::env::temp_dir().join(format!("tailflight-state-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
         let file = StateFile {
             path: path.clone(),
             source: "src".into(),
@@ -256,6 +259,7 @@ mod tests {
     fn a_state_file_of_another_source_or_shape_is_refused() {
         let path =
             std::env::temp_dir().join(format!("tailflight-state-other-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
         let one_sink = StateFile {
             path: path.clone(),
             source: "src".into(),

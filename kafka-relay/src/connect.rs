@@ -165,14 +165,18 @@ impl Brokers for Librdkafka {
     fn connect(&mut self) -> anyhow::Result<(Client, ReadBack)> {
         self.generation.fetch_add(1, Ordering::SeqCst);
         let client = Client {
-            producer: self.producer()?,
-            consumer: self.consumer()?,
+            producer: self.producer().context("creating the Kafka producer")?,
+            consumer: self
+                .consumer()
+                .context("creating the Kafka position reader")?,
             topic: self.topic.clone(),
             identity: self.identity.clone(),
             brokers: self.brokers.clone(),
         };
         let read_back = ReadBack {
-            consumer: self.consumer()?,
+            consumer: self
+                .consumer()
+                .context("creating the Kafka read-back consumer")?,
             topic: self.topic.clone(),
             identity: self.identity.clone(),
         };

@@ -7,7 +7,7 @@
 //! (in outbox order, keyed by file, so a file's events keep their order in
 //! one partition). Every record names the relay and carries its outbox
 //! sequence number in headers, and that is the relay's position: what the
-//! topic holds ([`position`]). Readers must consume with
+//! topic holds (`position`). Readers must consume with
 //! `isolation.level=read_committed` (librdkafka's default; the Java
 //! client's default is read_uncommitted) to see each event once.
 //!
@@ -21,7 +21,7 @@
 //! client first ends whatever an earlier one left without markers (see
 //! `client::Client::start`), then reads its records after its mark back.
 //!
-//! Every librdkafka call runs on a worker thread ([`worker`]) with a
+//! Every librdkafka call runs on a worker thread (`worker`) with a
 //! deadline: a client stuck in a call is abandoned and a new one with the
 //! same transactional id fences it. After any failure the relay starts a
 //! new client from the position the brokers confirm, with backoff; it
@@ -76,7 +76,7 @@ impl KafkaRelay {
     /// The relay of `log` to `topic` on `brokers`: what [`Self::start`]
     /// runs with the sink's outbox and librdkafka, and the model tests
     /// with their own.
-    pub fn start_with<B: brokers::Brokers>(
+    pub(crate) fn start_with<B: brokers::Brokers>(
         log: Arc<dyn brokers::EventLog>,
         topic: String,
         brokers: B,

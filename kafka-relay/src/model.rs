@@ -47,6 +47,10 @@ pub(crate) struct Faults {
 #[derive(Debug, Default)]
 struct TopicState {
     partitions: Vec<Vec<Record>>,
+    /// Events the relay has read back committed (a read-back that found
+    /// its transaction's last records, or a start's scan): the only ones it
+    /// may withdraw from the outbox.
+    read_back: BTreeSet<u64>,
     /// The epoch of the relay's transactional id: a producer of an older
     /// one is fenced.
     epoch: u64,
@@ -103,6 +107,16 @@ impl Topic {
                 fate: Fate::Committed,
             });
         }
+    }
+
+    /// The events the relay has read back committed.
+    pub(crate) fn read_back(&self) -> BTreeSet<u64> {
+        self.lock().read_back.clone()
+    }
+
+    /// Read-backs still to find their partition not stable.
+    pub(crate) fn unstable_reads_left(&self) -> u32 {
+        self.lock().faults.unstable_reads
     }
 
     /// Another producer with the relay's transactional id starts: the
@@ -192,7 +206,7 @@ impl Publisher for ModelClient {
         from: &BTreeMap<i32, i64>,
         fenced: &BTreeMap<i32, i64>,
     ) -> anyhow::Result<BTreeSet<u64>> {
-        let state = self.topic.lock();
+        let mut state = self.topic.lock();
         let mut found = BTreeSet::new();
         for (&partition, &fence) in fenced {
             let start = from.get(&partition).copied().unwrap_or(0).max(0) as usize;
@@ -203,6 +217,7 @@ impl Publisher for ModelClient {
                 }
             }
         }
+        state.read_back.extend(found.iter().copied());
         Ok(found)
     }
 
@@ -247,7 +262,10 @@ impl Publisher for ModelClient {
             Fate::Committed
         };
         for record in state.partitions.iter_mut().flatten() {
-            if record.relay == self.identity && record.fate == Fate::Open {
+            if record.relay == self.identity
+                && record.epoch == self.epoch
+                && record.fate == Fate::Open
+            {
                 record.fate = fate;
             }
         }
@@ -299,6 +317,17 @@ impl Reader for ModelReader {
                 });
             }
         }
+        // A partition's last record proves the committed records before it
+        // in that partition.
+        let mut proven = Vec::new();
+        for (&partition, last) in written {
+            for record in &state.partitions[partition as usize][..=last.offset as usize] {
+                if record.relay == self.identity && record.fate == Fate::Committed {
+                    proven.extend(record.seq);
+                }
+            }
+        }
+        state.read_back.extend(proven);
         Ok(Check::Held)
     }
 }
@@ -310,7 +339,8 @@ struct LogState {
     published: u64,
     mark: Option<Vec<u8>>,
     report: RelayReport,
-    /// Events withdrawn that the topic did not hold committed then.
+    /// Events withdrawn that the topic did not hold committed then, or
+    /// that the relay had not read back.
     withdrawn_unheld: Vec<u64>,
 }
 
@@ -425,7 +455,8 @@ impl EventLog for MemoryLog {
     }
 
     fn published(&self, through: u64, mark: Option<&[u8]>, _sync: bool) -> Result<(), SinkError> {
-        let held: BTreeSet<u64> = self.topic.committed(&self.relay).into_iter().collect();
+        let committed: BTreeSet<u64> = self.topic.committed(&self.relay).into_iter().collect();
+        let read_back = self.topic.read_back();
         let mut state = self.lock();
         let through = through.min(state.durable);
         let withdrawn: Vec<u64> = state
@@ -434,7 +465,7 @@ impl EventLog for MemoryLog {
             .map(|(&seq, _)| seq)
             .collect();
         for seq in withdrawn {
-            if !held.contains(&seq) {
+            if !committed.contains(&seq) || !read_back.contains(&seq) {
                 state.withdrawn_unheld.push(seq);
             }
             state.events.remove(&seq);
