@@ -13,26 +13,6 @@
 
 use super::*;
 
-/// Writes a range at its offset; the error names the destination (asked
-/// for only then).
-pub(super) fn write_range(
-    file: &File,
-    bytes: &[u8],
-    offset: u64,
-    dest: impl FnOnce() -> String,
-) -> Result<(), SinkError> {
-    file.write_all_at(bytes, offset).map_err(|e| {
-        SinkError::storage(
-            format_args!(
-                "writing {} bytes at offset {offset} of {}",
-                bytes.len(),
-                dest()
-            ),
-            e,
-        )
-    })
-}
-
 /// Most bytes one batch puts in the journal.
 const JOURNAL_BATCH_MAX: u64 = 1 << 20;
 /// Journaled bytes whose files are not flushed yet, past which ranges are

@@ -49,16 +49,18 @@ mod data;
 mod descriptors;
 mod fds;
 mod generation;
+mod moves;
 mod record;
 mod rename;
 mod replay;
 mod seal;
 #[cfg(test)]
 mod tests;
+mod write;
 
-use data::write_range;
-use rename::{MovedAway, Moving};
+use moves::{MovedAway, Moving};
 pub(crate) use seal::head_crc;
+use write::write_range;
 
 /// Slots kept in memory before sealed, idle ones are dropped.
 const SLOT_CACHE: usize = 4096;

@@ -4,40 +4,6 @@
 
 use super::*;
 
-/// Paths of a source a file may still have to leave, or may have left not
-/// durably yet: a move of another file there must wait for that move (see
-/// [`Placer::moves_away_from`]).
-#[derive(Default)]
-pub(super) struct MovedAway {
-    /// Moves this process made, by the path they left, with the files moved.
-    made: HashMap<String, Vec<Arc<Slot>>>,
-    /// Moves an earlier process recorded and may not have made, by the
-    /// path they leave: the file's (key, generation).
-    pub(super) recorded: HashMap<String, (String, u64)>,
-    /// Sweep `made` of moves already durable when it grows past this.
-    sweep_above: usize,
-}
-
-/// Moves kept in `MovedAway::made` before the durable ones are dropped.
-const MOVED_AWAY_SWEEP: usize = 1024;
-
-impl MovedAway {
-    /// Notes that a move took `slot`'s file away from `from`.
-    pub(super) fn made(&mut self, from: String, slot: Arc<Slot>) {
-        if self.made.len() >= self.sweep_above.max(MOVED_AWAY_SWEEP) {
-            self.made.retain(|_, moved| {
-                moved.retain(|slot| !lock(&slot.unsynced).is_empty());
-                !moved.is_empty()
-            });
-            self.sweep_above = 2 * self.made.len();
-        }
-        let moved = self.made.entry(from).or_default();
-        if !moved.iter().any(|known| Arc::ptr_eq(known, &slot)) {
-            moved.push(slot);
-        }
-    }
-}
-
 impl Placer {
     pub(super) fn rename(
         &self,
@@ -180,45 +146,57 @@ impl Placer {
         start: usize,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
-        let is_rename = |i: usize| batch.row(i).kind == RowKind::Rename;
-        if start > 0 && is_rename(start - 1) {
+        let Some(run) = rename_run_from(batch, start) else {
             return Ok(());
-        }
-        let end = (start..batch.len())
-            .find(|&i| !is_rename(i))
-            .unwrap_or(batch.len());
-        if end - start < 2 {
-            return Ok(());
-        }
-        struct Move {
-            slot: Arc<Slot>,
-            from: String,
-            to: String,
-            inode: u64,
-        }
+        };
         // Renames of one source are serialised (see `rename`).
         let mut files = lock(&source.files);
+        let Some(moves) = self.plan_rename_run(source, &mut files, batch, run.clone())? else {
+            tracing::debug!(run = run.len(), "renames left to their rows");
+            return Ok(());
+        };
+        tracing::debug!(
+            run = run.len(),
+            together = moves.len(),
+            "renames made together"
+        );
+        let Some(marked) = self.record_rename_run(source, &mut files, &moves, work)? else {
+            tracing::debug!(run = run.len(), "renames left to their rows");
+            return Ok(());
+        };
+        self.make_rename_run(source, &mut files, moves, marked, work)
+    }
+
+    /// The plain renames of the run that can be made together, in order,
+    /// or none if the run does not qualify (see [`Self::rename_run_at`]).
+    fn plan_rename_run(
+        &self,
+        source: &Source,
+        files: &mut SourceFiles,
+        batch: &RangeBatch,
+        run: std::ops::Range<usize>,
+    ) -> Result<Option<Vec<PlannedMove>>, RowError> {
         let mut named: Vec<String> = Vec::new();
         let mut files_renamed = std::collections::HashSet::new();
         let mut moves = Vec::new();
         // Only the plain renames ahead of any other in the run: one left to
         // its row may fail, and what follows it must not have happened.
         let mut in_order = true;
-        for row in (start..end).map(|i| batch.row(i)) {
+        for row in run.map(|i| batch.row(i)) {
             let Some(path) = row.path else {
-                return Ok(());
+                return Ok(None);
             };
             if crate::confine::components(path).is_err()
                 || !files_renamed.insert((row.file_key, row.generation))
             {
-                return Ok(());
+                return Ok(None);
             }
             let to = self.dest(source, path);
-            let Some(slot) = self.lookup(source, &mut files, row.file_key, row.generation)? else {
+            let Some(slot) = self.lookup(source, files, row.file_key, row.generation)? else {
                 // Its row creates it at its key's path, then moves it; or
                 // refuses it, and then nothing after it may happen first.
                 if row.generation != 1 || crate::confine::components(row.file_key).is_err() {
-                    return Ok(());
+                    return Ok(None);
                 }
                 named.push(self.dest(source, row.file_key));
                 named.push(to);
@@ -247,7 +225,7 @@ impl Placer {
             named.push(to.clone());
             in_order &= plain;
             if let (true, Some(inode)) = (in_order, inode) {
-                moves.push(Move {
+                moves.push(PlannedMove {
                     slot,
                     from,
                     to,
@@ -255,26 +233,30 @@ impl Placer {
                 });
             }
         }
-        let run = end - start;
-        if moves.len() < 2 || paths_overlap(&named) {
-            tracing::debug!(run, "renames left to their rows");
-            return Ok(());
-        }
-        tracing::debug!(run, together = moves.len(), "renames made together");
-        // As in `rename`: the intents are durable before any file moves.
+        Ok((moves.len() >= 2 && !paths_overlap(&named)).then_some(moves))
+    }
+
+    /// As in `rename`: every move's intent durable before any file moves.
+    /// Returns the moves marked, or none if another batch began moving one
+    /// of the files since it was looked at.
+    fn record_rename_run(
+        &self,
+        source: &Source,
+        files: &mut SourceFiles,
+        moves: &[PlannedMove],
+        work: &mut BatchWork,
+    ) -> Result<Option<Vec<Moving>>, RowError> {
         let mut intent = Vec::with_capacity(moves.len());
-        for m in &moves {
-            intent.extend(self.moves_away_from(source, &mut files, &m.to, work)?);
+        for m in moves {
+            intent.extend(self.moves_away_from(source, files, &m.to, work)?);
         }
         let mut marked = Vec::with_capacity(moves.len());
-        for m in &moves {
+        for m in moves {
             let mut state = lock(&m.slot.state);
             if state.moving || state.record.renamed_from.is_some() {
-                // Another batch began moving it since it was looked at.
                 drop(state);
                 drop(marked);
-                tracing::debug!(run, "renames left to their rows");
-                return Ok(());
+                return Ok(None);
             }
             state.record.begin_move(m.to.clone(), m.inode);
             marked.push(Moving::mark(&m.slot, &mut state));
@@ -289,13 +271,24 @@ impl Placer {
             }
             return Err(error);
         }
+        Ok(Some(marked))
+    }
+
+    /// Makes the recorded moves. A failure withdraws that file's intent: it
+    /// keeps its name and is left to its row, which tries again and refuses
+    /// the rename if the peer named a path that cannot be made. A storage
+    /// failure fails the batch. The other moves go on.
+    fn make_rename_run(
+        &self,
+        source: &Source,
+        files: &mut SourceFiles,
+        moves: Vec<PlannedMove>,
+        marked: Vec<Moving>,
+        work: &mut BatchWork,
+    ) -> Result<(), RowError> {
         let mut first_failure = None;
         let mut not_moved = Vec::new();
         for (m, moving) in moves.into_iter().zip(marked) {
-            // A failure withdraws this file's intent (below): it keeps its
-            // name and is left to its row, which tries again and refuses
-            // the rename if the peer named a path that cannot be made. A
-            // storage failure fails the batch. The other moves go on.
             let dirs = match self.root.rename(&m.from, &m.to) {
                 Ok(dirs) => dirs,
                 Err(error) => {
@@ -416,7 +409,7 @@ impl Placer {
         work: &mut BatchWork,
     ) -> Result<Vec<Arc<Slot>>, RowError> {
         self.settle_recorded_move_from(source, files, to, work)?;
-        Ok(lock(&source.moved_away).made.remove(to).unwrap_or_default())
+        Ok(lock(&source.moved_away).take_made(to))
     }
 
     /// Makes a move away from `path` that an earlier process recorded (and
@@ -469,46 +462,25 @@ impl Placer {
     }
 }
 
-/// A move this batch is making (see [`SlotState::moving`]): marked under
-/// the file's state, together with the intent; unmarked by
-/// [`Self::made`] once the move is made or taken back, or when dropped on
-/// a failure. Dropping it locks the file's state, so a holder lets go of
-/// that lock first.
-pub(super) struct Moving(Option<Arc<Slot>>);
-
-impl Moving {
-    pub(super) fn mark(slot: &Arc<Slot>, state: &mut SlotState) -> Self {
-        state.moving = true;
-        Self(Some(slot.clone()))
-    }
-
-    /// The move is over; the caller holds the file's state.
-    pub(super) fn made(mut self, state: &mut SlotState) {
-        state.moving = false;
-        self.0 = None;
-    }
-
-    /// The move's intent could not be recorded (a failed or refused
-    /// commit: the sink stopping, a full state directory) and nothing
-    /// moved: the record goes back to naming the file where it is, before
-    /// the mark is lifted. Left as it was, the record would say "recorded,
-    /// not yet moved", and the next batch to touch the file would make the
-    /// move behind a manifest that never heard of it (a restart's journal
-    /// replay then recreated the old name, and the renamed file was
-    /// replaced by that empty-headed copy).
-    pub(super) fn abandon(self, slot: &Arc<Slot>) {
-        let mut state = lock(&slot.state);
-        state.record.undo_move();
-        self.made(&mut state);
-    }
+/// A rename of a run made together with the others.
+struct PlannedMove {
+    slot: Arc<Slot>,
+    from: String,
+    to: String,
+    inode: u64,
 }
 
-impl Drop for Moving {
-    fn drop(&mut self) {
-        if let Some(slot) = self.0.take() {
-            lock(&slot.state).moving = false;
-        }
+/// The run of two or more consecutive Rename rows that starts at `start`,
+/// if one does (a row inside a run is not its start).
+fn rename_run_from(batch: &RangeBatch, start: usize) -> Option<std::ops::Range<usize>> {
+    let is_rename = |i: usize| batch.row(i).kind == RowKind::Rename;
+    if start > 0 && is_rename(start - 1) {
+        return None;
     }
+    let end = (start..batch.len())
+        .find(|&i| !is_rename(i))
+        .unwrap_or(batch.len());
+    (end - start >= 2).then_some(start..end)
 }
 
 /// Whether two of `paths` are the same, or one lies inside the other.
