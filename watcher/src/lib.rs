@@ -16,6 +16,7 @@
 
 #[cfg(test)]
 mod answer_tests;
+mod config;
 mod discover;
 pub mod lag;
 #[cfg(test)]
@@ -24,122 +25,27 @@ pub mod progress;
 mod reconcile;
 mod seal_hash;
 pub mod send;
+mod shard;
 mod stop;
 mod tail;
 #[cfg(test)]
 mod testkit;
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use flight_server::tls::ClientTls;
-use flight_server::{ClientConfig, FlightPool, SealDigest};
+use flight_server::{ClientConfig, FlightPool};
 use manifest_db::WatchState;
 
+pub use config::WatchConfig;
 pub use discover::EventSource;
 pub use lag::{FileState, LagEvents, LagPolicy};
 pub use progress::{DiscoveryStatus, FileProgress, Phase, Progress, SinkLink, SourceSummary};
+pub use shard::rendezvous;
 
 use crate::stop::{Stop, StopOnDrop};
-
-#[derive(Clone, Debug)]
-pub struct WatchConfig {
-    /// The tree to watch.
-    pub root: PathBuf,
-    /// Stable name of this watcher; the sink places its files under it.
-    pub source: String,
-    /// Where acknowledged offsets are checkpointed (RocksDB).
-    pub state_dir: PathBuf,
-    /// Sink endpoints, or sink identities when `followed_sinks` is given;
-    /// files are sharded across them by rendezvous hashing.
-    pub sinks: Vec<String>,
-    /// For each of `sinks` (then identities of a fleet), where it is
-    /// served now; empty when `sinks` are endpoints.
-    pub followed_sinks: Vec<tokio::sync::watch::Receiver<Option<String>>>,
-    pub connections: usize,
-    pub window_bytes: u64,
-    pub max_message_bytes: usize,
-    pub tls: Option<ClientTls>,
-    /// How changes are heard of: inotify, fanotify, or polling (network
-    /// and parallel filesystems).
-    pub events: EventSource,
-    pub poll_min: Duration,
-    pub poll_max: Duration,
-    pub rescan_every: Duration,
-    /// A batch is sent when it holds this many bytes...
-    pub batch_bytes: usize,
-    /// ...or when its oldest row has waited this long.
-    pub linger: Duration,
-    /// Largest single range row.
-    pub max_row_bytes: usize,
-    pub seal: bool,
-    /// A closed file idle this long is complete.
-    pub seal_idle: Duration,
-    /// Whole-file digest of seal rows.
-    pub seal_digest: SealDigest,
-    /// Files with this suffix are in progress; renaming them away seals them.
-    pub inprogress_suffix: String,
-    /// Source files kept open at once; idle, fully read ones are closed first.
-    pub max_open_files: usize,
-    /// When a file counts as stalled or idle (see [`lag`]).
-    pub lag: LagPolicy,
-}
-
-impl Default for WatchConfig {
-    fn default() -> Self {
-        Self {
-            root: PathBuf::from("."),
-            source: "default".into(),
-            state_dir: PathBuf::from("watch-state"),
-            sinks: vec!["http://127.0.0.1:50051".into()],
-            followed_sinks: Vec::new(),
-            connections: 4,
-            window_bytes: 32 << 20,
-            max_message_bytes: 64 << 20,
-            tls: None,
-            events: EventSource::Inotify,
-            poll_min: Duration::from_millis(5),
-            poll_max: Duration::from_millis(500),
-            rescan_every: Duration::from_secs(5),
-            batch_bytes: 4 << 20,
-            linger: Duration::from_millis(1),
-            max_row_bytes: 1 << 20,
-            seal: true,
-            seal_idle: Duration::from_secs(60),
-            seal_digest: SealDigest::default(),
-            inprogress_suffix: ".inprogress".into(),
-            max_open_files: 4096,
-            lag: LagPolicy::default(),
-        }
-    }
-}
-
-impl WatchConfig {
-    pub(crate) fn sinks_names(&self) -> &[String] {
-        &self.sinks
-    }
-}
-
-/// The sink a file key goes to: highest hash of (key, sink) wins, so adding
-/// or removing a sink moves only the keys that must move.
-pub fn rendezvous(key: &str, sinks: &[String]) -> usize {
-    let score = |sink: &str| {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in key.bytes().chain([0xff]).chain(sink.bytes()) {
-            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-        // Finalise so that nearby inputs spread (FNV alone clusters).
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^ (h >> 33)
-    };
-    (0..sinks.len())
-        .max_by_key(|&i| score(&sinks[i]))
-        .unwrap_or(0)
-}
 
 /// Runs the watcher until `shutdown` resolves or the tailer fails.
 ///
@@ -310,33 +216,6 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         for task in &self.0 {
             task.abort();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rendezvous_is_stable_and_spreads() {
-        let sinks: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-        let mut counts = [0usize; 3];
-        for i in 0..3000 {
-            let key = format!("run1/file-{i}.xtc2");
-            let s = rendezvous(&key, &sinks);
-            assert_eq!(s, rendezvous(&key, &sinks));
-            counts[s] += 1;
-        }
-        assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
-        // Removing a sink moves only its own keys.
-        let two = &sinks[..2];
-        for i in 0..300 {
-            let key = format!("k{i}");
-            let before = rendezvous(&key, &sinks);
-            if before < 2 {
-                assert_eq!(rendezvous(&key, two), before);
-            }
         }
     }
 }

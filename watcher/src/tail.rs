@@ -41,12 +41,13 @@ use manifest_db::{IntervalSet, WatchState, WatchedFile};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
+use crate::config::WatchConfig;
 use crate::discover::{self, Change, Discovery, Found};
 use crate::lag::{LagEvents, LagHistory};
 use crate::progress::{FileProgress, Progress};
 use crate::seal_hash::{Hashed, Job, SealHasher};
+use crate::shard::rendezvous;
 use crate::stop::Stop;
-use crate::{WatchConfig, rendezvous};
 
 /// Bytes at the head of a file used as its fingerprint.
 const FINGERPRINT_LEN: u64 = 4096;
@@ -230,6 +231,16 @@ struct OpenBatch {
     started: Option<Instant>,
 }
 
+impl OpenBatch {
+    fn new(config: &WatchConfig) -> Self {
+        Self {
+            builder: BatchBuilder::with_capacity(64, config.batch_bytes + config.max_row_bytes),
+            rows: Vec::new(),
+            started: None,
+        }
+    }
+}
+
 pub(crate) struct Tailer {
     config: Arc<WatchConfig>,
     root: PathBuf,
@@ -312,7 +323,7 @@ impl Tailer {
             .with_context(|| format!("watching {} for changes", config.root.display()))?;
         let polling_some = config.events == discover::EventSource::Poll;
         let batches = (0..outboxes.len())
-            .map(|_| batcher::new_batch(&config))
+            .map(|_| OpenBatch::new(&config))
             .collect();
         let sink_last_ack = vec![Instant::now(); config.sinks.len().max(1)];
         Ok(Self {

@@ -131,7 +131,7 @@ impl Run {
 
 /// Runs a send to its end: every file sealed or with its reason, or the
 /// whole send cut (unreachable, refused, `shutdown`). Files are spread over
-/// the sinks as a watcher spreads them ([`crate::rendezvous`] of their
+/// the sinks as a watcher spreads them ([`crate::shard::rendezvous`] of their
 /// path), each sink's share sent on its own pool, side by side.
 pub async fn send(
     config: SendConfig,
@@ -171,7 +171,7 @@ pub async fn send(
     let names: Vec<String> = config.sinks.iter().map(|sink| sink.name.clone()).collect();
     let mut shares: Vec<Vec<Planned>> = vec![Vec::new(); names.len()];
     for planned in plan.files {
-        shares[crate::rendezvous(&planned.key, &names)].push(planned);
+        shares[crate::shard::rendezvous(&planned.key, &names)].push(planned);
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sends = futures::future::join_all(

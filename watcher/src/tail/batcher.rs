@@ -90,11 +90,3 @@ pub(super) fn hand_over(
         }
     })
 }
-
-pub(super) fn new_batch(config: &WatchConfig) -> OpenBatch {
-    OpenBatch {
-        builder: BatchBuilder::with_capacity(64, config.batch_bytes + config.max_row_bytes),
-        rows: Vec::new(),
-        started: None,
-    }
-}
