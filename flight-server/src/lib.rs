@@ -8,9 +8,12 @@
 //! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
 //! - [`stall`]: ending a DoPut stream whose message stops arriving;
 //! - [`subscription`]: live-tail tickets, the consumer schema and cursors;
+//! - [`calls`]: one sink over a connection of its own: how to reach it, what
+//!   goes wrong, actions and live-tail subscriptions;
 //! - [`client`]: the multi-connection DoPut client with a bounded in-flight window;
 //! - [`tls`]: rustls configuration from PEM files.
 
+pub mod calls;
 pub mod checksum;
 pub mod client;
 mod connection;
