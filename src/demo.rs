@@ -88,71 +88,11 @@ pub fn log_file(args: &DemoArgs) -> anyhow::Result<std::fs::File> {
 pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let source_dir = args.dir.join("source");
     let dest_dir = args.dir.join("dest");
-    for sub in ["source", "dest", "sink-state", "watch-state"] {
-        let path = args.dir.join(sub);
-        if path.exists() {
-            std::fs::remove_dir_all(&path)
-                .with_context(|| format!("cannot clear {}", path.display()))?;
-        }
-    }
+    clear(&args)?;
     std::fs::create_dir_all(&source_dir)?;
-    let frame = match args.frame {
-        Some(frame) => frame,
-        None => {
-            let disk = measure_disk(&args.dir)?;
-            let frame = frame_for(disk, args.streams, args.rate);
-            println!(
-                "disk under {}: {:.0} MiB/s written and flushed; frames of {:.0} KiB keep the demo at {:.0} MiB/s (--frame to choose)",
-                args.dir.display(),
-                mib(disk as u64),
-                frame as f64 / 1024.0,
-                mib(frame) * args.streams as f64 * args.rate,
-            );
-            frame
-        }
-    };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let frame = choose_frame(&args)?;
     let runtime = crate::process::runtime()?;
-    let (stop_sink, sink_stopped) = tokio::sync::oneshot::channel::<()>();
-    let sink_config = sink::SinkConfig {
-        root: dest_dir.clone(),
-        state_dir: args.dir.join("sink-state"),
-        listen,
-        ..Default::default()
-    };
-    let sink_task = runtime.spawn(sink::run(sink_config, async {
-        let _ = sink_stopped.await;
-    }));
-    // The watcher starts once the sink listens, so that it finds it there.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(listen).is_err() {
-        if sink_task.is_finished() || Instant::now() > deadline {
-            let failed = runtime.block_on(sink_task);
-            anyhow::bail!(
-                "the demo's sink did not start: {failed:?} (see {})",
-                args.dir.join("demo.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let progress = Arc::new(watcher::Progress::default());
-    let (stop_watch, watch_stopped) = tokio::sync::oneshot::channel::<()>();
-    let watch_config = watcher::WatchConfig {
-        root: source_dir.clone(),
-        source: "demo".into(),
-        state_dir: args.dir.join("watch-state"),
-        sinks: vec![format!("http://{listen}")],
-        connections: args.connections,
-        seal_idle: Duration::from_secs(2),
-        ..Default::default()
-    };
-    let watch_task = runtime.spawn(watcher::run(watch_config, progress.clone(), async {
-        let _ = watch_stopped.await;
-    }));
-
+    let pipeline = Pipeline::start(&runtime, &args, &source_dir, &dest_dir)?;
     let sim = detector_sim::SimConfig {
         dir: source_dir.clone(),
         streams: args.streams,
@@ -163,11 +103,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     println!(
-        "tailflight demo: {} streams x {} Hz x {:.0} KiB frames for {:?}; sink on {listen}; files in {}, logs in {}",
+        "tailflight demo: {} streams x {} Hz x {:.0} KiB frames for {:?}; sink on {}; files in {}, logs in {}",
         args.streams,
         args.rate,
         frame as f64 / 1024.0,
         args.duration,
+        pipeline.listen,
         args.dir.display(),
         args.dir.join("demo.log").display()
     );
@@ -181,7 +122,145 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             report
         })
     };
+    let watched = watch_progress(&pipeline.progress, &sim_done);
+    let report = sim_thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the simulator panicked"))??;
+    pipeline.stop(&runtime);
+    let verify =
+        crate::verify::verify_trees(&source_dir, &dest_dir.join("demo"), &Default::default())?;
+    print_summary(&args, &dest_dir, &report, &watched, &verify);
+    Ok(if verify.is_identical() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
 
+/// Empties what an earlier demo left in the directory.
+fn clear(args: &DemoArgs) -> anyhow::Result<()> {
+    for sub in ["source", "dest", "sink-state", "watch-state"] {
+        let path = args.dir.join(sub);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)
+                .with_context(|| format!("cannot clear {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The frame size asked for, or one the disk under the directory keeps up
+/// with.
+fn choose_frame(args: &DemoArgs) -> anyhow::Result<u64> {
+    if let Some(frame) = args.frame {
+        return Ok(frame);
+    }
+    let disk = measure_disk(&args.dir)?;
+    let frame = frame_for(disk, args.streams, args.rate);
+    println!(
+        "disk under {}: {:.0} MiB/s written and flushed; frames of {:.0} KiB keep the demo at {:.0} MiB/s (--frame to choose)",
+        args.dir.display(),
+        mib(disk as u64),
+        frame as f64 / 1024.0,
+        mib(frame) * args.streams as f64 * args.rate,
+    );
+    Ok(frame)
+}
+
+/// The demo's sink and watcher, on the demo's runtime.
+struct Pipeline {
+    listen: std::net::SocketAddr,
+    progress: Arc<watcher::Progress>,
+    stop_sink: tokio::sync::oneshot::Sender<()>,
+    sink_task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    stop_watch: tokio::sync::oneshot::Sender<()>,
+    watch_task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Pipeline {
+    fn start(
+        runtime: &tokio::runtime::Runtime,
+        args: &DemoArgs,
+        source_dir: &std::path::Path,
+        dest_dir: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let listen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let (stop_sink, sink_stopped) = tokio::sync::oneshot::channel::<()>();
+        let sink_config = sink::SinkConfig {
+            root: dest_dir.to_owned(),
+            state_dir: args.dir.join("sink-state"),
+            listen,
+            ..Default::default()
+        };
+        let sink_task = runtime.spawn(sink::run(sink_config, async {
+            let _ = sink_stopped.await;
+        }));
+        // The watcher starts once the sink listens, so that it finds it there.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(listen).is_err() {
+            if sink_task.is_finished() || Instant::now() > deadline {
+                let failed = runtime.block_on(sink_task);
+                anyhow::bail!(
+                    "the demo's sink did not start: {failed:?} (see {})",
+                    args.dir.join("demo.log").display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let progress = Arc::new(watcher::Progress::default());
+        let (stop_watch, watch_stopped) = tokio::sync::oneshot::channel::<()>();
+        let watch_config = watcher::WatchConfig {
+            root: source_dir.to_owned(),
+            source: "demo".into(),
+            state_dir: args.dir.join("watch-state"),
+            sinks: vec![format!("http://{listen}")],
+            connections: args.connections,
+            seal_idle: Duration::from_secs(2),
+            ..Default::default()
+        };
+        let watch_task = runtime.spawn(watcher::run(watch_config, progress.clone(), async {
+            let _ = watch_stopped.await;
+        }));
+        Ok(Self {
+            listen,
+            progress,
+            stop_sink,
+            sink_task,
+            stop_watch,
+            watch_task,
+        })
+    }
+
+    /// The watcher first, so that it never sees its sink go away.
+    fn stop(self, runtime: &tokio::runtime::Runtime) {
+        let _ = self.stop_watch.send(());
+        runtime.block_on(async {
+            if let Ok(Err(e)) = self.watch_task.await {
+                say!("watcher: {e:#}");
+            }
+            let _ = self.stop_sink.send(());
+            if let Ok(Err(e)) = self.sink_task.await {
+                say!("sink: {e:#}");
+            }
+        });
+    }
+}
+
+/// What the progress line saw over the run.
+struct Watched {
+    started: Instant,
+    worst_behind: f64,
+    /// Seconds from the start until the simulator stopped.
+    transfer_secs: f64,
+}
+
+/// One progress line every 250 ms on a terminal (every 2 s otherwise),
+/// until every file is sealed after the simulator stopped, or a minute
+/// after it did.
+fn watch_progress(progress: &watcher::Progress, sim_done: &AtomicBool) -> Watched {
     let started = Instant::now();
     let mut last = (Instant::now(), 0u64);
     let mut worst_behind = 0.0f64;
@@ -237,27 +316,26 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     if live {
         println!();
     }
-    let report = sim_thread
-        .join()
-        .map_err(|_| anyhow::anyhow!("the simulator panicked"))??;
-    let transfer_secs = sim_finished_at
-        .map_or(started.elapsed(), |t| t.duration_since(started))
-        .as_secs_f64();
-    // The watcher first, so that it never sees its sink go away.
-    let _ = stop_watch.send(());
-    runtime.block_on(async {
-        if let Ok(Err(e)) = watch_task.await {
-            say!("watcher: {e:#}");
-        }
-        let _ = stop_sink.send(());
-        if let Ok(Err(e)) = sink_task.await {
-            say!("sink: {e:#}");
-        }
-    });
-    let verify =
-        crate::verify::verify_trees(&source_dir, &dest_dir.join("demo"), &Default::default())?;
+    Watched {
+        started,
+        worst_behind,
+        transfer_secs: sim_finished_at
+            .map_or(started.elapsed(), |t| t.duration_since(started))
+            .as_secs_f64(),
+    }
+}
+
+/// The one-screen summary: what was written, the worst lag, how soon all
+/// was sealed, and whether the destination is identical.
+fn print_summary(
+    args: &DemoArgs,
+    dest_dir: &std::path::Path,
+    report: &detector_sim::SimReport,
+    watched: &Watched,
+    verify: &crate::verify::VerifyReport,
+) {
     let written = report.elapsed.as_secs_f64().max(1e-9);
-    let settled = started.elapsed().as_secs_f64() - transfer_secs;
+    let settled = watched.started.elapsed().as_secs_f64() - watched.transfer_secs;
     println!();
     println!(
         "  written      {:.1} MiB in {} files over {:.1} s ({:.1} MiB/s)",
@@ -266,7 +344,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         written,
         mib(report.bytes) / written
     );
-    println!("  worst lag    {:.3} s behind the writer", worst_behind);
+    println!(
+        "  worst lag    {:.3} s behind the writer",
+        watched.worst_behind
+    );
     println!("  all sealed   {settled:.1} s after the writer stopped");
     println!(
         "  destination  {} ({})",
@@ -281,9 +362,4 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         println!("{verify}");
     }
     println!("  logs         {}", args.dir.join("demo.log").display());
-    Ok(if verify.is_identical() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
 }

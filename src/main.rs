@@ -23,6 +23,7 @@ mod tail;
 mod top;
 mod verify;
 
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -148,151 +149,177 @@ fn run(
     command: Command,
     problems: observe::RecentProblems,
 ) -> anyhow::Result<std::process::ExitCode> {
-    use std::process::ExitCode;
     match command {
-        Command::Sink(args) => {
-            limits::check_sink(&args)?;
-            raise_fd_limit();
-            let config = sink_config(&args);
-            runtime()?.block_on(async {
-                let stop = stop_signal();
-                if args.fleet.identity().is_some() {
-                    serve::run_sink_identity(&args, &config, problems, &stop).await
-                } else {
-                    serve::serve_sink(&args, &config, problems, &stop, None, || {}).await
-                }
-            })?;
-        }
-        Command::Watch(args) => {
-            limits::check_watch(&args)?;
-            raise_fd_limit();
-            let progress = Arc::new(watcher::Progress::default());
-            runtime()?.block_on(async {
-                let stop = stop_signal();
-                let mut exporters = Vec::new();
-                let role = args.fleet.identity().map(|identity| {
-                    fleet::RoleStatus::new(fleet::Kind::Watcher, identity, args.fleet.cluster())
-                });
-                if args.export.wanted() {
-                    let observed = observe::WatchObserved::new(
-                        args.source.clone(),
-                        progress.clone(),
-                        args.metrics_top_files,
-                        problems,
-                    )?;
-                    exporters = observe::export(
-                        Arc::new(observed.with_role(role.clone())),
-                        args.export.metrics_listen,
-                        args.export.otlp("tailflight-watch", Some(&args.source)),
-                        stop(),
-                    )
-                    .await?;
-                }
-                let watched_progress = progress.clone();
-                let service = tokio::spawn(async move {
-                    // Ready once reconciled and tailing (its first progress
-                    // is published after its first walk).
-                    while watched_progress.phase() != watcher::Phase::Tailing
-                        || watched_progress.publications() == 0
-                    {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    service_manager::ready("tailing");
-                    let mut last = watched_progress.publications();
-                    service_manager::watchdog(move || {
-                        let now = watched_progress.publications();
-                        let moved = now != last;
-                        last = now;
-                        if moved {
-                            Ok(())
-                        } else {
-                            Err(
-                                "the tailer has not published its progress since the last ping"
-                                    .into(),
-                            )
-                        }
-                    })
-                    .await;
-                });
-                let watched = serve::run_watcher(&args, progress.clone(), role, &stop).await;
-                service.abort();
-                for exporter in exporters {
-                    exporter.abort();
-                }
-                watched
-            })?;
-        }
-        Command::Sim(args) => {
-            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            // SIGTERM or Ctrl-C ends the run cleanly: last chunks renamed, end marker written.
-            let signals = runtime()?;
-            let stop_on_signal = stop.clone();
-            signals.spawn(async move {
-                terminated().await;
-                stop_on_signal.store(true, std::sync::atomic::Ordering::Relaxed);
-            });
-            let report = detector_sim::run(&sim_config(&args), &stop)?;
-            println!(
-                "wrote {} bytes in {} files in {:.2}s",
-                report.bytes,
-                report.files.len(),
-                report.elapsed.as_secs_f64()
-            );
-        }
-        Command::Verify(args) => {
-            let options = crate::verify::VerifyOptions {
-                ignore: args.ignore.clone(),
-                ..Default::default()
-            };
-            let report = crate::verify::verify_trees(&args.source, &args.dest, &options)?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                println!("{report}");
-            }
-            return Ok(if report.is_identical() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            });
-        }
-        Command::Certs(args) => {
-            flight_server::tls::make_dev_certs(&args.out, &args.hosts).map_err(|e| {
-                anyhow::anyhow!("making certificates in {}: {e}", args.out.display())
-            })?;
-            println!(
-                "wrote {} into {}",
-                flight_server::tls::DEV_CERT_FILES.join(", "),
-                args.out.display()
-            );
-        }
-        Command::Status(args) => {
-            let config = flight_server::ClientConfig {
-                endpoint: args.to.clone(),
-                tls: args.tls.config(),
-                ..Default::default()
-            };
-            let status = runtime()?.block_on(flight_server::client::action(
-                &config,
-                flight_server::protocol::ACTION_STATUS,
-                Vec::new(),
-            ))?;
-            println!("{}", String::from_utf8_lossy(&status));
-        }
-        Command::Audit(args) => {
-            let report = sink::audit(&args.state, args.files)?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
-            return Ok(if report.overlapping_placements == 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            });
-        }
-        Command::Demo(args) => return demo::run(args),
-        Command::Tail(args) => return tail::run(args),
-        Command::Top(args) => return top::run(args),
-        Command::Send(args) => return send::run(args),
-        Command::Fleet(args) => return cluster::run(args),
+        Command::Sink(args) => run_sink(args, problems),
+        Command::Watch(args) => run_watch(args, problems),
+        Command::Sim(args) => run_sim(args),
+        Command::Verify(args) => run_verify(args),
+        Command::Certs(args) => run_certs(args),
+        Command::Status(args) => run_status(args),
+        Command::Audit(args) => run_audit(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Tail(args) => tail::run(args),
+        Command::Top(args) => top::run(args),
+        Command::Send(args) => send::run(args),
+        Command::Fleet(args) => cluster::run(args),
     }
+}
+
+/// `tailflight sink`: serves until stopped, as a fleet identity if given one.
+fn run_sink(args: SinkArgs, problems: observe::RecentProblems) -> anyhow::Result<ExitCode> {
+    limits::check_sink(&args)?;
+    raise_fd_limit();
+    let config = sink_config(&args);
+    runtime()?.block_on(async {
+        let stop = stop_signal();
+        if args.fleet.identity().is_some() {
+            serve::run_sink_identity(&args, &config, problems, &stop).await
+        } else {
+            serve::serve_sink(&args, &config, problems, &stop, None, || {}).await
+        }
+    })?;
+
     Ok(ExitCode::SUCCESS)
+}
+
+/// `tailflight watch`: tails until stopped, with its exporters and systemd
+/// readiness.
+fn run_watch(args: WatchArgs, problems: observe::RecentProblems) -> anyhow::Result<ExitCode> {
+    limits::check_watch(&args)?;
+    raise_fd_limit();
+    let progress = Arc::new(watcher::Progress::default());
+    runtime()?.block_on(async {
+        let stop = stop_signal();
+        let mut exporters = Vec::new();
+        let role = args.fleet.identity().map(|identity| {
+            fleet::RoleStatus::new(fleet::Kind::Watcher, identity, args.fleet.cluster())
+        });
+        if args.export.wanted() {
+            let observed = observe::WatchObserved::new(
+                args.source.clone(),
+                progress.clone(),
+                args.metrics_top_files,
+                problems,
+            )?;
+            exporters = observe::export(
+                Arc::new(observed.with_role(role.clone())),
+                args.export.metrics_listen,
+                args.export.otlp("tailflight-watch", Some(&args.source)),
+                stop(),
+            )
+            .await?;
+        }
+        let service = tokio::spawn(watcher_readiness(progress.clone()));
+        let watched = serve::run_watcher(&args, progress.clone(), role, &stop).await;
+        service.abort();
+        for exporter in exporters {
+            exporter.abort();
+        }
+        watched
+    })?;
+
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tells systemd the watcher is ready once it is reconciled and tailing
+/// (its first progress is published after its first walk), then pings the
+/// watchdog while the tailer keeps publishing.
+async fn watcher_readiness(progress: Arc<watcher::Progress>) {
+    while progress.phase() != watcher::Phase::Tailing || progress.publications() == 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    service_manager::ready("tailing");
+    let mut last = progress.publications();
+    service_manager::watchdog(move || {
+        let now = progress.publications();
+        let moved = now != last;
+        last = now;
+        if moved {
+            Ok(())
+        } else {
+            Err("the tailer has not published its progress since the last ping".into())
+        }
+    })
+    .await;
+}
+
+/// `tailflight sim`: writes like a DAQ until done or stopped.
+fn run_sim(args: SimArgs) -> anyhow::Result<ExitCode> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // SIGTERM or Ctrl-C ends the run cleanly: last chunks renamed, end marker written.
+    let signals = runtime()?;
+    let stop_on_signal = stop.clone();
+    signals.spawn(async move {
+        terminated().await;
+        stop_on_signal.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let report = detector_sim::run(&sim_config(&args), &stop)?;
+    println!(
+        "wrote {} bytes in {} files in {:.2}s",
+        report.bytes,
+        report.files.len(),
+        report.elapsed.as_secs_f64()
+    );
+
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tailflight verify`: compares two trees; fails unless identical.
+fn run_verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let options = crate::verify::VerifyOptions {
+        ignore: args.ignore.clone(),
+        ..Default::default()
+    };
+    let report = crate::verify::verify_trees(&args.source, &args.dest, &options)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(if report.is_identical() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `tailflight certs`: development certificates.
+fn run_certs(args: CertsArgs) -> anyhow::Result<ExitCode> {
+    flight_server::tls::make_dev_certs(&args.out, &args.hosts)
+        .map_err(|e| anyhow::anyhow!("making certificates in {}: {e}", args.out.display()))?;
+    println!(
+        "wrote {} into {}",
+        flight_server::tls::DEV_CERT_FILES.join(", "),
+        args.out.display()
+    );
+
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tailflight status`: a process's status, as JSON.
+fn run_status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let config = flight_server::ClientConfig {
+        endpoint: args.to.clone(),
+        tls: args.tls.config(),
+        ..Default::default()
+    };
+    let status = runtime()?.block_on(flight_server::client::action(
+        &config,
+        flight_server::protocol::ACTION_STATUS,
+        Vec::new(),
+    ))?;
+    println!("{}", String::from_utf8_lossy(&status));
+
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tailflight audit`: checks a stopped sink's manifest.
+fn run_audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
+    let report = sink::audit(&args.state, args.files)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(if report.overlapping_placements == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

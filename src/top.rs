@@ -325,19 +325,45 @@ fn draw(frame: &mut ratatui::Frame, view: &View) {
         Constraint::Length(1),
     ])
     .areas(area);
-
     let Some(status) = &view.status else {
-        let waiting = match &view.failing {
-            Some((error, since)) => format!(
-                "cannot reach {} for {:.0}s: {error} (retrying)",
-                view.endpoint,
-                since.elapsed().as_secs_f64()
-            ),
-            None => format!("asking {}…", view.endpoint),
-        };
-        frame.render_widget(Paragraph::new(waiting), area);
+        draw_waiting(frame, area, view);
         return;
     };
+    draw_header(frame, header, status, view);
+    if !cluster_rows.is_empty() {
+        draw_cluster(frame, fleet, &status["cluster"], cluster_rows);
+    }
+    let history = status["history"].as_array().cloned().unwrap_or_default();
+    let rates = throughput(&history);
+    let rate_now = rates.last().copied().unwrap_or(0.0);
+    if status["role"].as_str() == Some("watcher") {
+        draw_watcher_sources(frame, sources, status, rate_now);
+        draw_connections(frame, links, status);
+        draw_files(frame, files, status, view, narrow);
+    } else {
+        draw_sink_summary(frame, sources, status, &history, rate_now);
+        draw_subscriptions(frame, links, status);
+        draw_sink_sources(frame, files, status);
+    }
+    draw_sparklines(frame, sparks, &history, &rates, rate_now);
+    draw_footer(frame, footer, view);
+}
+
+/// No answer yet: what the view waits for.
+fn draw_waiting(frame: &mut ratatui::Frame, area: Rect, view: &View) {
+    let waiting = match &view.failing {
+        Some((error, since)) => format!(
+            "cannot reach {} for {:.0}s: {error} (retrying)",
+            view.endpoint,
+            since.elapsed().as_secs_f64()
+        ),
+        None => format!("asking {}…", view.endpoint),
+    };
+    frame.render_widget(Paragraph::new(waiting), area);
+}
+
+/// The role, endpoint, uptime and verdict, and whether the last ask failed.
+fn draw_header(frame: &mut ratatui::Frame, area: Rect, status: &Value, view: &View) {
     let role = status["role"].as_str().unwrap_or("?");
     let verdict = if status["poisoned"].is_string() {
         "poisoned".to_string()
@@ -372,201 +398,230 @@ fn draw(frame: &mut ratatui::Frame, view: &View) {
             Style::default().fg(Color::Red),
         ));
     }
-    frame.render_widget(Paragraph::new(Line::from(head)), header);
-    if !cluster_rows.is_empty() {
-        draw_cluster(frame, fleet, &status["cluster"], cluster_rows);
-    }
+    frame.render_widget(Paragraph::new(Line::from(head)), area);
+}
 
-    let history = status["history"].as_array().cloned().unwrap_or_default();
-    let rates = throughput(&history);
-    let rate_now = rates.last().copied().unwrap_or(0.0);
+/// A watcher's sources: verdict, lag, what is durable, files by state.
+fn draw_watcher_sources(frame: &mut ratatui::Frame, area: Rect, status: &Value, rate_now: f64) {
     let bold = Style::default().add_modifier(Modifier::BOLD);
-    if role == "watcher" {
-        let rows = status["sources"].as_array().into_iter().flatten().map(|s| {
-            let verdict = s["verdict"].as_str().unwrap_or("?");
-            let states: Vec<String> = s["files_by_state"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter(|(_, n)| num(n) > 0.0)
-                .map(|(state, n)| format!("{state} {}", num(n)))
-                .collect();
-            Row::new(vec![
-                Cell::from(s["source"].as_str().unwrap_or("?").to_string()),
-                Cell::from(verdict.to_string()).style(state_style(verdict)),
-                Cell::from(bytes(num(&s["lag_bytes"]))),
-                Cell::from(seconds(num(&s["lag_seconds"]))),
-                Cell::from(format!(
-                    "{} ({}/s)",
-                    bytes(num(&s["committed_bytes"])),
-                    bytes(rate_now)
-                )),
-                Cell::from(states.join(", ")),
-            ])
-        });
-        let table = Table::new(
-            rows,
-            [
-                Constraint::Length(12),
-                Constraint::Length(15),
-                Constraint::Length(11),
-                Constraint::Length(8),
-                Constraint::Length(26),
-                Constraint::Min(10),
-            ],
-        )
-        .header(
-            Row::new([
-                "source",
-                "verdict",
-                "behind",
-                "seconds",
-                "durable (rate)",
-                "files",
-            ])
-            .style(bold),
-        )
-        .block(Block::default().borders(Borders::TOP).title(" sources "));
-        frame.render_widget(table, sources);
+    let rows = status["sources"].as_array().into_iter().flatten().map(|s| {
+        let verdict = s["verdict"].as_str().unwrap_or("?");
+        let states: Vec<String> = s["files_by_state"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, n)| num(n) > 0.0)
+            .map(|(state, n)| format!("{state} {}", num(n)))
+            .collect();
+        Row::new(vec![
+            Cell::from(s["source"].as_str().unwrap_or("?").to_string()),
+            Cell::from(verdict.to_string()).style(state_style(verdict)),
+            Cell::from(bytes(num(&s["lag_bytes"]))),
+            Cell::from(seconds(num(&s["lag_seconds"]))),
+            Cell::from(format!(
+                "{} ({}/s)",
+                bytes(num(&s["committed_bytes"])),
+                bytes(rate_now)
+            )),
+            Cell::from(states.join(", ")),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Length(12),
+            Constraint::Length(15),
+            Constraint::Length(11),
+            Constraint::Length(8),
+            Constraint::Length(26),
+            Constraint::Min(10),
+        ],
+    )
+    .header(
+        Row::new([
+            "source",
+            "verdict",
+            "behind",
+            "seconds",
+            "durable (rate)",
+            "files",
+        ])
+        .style(bold),
+    )
+    .block(Block::default().borders(Borders::TOP).title(" sources "));
+    frame.render_widget(table, area);
+}
 
-        let rows =
-            status["sinks"]
+/// A watcher's connections to its sinks.
+fn draw_connections(frame: &mut ratatui::Frame, area: Rect, status: &Value) {
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let rows = status["sinks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|sink| {
+            let endpoint = sink["endpoint"].as_str().unwrap_or("?").to_string();
+            sink["connection_stats"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |c| {
+                    let up = c["up"] == true;
+                    Row::new(vec![
+                        Cell::from(format!("{endpoint} #{}", num(&c["index"]))),
+                        Cell::from(if up { "up" } else { "down" }).style(state_style(if up {
+                            "caught-up"
+                        } else {
+                            "stalled"
+                        })),
+                        Cell::from(bytes(num(&c["in_flight_bytes"]))),
+                        Cell::from(seconds(num(&c["oldest_unacked_seconds"]))),
+                        Cell::from(bytes(num(&c["sent_bytes"]))),
+                        Cell::from(format!("{}", num(&c["reconnects"]))),
+                    ])
+                })
+        });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Min(24),
+            Constraint::Length(5),
+            Constraint::Length(11),
+            Constraint::Length(8),
+            Constraint::Length(11),
+            Constraint::Length(10),
+        ],
+    )
+    .header(
+        Row::new([
+            "connection",
+            "",
+            "in flight",
+            "oldest",
+            "sent",
+            "reconnects",
+        ])
+        .style(bold),
+    )
+    .block(
+        Block::default()
+            .borders(Borders::TOP)
+            .title(" connections "),
+    );
+    frame.render_widget(table, area);
+}
+
+/// A sink's totals: durable bytes and rate, rounds, files, what it holds,
+/// its disks.
+fn draw_sink_summary(
+    frame: &mut ratatui::Frame,
+    area: Rect,
+    status: &Value,
+    history: &[Value],
+    rate_now: f64,
+) {
+    let sink = &status["sink"];
+    let lines = vec![
+        Line::from(format!(
+            "durable {} since start ({}/s)  rounds {}  files {} ({} sealed)",
+            bytes(history.last().map_or(0.0, |p| num(&p["bytes_total"]))),
+            bytes(rate_now),
+            num(&status["commit_rounds"]),
+            num(&sink["files"]),
+            num(&sink["sealed_files"]),
+        )),
+        Line::from(format!(
+            "held {}  journal backlog {}  placements {} running, {} waiting",
+            bytes(num(&sink["held_bytes"])),
+            bytes(num(&sink["journal_backlog_bytes"])),
+            num(&sink["placements_running"]),
+            num(&sink["placements_waiting"]),
+        )),
+        Line::from(
+            status["disk"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .flat_map(|sink| {
-                    let endpoint = sink["endpoint"].as_str().unwrap_or("?").to_string();
-                    sink["connection_stats"]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(move |c| {
-                            let up = c["up"] == true;
-                            Row::new(vec![
-                                Cell::from(format!("{endpoint} #{}", num(&c["index"]))),
-                                Cell::from(if up { "up" } else { "down" })
-                                    .style(state_style(if up { "caught-up" } else { "stalled" })),
-                                Cell::from(bytes(num(&c["in_flight_bytes"]))),
-                                Cell::from(seconds(num(&c["oldest_unacked_seconds"]))),
-                                Cell::from(bytes(num(&c["sent_bytes"]))),
-                                Cell::from(format!("{}", num(&c["reconnects"]))),
-                            ])
-                        })
-                });
-        let table = Table::new(
-            rows,
-            [
-                Constraint::Min(24),
-                Constraint::Length(5),
-                Constraint::Length(11),
-                Constraint::Length(8),
-                Constraint::Length(11),
-                Constraint::Length(10),
-            ],
-        )
-        .header(
-            Row::new([
-                "connection",
-                "",
-                "in flight",
-                "oldest",
-                "sent",
-                "reconnects",
-            ])
-            .style(bold),
-        )
-        .block(
-            Block::default()
-                .borders(Borders::TOP)
-                .title(" connections "),
-        );
-        frame.render_widget(table, links);
+                .map(|d| {
+                    format!(
+                        "{}: {} free of {}",
+                        d["dir"].as_str().unwrap_or("?"),
+                        bytes(num(&d["free_bytes"])),
+                        bytes(num(&d["size_bytes"]))
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("   "),
+        ),
+    ];
+    frame.render_widget(
+        Paragraph::new(lines).block(Block::default().borders(Borders::TOP).title(" sink ")),
+        area,
+    );
+}
 
-        draw_files(frame, files, status, view, narrow);
-    } else {
-        let sink = &status["sink"];
-        let lines = vec![
-            Line::from(format!(
-                "durable {} since start ({}/s)  rounds {}  files {} ({} sealed)",
-                bytes(history.last().map_or(0.0, |p| num(&p["bytes_total"]))),
-                bytes(rate_now),
-                num(&status["commit_rounds"]),
-                num(&sink["files"]),
-                num(&sink["sealed_files"]),
-            )),
-            Line::from(format!(
-                "held {}  journal backlog {}  placements {} running, {} waiting",
-                bytes(num(&sink["held_bytes"])),
-                bytes(num(&sink["journal_backlog_bytes"])),
-                num(&sink["placements_running"]),
-                num(&sink["placements_waiting"]),
-            )),
-            Line::from(
-                status["disk"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|d| {
-                        format!(
-                            "{}: {} free of {}",
-                            d["dir"].as_str().unwrap_or("?"),
-                            bytes(num(&d["free_bytes"])),
-                            bytes(num(&d["size_bytes"]))
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("   "),
-            ),
-        ];
-        frame.render_widget(
-            Paragraph::new(lines).block(Block::default().borders(Borders::TOP).title(" sink ")),
-            sources,
-        );
-        let rows = sink["subscriptions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|s| {
-                Row::new(vec![
-                    s["peer"].as_str().unwrap_or("?").to_string(),
-                    s["source"].as_str().unwrap_or("?").to_string(),
-                    bytes(num(&s["sent_bytes"])),
-                    bytes(num(&s["behind_bytes"])),
-                    seconds(num(&s["behind_seconds"])),
-                ])
-            });
-        let table = Table::new(
-            rows,
-            [
-                Constraint::Min(22),
-                Constraint::Length(12),
-                Constraint::Length(11),
-                Constraint::Length(11),
-                Constraint::Length(8),
-            ],
-        )
-        .header(Row::new(["subscriber", "source", "sent", "behind", "seconds"]).style(bold))
-        .block(
-            Block::default()
-                .borders(Borders::TOP)
-                .title(" subscriptions "),
-        );
-        frame.render_widget(table, links);
-        let rows = status["sources"].as_array().into_iter().flatten().map(|s| {
+/// A sink's live-tail subscriptions and how far each is behind.
+fn draw_subscriptions(frame: &mut ratatui::Frame, area: Rect, status: &Value) {
+    let sink = &status["sink"];
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let rows = sink["subscriptions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
             Row::new(vec![
+                s["peer"].as_str().unwrap_or("?").to_string(),
                 s["source"].as_str().unwrap_or("?").to_string(),
-                bytes(num(&s["committed_bytes"])),
+                bytes(num(&s["sent_bytes"])),
+                bytes(num(&s["behind_bytes"])),
+                seconds(num(&s["behind_seconds"])),
             ])
         });
-        let table = Table::new(rows, [Constraint::Min(20), Constraint::Length(20)])
-            .header(Row::new(["source", "durable since start"]).style(bold))
-            .block(Block::default().borders(Borders::TOP).title(" sources "));
-        frame.render_widget(table, files);
-    }
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Min(22),
+            Constraint::Length(12),
+            Constraint::Length(11),
+            Constraint::Length(11),
+            Constraint::Length(8),
+        ],
+    )
+    .header(Row::new(["subscriber", "source", "sent", "behind", "seconds"]).style(bold))
+    .block(
+        Block::default()
+            .borders(Borders::TOP)
+            .title(" subscriptions "),
+    );
+    frame.render_widget(table, area);
+}
 
+/// A sink's sources and what each made durable.
+fn draw_sink_sources(frame: &mut ratatui::Frame, area: Rect, status: &Value) {
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let rows = status["sources"].as_array().into_iter().flatten().map(|s| {
+        Row::new(vec![
+            s["source"].as_str().unwrap_or("?").to_string(),
+            bytes(num(&s["committed_bytes"])),
+        ])
+    });
+    let table = Table::new(rows, [Constraint::Min(20), Constraint::Length(20)])
+        .header(Row::new(["source", "durable since start"]).style(bold))
+        .block(Block::default().borders(Borders::TOP).title(" sources "));
+    frame.render_widget(table, area);
+}
+
+/// Seconds behind and the durable rate over the last minutes.
+fn draw_sparklines(
+    frame: &mut ratatui::Frame,
+    area: Rect,
+    history: &[Value],
+    rates: &[f64],
+    rate_now: f64,
+) {
     let [lag_area, rate_area] =
-        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sparks);
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     let lag: Vec<u64> = history
         .iter()
         .map(|p| (num(&p["lag_seconds"]) * 1000.0) as u64)
@@ -593,6 +648,10 @@ fn draw(frame: &mut ratatui::Frame, view: &View) {
             .style(Style::default().fg(Color::Cyan)),
         rate_area,
     );
+}
+
+/// The keys, or the filter being typed.
+fn draw_footer(frame: &mut ratatui::Frame, area: Rect, view: &View) {
     let help = if view.editing_filter {
         format!("filter: {}▏ (Enter to apply, Esc to close)", view.filter)
     } else {
@@ -608,7 +667,7 @@ fn draw(frame: &mut ratatui::Frame, view: &View) {
     };
     frame.render_widget(
         Paragraph::new(help).style(Style::default().fg(Color::DarkGray)),
-        footer,
+        area,
     );
 }
 

@@ -209,6 +209,148 @@ fn events_metrics(m: &Families, events: &sink::outbox::OutboxStatus) {
     );
 }
 
+impl SinkObserved {
+    /// What the commit feed counted: bytes per source, rounds, latency and
+    /// the rounds' stages.
+    fn feed_metrics(&self, m: &Families, committed: &BTreeMap<String, u64>) {
+        let per_source = m.counters(
+            "sink_committed_bytes_total",
+            "Bytes made durable (and then acknowledged) per source since the sink started, from its commit feed.",
+            &["source"],
+        );
+        for (source, bytes) in committed {
+            per_source
+                .with_label_values(&[source.as_str()])
+                .inc_by(*bytes as f64);
+        }
+        m.counter(
+            "sink_commit_rounds_total",
+            "Commit rounds: each makes a group of placed ranges durable, records them, then lets their acks go.",
+            self.feed.rounds.load(Ordering::Relaxed) as f64,
+        );
+        m.counter(
+            "sink_feed_missed_rounds_total",
+            "Commit rounds the metrics missed by falling behind the feed (their bytes are not counted).",
+            self.feed.missed_rounds.load(Ordering::Relaxed) as f64,
+        );
+        m.register(self.feed.commit_latency.clone());
+        m.register(self.feed.stages.clone());
+    }
+
+    /// Free and total space of the root's and the state directory's
+    /// filesystems.
+    fn disk_metrics(&self, m: &Families) {
+        let disk_free = m.gauges(
+            "sink_disk_free_bytes",
+            "Bytes available to the sink on the filesystem of its root or of its state directory.",
+            &["dir"],
+        );
+        let disk_size = m.gauges(
+            "sink_disk_size_bytes",
+            "Size of the filesystem of the sink's root or of its state directory.",
+            &["dir"],
+        );
+        for (name, dir) in [("root", &self.root), ("state", &self.state_dir)] {
+            if let Some((free, size)) = disk_space(dir) {
+                disk_free.with_label_values(&[name]).set(free as f64);
+                disk_size.with_label_values(&[name]).set(size as f64);
+            }
+        }
+    }
+
+    /// The figures of the sink's own status: placement, the manifest,
+    /// subscriptions, events.
+    fn status_metrics(m: &Families, s: &sink::SinkStatus) {
+        m.gauge(
+        "sink_placed_bytes",
+        "Bytes placed and recorded in the manifest, kept across restarts (ranges a crash left unproven are withdrawn from it at the restart).",
+        s.placed_bytes as f64,
+    );
+        m.counter(
+        "sink_duplicate_bytes_total",
+        "Bytes received again that the manifest already held: recognised and not written (kept across restarts).",
+        s.duplicate_bytes as f64,
+    );
+        m.counter(
+            "sink_rewritten_bytes_total",
+            "Bytes written again over ranges whose record a crash had lost (kept across restarts).",
+            s.rewritten_bytes as f64,
+        );
+        m.gauge(
+            "sink_files",
+            "File generations in the manifest.",
+            s.files as f64,
+        );
+        m.gauge(
+            "sink_sealed_files",
+            "Sealed file generations in the manifest.",
+            s.sealed_files as f64,
+        );
+        m.gauge(
+            "sink_journal_backlog_bytes",
+            "Bytes durable in the journal whose destination files are not flushed yet.",
+            s.journal_backlog_bytes as f64,
+        );
+        m.gauge(
+            "sink_held_bytes",
+            "Bytes that arrived ahead of the bytes before them in their file, waiting in memory.",
+            s.held_bytes as f64,
+        );
+        let placements = m.gauges(
+            "sink_placements",
+            "Batches being placed (running) and waiting for a placement thread (waiting).",
+            &["state"],
+        );
+        placements
+            .with_label_values(&["running"])
+            .set(s.placements_running as f64);
+        placements
+            .with_label_values(&["waiting"])
+            .set(s.placements_waiting as f64);
+        m.gauge(
+            "sink_placement_threads",
+            "Batches placed at once at most.",
+            s.placement_threads as f64,
+        );
+        m.gauge(
+            "sink_subscriptions",
+            "Live-tail subscriptions being served.",
+            s.subscriptions.len() as f64,
+        );
+        m.gauge(
+            "sink_subscription_max_lag_bytes",
+            "Durable bytes the slowest subscription has not been sent yet.",
+            s.subscriptions
+                .iter()
+                .map(|s| s.behind_bytes)
+                .max()
+                .unwrap_or(0) as f64,
+        );
+        m.gauge(
+        "sink_subscription_max_lag_seconds",
+        "How long the oldest durable byte not yet sent to the slowest subscription has been durable.",
+        s.subscriptions
+            .iter()
+            .map(|s| s.behind_seconds)
+            .fold(0.0, f64::max),
+    );
+        if let Some(events) = &s.events {
+            events_metrics(m, events);
+        }
+    }
+
+    fn disks_json(&self) -> Vec<serde_json::Value> {
+        [("root", &self.root), ("state", &self.state_dir)]
+            .iter()
+            .filter_map(|(name, dir)| {
+                disk_space(dir).map(
+                    |(free, size)| json!({"dir": name, "free_bytes": free, "size_bytes": size}),
+                )
+            })
+            .collect()
+    }
+}
+
 impl Observed for SinkObserved {
     fn snapshot(&self) -> Snapshot {
         let status = self.sink.status();
@@ -229,122 +371,11 @@ impl Observed for SinkObserved {
             f64::from(u8::from(poisoned.is_none())),
         );
         let committed = super::lock(&self.feed.committed).clone();
-        let per_source = m.counters(
-            "sink_committed_bytes_total",
-            "Bytes made durable (and then acknowledged) per source since the sink started, from its commit feed.",
-            &["source"],
-        );
-        for (source, bytes) in &committed {
-            per_source
-                .with_label_values(&[source.as_str()])
-                .inc_by(*bytes as f64);
-        }
-        m.counter(
-            "sink_commit_rounds_total",
-            "Commit rounds: each makes a group of placed ranges durable, records them, then lets their acks go.",
-            self.feed.rounds.load(Ordering::Relaxed) as f64,
-        );
-        m.counter(
-            "sink_feed_missed_rounds_total",
-            "Commit rounds the metrics missed by falling behind the feed (their bytes are not counted).",
-            self.feed.missed_rounds.load(Ordering::Relaxed) as f64,
-        );
-        m.register(self.feed.commit_latency.clone());
-        m.register(self.feed.stages.clone());
-        let disk_free = m.gauges(
-            "sink_disk_free_bytes",
-            "Bytes available to the sink on the filesystem of its root or of its state directory.",
-            &["dir"],
-        );
-        let disk_size = m.gauges(
-            "sink_disk_size_bytes",
-            "Size of the filesystem of the sink's root or of its state directory.",
-            &["dir"],
-        );
-        for (name, dir) in [("root", &self.root), ("state", &self.state_dir)] {
-            if let Some((free, size)) = disk_space(dir) {
-                disk_free.with_label_values(&[name]).set(free as f64);
-                disk_size.with_label_values(&[name]).set(size as f64);
-            }
-        }
+        self.feed_metrics(&m, &committed);
+        self.disk_metrics(&m);
         let status_json = match &status {
             Ok(s) => {
-                m.gauge(
-                    "sink_placed_bytes",
-                    "Bytes placed and recorded in the manifest, kept across restarts (ranges a crash left unproven are withdrawn from it at the restart).",
-                    s.placed_bytes as f64,
-                );
-                m.counter(
-                    "sink_duplicate_bytes_total",
-                    "Bytes received again that the manifest already held: recognised and not written (kept across restarts).",
-                    s.duplicate_bytes as f64,
-                );
-                m.counter(
-                    "sink_rewritten_bytes_total",
-                    "Bytes written again over ranges whose record a crash had lost (kept across restarts).",
-                    s.rewritten_bytes as f64,
-                );
-                m.gauge(
-                    "sink_files",
-                    "File generations in the manifest.",
-                    s.files as f64,
-                );
-                m.gauge(
-                    "sink_sealed_files",
-                    "Sealed file generations in the manifest.",
-                    s.sealed_files as f64,
-                );
-                m.gauge(
-                    "sink_journal_backlog_bytes",
-                    "Bytes durable in the journal whose destination files are not flushed yet.",
-                    s.journal_backlog_bytes as f64,
-                );
-                m.gauge(
-                    "sink_held_bytes",
-                    "Bytes that arrived ahead of the bytes before them in their file, waiting in memory.",
-                    s.held_bytes as f64,
-                );
-                let placements = m.gauges(
-                    "sink_placements",
-                    "Batches being placed (running) and waiting for a placement thread (waiting).",
-                    &["state"],
-                );
-                placements
-                    .with_label_values(&["running"])
-                    .set(s.placements_running as f64);
-                placements
-                    .with_label_values(&["waiting"])
-                    .set(s.placements_waiting as f64);
-                m.gauge(
-                    "sink_placement_threads",
-                    "Batches placed at once at most.",
-                    s.placement_threads as f64,
-                );
-                m.gauge(
-                    "sink_subscriptions",
-                    "Live-tail subscriptions being served.",
-                    s.subscriptions.len() as f64,
-                );
-                m.gauge(
-                    "sink_subscription_max_lag_bytes",
-                    "Durable bytes the slowest subscription has not been sent yet.",
-                    s.subscriptions
-                        .iter()
-                        .map(|s| s.behind_bytes)
-                        .max()
-                        .unwrap_or(0) as f64,
-                );
-                m.gauge(
-                    "sink_subscription_max_lag_seconds",
-                    "How long the oldest durable byte not yet sent to the slowest subscription has been durable.",
-                    s.subscriptions
-                        .iter()
-                        .map(|s| s.behind_seconds)
-                        .fold(0.0, f64::max),
-                );
-                if let Some(events) = &s.events {
-                    events_metrics(&m, events);
-                }
+                Self::status_metrics(&m, s);
                 serde_json::to_value(s).unwrap_or_default()
             }
             Err(error) => json!({ "error": error.to_string() }),
@@ -352,14 +383,7 @@ impl Observed for SinkObserved {
         let now_ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let disks: Vec<serde_json::Value> = [("root", &self.root), ("state", &self.state_dir)]
-            .iter()
-            .filter_map(|(name, dir)| {
-                disk_space(dir).map(
-                    |(free, size)| json!({"dir": name, "free_bytes": free, "size_bytes": size}),
-                )
-            })
-            .collect();
+        let disks = self.disks_json();
         let status = json!({
             "role": "sink",
             "version": env!("CARGO_PKG_VERSION"),

@@ -9,7 +9,7 @@ use prometheus::{HistogramOpts, HistogramVec};
 
 use flight_server::ConnectionStats;
 use serde_json::json;
-use watcher::{FileProgress, FileState, Phase, Progress, SinkLink};
+use watcher::{DiscoveryStatus, FileProgress, FileState, Phase, Progress, SinkLink, SourceSummary};
 
 use super::history::{History, Point};
 use super::metrics::{Families, PREFIX};
@@ -199,70 +199,79 @@ fn file_json(f: &FileProgress) -> serde_json::Value {
     })
 }
 
-impl Observed for WatchObserved {
-    fn snapshot(&self) -> Snapshot {
-        if let Some(role) = &self.role
-            && role.report().role != fleet::Role::Active
-        {
-            return super::fleet::not_active_snapshot(
-                "watcher",
-                role,
-                &self.problems,
-                self.started,
-            );
-        }
+/// One moment of the watcher, gathered once for both its metrics and its
+/// status.
+struct Moment<'a> {
+    source: &'a str,
+    files: Vec<FileProgress>,
+    summary: SourceSummary,
+    phase: Phase,
+    sinks: Vec<SinkLink>,
+    /// Bytes owed to each sink, over the files that go to it.
+    owed: Vec<u64>,
+    discovery: DiscoveryStatus,
+    observed: u64,
+    read: u64,
+    acked: u64,
+    role: Option<fleet::RoleReport>,
+    cluster: Option<fleet::ClusterView>,
+}
+
+impl WatchObserved {
+    fn moment(&self) -> Moment<'_> {
         let mut files = self.progress.files();
         let summary = self.progress.summary(&files);
         by_lag(&mut files);
-        let phase = self.progress.phase();
         let sinks = self.progress.sinks();
-        let source = self.source.as_str();
-        let (observed, read, acked) = (
-            self.progress.bytes_observed(),
-            self.progress.bytes_read(),
-            self.progress.bytes_acked(),
-        );
+        let mut owed = vec![0u64; sinks.len()];
+        for f in &files {
+            if let Some(sum) = owed.get_mut(f.sink) {
+                *sum += f.bytes_behind();
+            }
+        }
+        Moment {
+            source: self.source.as_str(),
+            files,
+            summary,
+            phase: self.progress.phase(),
+            sinks,
+            owed,
+            discovery: self.progress.discovery(),
+            observed: self.progress.bytes_observed(),
+            read: self.progress.bytes_read(),
+            acked: self.progress.bytes_acked(),
+            role: self.role.as_ref().map(|role| role.report()),
+            cluster: self.role.as_ref().and_then(|role| role.cluster()),
+        }
+    }
 
-        let m = Families::new();
-        m.build_info("watcher");
-        m.process();
-        let role = self.role.as_ref().map(|role| role.report());
-        if let Some(report) = &role {
-            super::fleet::role_metrics(&m, report);
-        }
-        let cluster = self.role.as_ref().and_then(|role| role.cluster());
-        if let Some(view) = &cluster {
-            super::fleet::cluster_metrics(&m, view);
-        }
-        m.gauge(
-            "ready",
-            "1 once the watcher tails (after reconciling with its sinks), else 0.",
-            f64::from(u8::from(phase == Phase::Tailing)),
-        );
+    /// The source's figures: bytes, lag, files by state and by lag,
+    /// discovery, the verdict.
+    fn source_metrics(&self, m: &Families, w: &Moment<'_>) {
         let per_source = |name: &str, help: &str, value: f64| {
             m.gauges(name, help, &["source"])
-                .with_label_values(&[source])
+                .with_label_values(&[w.source])
                 .set(value)
         };
         let source_total = |name: &str, help: &str, value: u64| {
             m.counters(name, help, &["source"])
-                .with_label_values(&[source])
+                .with_label_values(&[w.source])
                 .inc_by(value as f64)
         };
         source_total(
             "source_observed_bytes_total",
             "Bytes the source's files grew by, as the watcher saw them (since it started; a file resumed from the checkpoint counts from its acknowledged offset).",
-            observed,
+            w.observed,
         );
         source_total(
             "source_read_bytes_total",
             "Bytes read from the source's files and sent (again, after a reconnect).",
-            read,
+            w.read,
         );
         source_total(
             "source_committed_bytes_total",
             "Bytes the sinks acknowledged: durable at the destination.",
-            acked,
+            w.acked,
         );
         source_total(
             "source_sealed_files_total",
@@ -272,57 +281,56 @@ impl Observed for WatchObserved {
         per_source(
             "source_lag_bytes",
             "Bytes seen at the source and not yet durable at a sink, over all its files.",
-            summary.lag_bytes_sum as f64,
+            w.summary.lag_bytes_sum as f64,
         );
         per_source(
             "source_summed_file_lag_seconds",
             "The seconds behind of all the source's files added up (how much waiting is owed, where source_lag_seconds is the oldest).",
-            summary.lag_seconds_sum,
+            w.summary.lag_seconds_sum,
         );
         per_source(
             "source_max_file_lag_bytes",
             "The most bytes one file of the source owes.",
-            summary.lag_bytes_max as f64,
+            w.summary.lag_bytes_max as f64,
         );
         per_source(
             "source_lag_seconds",
             "How long ago the source's oldest byte not yet durable was seen: its lag in time (0 when caught up).",
-            summary.lag_seconds_max,
+            w.summary.lag_seconds_max,
         );
         per_source(
             "source_tracked_files",
             "Files being followed now (sealed files are no longer followed).",
-            files.len() as f64,
+            w.files.len() as f64,
         );
-        let discovery = self.progress.discovery();
         per_source(
             "source_watched_directories",
             "Directories whose changes raise events (inotify watches, or directories known to the fanotify mark).",
-            discovery.watched_directories as f64,
+            w.discovery.watched_directories as f64,
         );
         per_source(
             "source_unwatched_directories",
             "Directories no event reaches (inotify's watch limit reached, or another error): their files are polled and new files found by rescans.",
-            discovery.unwatched_directories as f64,
+            w.discovery.unwatched_directories as f64,
         );
         per_source(
             "source_polled_files",
             "Files polled because no event tells of them (all of them with --events poll).",
-            discovery.polled_files as f64,
+            w.discovery.polled_files as f64,
         );
         per_source(
             "source_skipped_entries",
             "Entries the last walk did not transfer (symbolic links, names that are not UTF-8, unreadable directories, FIFOs); the status names them.",
-            discovery.skipped_entries as f64,
+            w.discovery.skipped_entries as f64,
         );
         let by_state = m.gauges(
             "source_files",
             "Files by state (done: sealed since the start).",
             &["source", "state"],
         );
-        for (state, n) in &summary.files_by_state {
+        for (state, n) in &w.summary.files_by_state {
             by_state
-                .with_label_values(&[source, state.as_str()])
+                .with_label_values(&[w.source, state.as_str()])
                 .set(*n as f64);
         }
         let verdict = m.gauges(
@@ -332,22 +340,28 @@ impl Observed for WatchObserved {
         );
         for state in FileState::ALL {
             verdict
-                .with_label_values(&[source, state.as_str()])
-                .set(f64::from(u8::from(state == summary.verdict)));
+                .with_label_values(&[w.source, state.as_str()])
+                .set(f64::from(u8::from(state == w.summary.verdict)));
         }
         per_source(
             "source_verdict_severity",
             "The verdict as a number: 0 done, 1 idle, 2 caught-up, 3 progressing, 4 falling-behind, 5 stalled, 6 failed.",
-            f64::from(summary.verdict.severity()),
+            f64::from(w.summary.verdict.severity()),
         );
         let by_class = m.gauges(
             "source_files_by_lag",
             "Files by how long their oldest byte not yet durable has waited, at most the class's bound (0s: caught up; inf: over a minute).",
             &["source", "lag_class"],
         );
-        for (class, n) in &summary.files_by_lag_class {
-            by_class.with_label_values(&[source, class]).set(*n as f64);
+        for (class, n) in &w.summary.files_by_lag_class {
+            by_class
+                .with_label_values(&[w.source, class])
+                .set(*n as f64);
         }
+    }
+
+    /// Each sink's connections, lag and per-connection figures.
+    fn link_metrics(&self, m: &Families, w: &Moment<'_>) {
         let connections = m.gauges(
             "link_connections",
             "Connections to each sink the watcher keeps.",
@@ -363,18 +377,12 @@ impl Observed for WatchObserved {
             "Bytes seen at the source and not yet durable, over the files that go to each sink.",
             &["sink"],
         );
-        let mut owed = vec![0u64; sinks.len()];
-        for f in &files {
-            if let Some(sum) = owed.get_mut(f.sink) {
-                *sum += f.bytes_behind();
-            }
-        }
-        for (link, owed) in sinks.iter().zip(&owed) {
+        for (link, owed) in w.sinks.iter().zip(&w.owed) {
             link_lag
                 .with_label_values(&[link.endpoint.as_str()])
                 .set(*owed as f64);
         }
-        for link in &sinks {
+        for link in &w.sinks {
             connections
                 .with_label_values(&[link.endpoint.as_str()])
                 .set(link.connections as f64);
@@ -382,11 +390,9 @@ impl Observed for WatchObserved {
                 .with_label_values(&[link.endpoint.as_str()])
                 .set(link.connected as f64);
         }
-        m.register(self.ack_latency.batch_acked.clone());
-        m.register(self.ack_latency.seen_to_durable.clone());
         for (name, help, figure) in CONNECTION_GAUGES {
             let family = m.gauges(name, help, &["sink", "connection"]);
-            for (link, c) in connections_of(&sinks) {
+            for (link, c) in connections_of(&w.sinks) {
                 family
                     .with_label_values(&[link, c.index.to_string().as_str()])
                     .set(figure(c));
@@ -394,7 +400,7 @@ impl Observed for WatchObserved {
         }
         for (name, help, figure) in CONNECTION_COUNTERS {
             let family = m.counters(name, help, &["sink", "connection"]);
-            for (link, c) in connections_of(&sinks) {
+            for (link, c) in connections_of(&w.sinks) {
                 family
                     .with_label_values(&[link, c.index.to_string().as_str()])
                     .inc_by(figure(c));
@@ -405,13 +411,17 @@ impl Observed for WatchObserved {
             "Streams that failed on the connection (connecting included), by reason: a gRPC code (Unavailable, InvalidArgument, ...), connect, stream-closed or bad-ack.",
             &["sink", "connection", "reason"],
         );
-        for (link, c) in connections_of(&sinks) {
+        for (link, c) in connections_of(&w.sinks) {
             for (reason, n) in &c.failures {
                 failures_by_connection
                     .with_label_values(&[link, c.index.to_string().as_str(), reason.as_str()])
                     .inc_by(*n as f64);
             }
         }
+    }
+
+    /// The files furthest behind, one series each (--metrics-top-files).
+    fn file_metrics(&self, m: &Families, w: &Moment<'_>) {
         if self.top_files > 0 {
             let lag_bytes = m.gauges(
                 "file_lag_bytes",
@@ -423,68 +433,107 @@ impl Observed for WatchObserved {
                 "Seconds behind of each of the files furthest behind (--metrics-top-files).",
                 &["source", "path"],
             );
-            for f in files.iter().take(self.top_files) {
+            for f in w.files.iter().take(self.top_files) {
                 lag_bytes
-                    .with_label_values(&[source, f.path.as_str()])
+                    .with_label_values(&[w.source, f.path.as_str()])
                     .set(f.bytes_behind() as f64);
                 lag_seconds
-                    .with_label_values(&[source, f.path.as_str()])
+                    .with_label_values(&[w.source, f.path.as_str()])
                     .set(f.seconds_behind);
             }
-            per_source(
+            m.gauges(
                 "file_lag_truncated_files",
                 "Files left out of the per-file lag series by --metrics-top-files.",
-                files.len().saturating_sub(self.top_files) as f64,
+                &["source"],
+            )
+            .with_label_values(&[w.source])
+            .set(w.files.len().saturating_sub(self.top_files) as f64);
+        }
+    }
+
+    fn status_json(&self, w: &Moment<'_>) -> serde_json::Value {
+        json!({
+            "fleet": w.role,
+            "cluster": w.cluster,
+            "role": "watcher",
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "phase": w.phase,
+            "ready": w.phase == Phase::Tailing,
+            // The tailer's heartbeat (progress published, walks made): the
+            // first comes after its first walk.
+            "tailer_heartbeats": self.progress.publications(),
+            "sources": [{
+                "source": w.source,
+                "verdict": w.summary.verdict,
+                "files_by_state": w.summary.files_by_state.iter().map(|(s, n)| (s.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+                "files_by_lag_class": w.summary.files_by_lag_class.iter().map(|(class, n)| json!({"class": class, "files": n})).collect::<Vec<_>>(),
+                "tracked_files": w.files.len(),
+                "lag_bytes": w.summary.lag_bytes_sum,
+                "max_file_lag_bytes": w.summary.lag_bytes_max,
+                "lag_seconds": w.summary.lag_seconds_max,
+                "summed_file_lag_seconds": w.summary.lag_seconds_sum,
+                "append_rate": w.summary.append_rate,
+                "drain_rate": w.summary.drain_rate,
+                "observed_bytes": w.observed,
+                "read_bytes": w.read,
+                "committed_bytes": w.acked,
+                "sealed_files": self.progress.seals(),
+                "discovery": w.discovery,
+            }],
+            "sinks": w.sinks.iter().zip(&w.owed).map(|(link, owed)| {
+                let mut value = serde_json::to_value(link).unwrap_or_default();
+                value["lag_bytes"] = json!(owed);
+                value
+            }).collect::<Vec<_>>(),
+            "files": w.files.iter().take(PAGE_FILES).map(file_json).collect::<Vec<_>>(),
+            "files_not_listed": w.files.len().saturating_sub(PAGE_FILES),
+            "history": self.history.points(),
+            "problems": self.problems.list(),
+        })
+    }
+}
+
+impl Observed for WatchObserved {
+    fn snapshot(&self) -> Snapshot {
+        if let Some(role) = &self.role
+            && role.report().role != fleet::Role::Active
+        {
+            return super::fleet::not_active_snapshot(
+                "watcher",
+                role,
+                &self.problems,
+                self.started,
             );
         }
-
-        let not_ready = match phase {
+        let w = self.moment();
+        let m = Families::new();
+        m.build_info("watcher");
+        m.process();
+        if let Some(report) = &w.role {
+            super::fleet::role_metrics(&m, report);
+        }
+        if let Some(view) = &w.cluster {
+            super::fleet::cluster_metrics(&m, view);
+        }
+        m.gauge(
+            "ready",
+            "1 once the watcher tails (after reconciling with its sinks), else 0.",
+            f64::from(u8::from(w.phase == Phase::Tailing)),
+        );
+        self.source_metrics(&m, &w);
+        self.link_metrics(&m, &w);
+        m.register(self.ack_latency.batch_acked.clone());
+        m.register(self.ack_latency.seen_to_durable.clone());
+        self.file_metrics(&m, &w);
+        let not_ready = match w.phase {
             Phase::Tailing => None,
             Phase::Starting => Some("starting".to_string()),
             Phase::Reconciling => Some("reconciling with the sinks".to_string()),
             Phase::Stopped => Some("stopping".to_string()),
         };
-        let status = json!({
-            "fleet": role,
-            "cluster": cluster,
-            "role": "watcher",
-            "version": env!("CARGO_PKG_VERSION"),
-            "uptime_seconds": self.started.elapsed().as_secs_f64(),
-            "phase": phase,
-            "ready": not_ready.is_none(),
-            // The tailer's heartbeat (progress published, walks made): the
-            // first comes after its first walk.
-            "tailer_heartbeats": self.progress.publications(),
-            "sources": [{
-                "source": source,
-                "verdict": summary.verdict,
-                "files_by_state": summary.files_by_state.iter().map(|(s, n)| (s.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
-                "files_by_lag_class": summary.files_by_lag_class.iter().map(|(class, n)| json!({"class": class, "files": n})).collect::<Vec<_>>(),
-                "tracked_files": files.len(),
-                "lag_bytes": summary.lag_bytes_sum,
-                "max_file_lag_bytes": summary.lag_bytes_max,
-                "lag_seconds": summary.lag_seconds_max,
-                "summed_file_lag_seconds": summary.lag_seconds_sum,
-                "append_rate": summary.append_rate,
-                "drain_rate": summary.drain_rate,
-                "observed_bytes": observed,
-                "read_bytes": read,
-                "committed_bytes": acked,
-                "sealed_files": self.progress.seals(),
-                "discovery": discovery,
-            }],
-            "sinks": sinks.iter().zip(&owed).map(|(link, owed)| {
-                let mut value = serde_json::to_value(link).unwrap_or_default();
-                value["lag_bytes"] = json!(owed);
-                value
-            }).collect::<Vec<_>>(),
-            "files": files.iter().take(PAGE_FILES).map(file_json).collect::<Vec<_>>(),
-            "files_not_listed": files.len().saturating_sub(PAGE_FILES),
-            "history": self.history.points(),
-            "problems": self.problems.list(),
-        });
         Snapshot {
-            status,
+            status: self.status_json(&w),
             metrics: m.gather(),
             not_ready,
         }
