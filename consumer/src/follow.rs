@@ -18,7 +18,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::rebuild::Rebuilt;
-use crate::rows::rows;
+use crate::rows::{line, rows};
 use crate::state::{Cursors, StateFile};
 
 /// Where one stream of the subscription comes from: a sink's endpoint, or
@@ -46,7 +46,7 @@ pub struct FollowConfig {
 pub enum Output {
     /// Files rebuilt under a directory.
     Files(Rebuilt),
-    /// One line per row ([`crate::rows::Row::line`]), each in one write.
+    /// One line per row ([`crate::rows::line`]), each in one write.
     Lines(Box<dyn Write + Send>),
 }
 
@@ -59,9 +59,9 @@ impl Output {
             match self {
                 Output::Files(rebuilt) => rebuilt.take(&row)?,
                 Output::Lines(out) => {
-                    let mut line = row.line();
-                    line.push('\n');
-                    out.write_all(line.as_bytes())
+                    let mut text = line(&row);
+                    text.push('\n');
+                    out.write_all(text.as_bytes())
                         .context("writing a row's line")?;
                 }
             }

@@ -142,7 +142,7 @@ impl Rebuilt {
                 "{} does not match its seal (key {} generation {}): {size} bytes with {digest}, \
                  rebuilt {rebuilt} bytes with {got}",
                 target.display(),
-                row.key,
+                row.file_key,
                 row.generation,
             );
         }
@@ -177,7 +177,7 @@ mod tests {
         Row {
             kind,
             path,
-            key: "k",
+            file_key: "k",
             generation: 1,
             offset: 0,
             data: &[],

@@ -5,22 +5,10 @@ use anyhow::Context;
 use arrow_array::Array;
 use arrow_array::cast::AsArray;
 use arrow_array::types::UInt64Type;
-use flight_server::subscription::RowKind;
+use flight_server::subscription::{ConsumerRow, RowKind};
 
-/// One row of a consumer batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Row<'a> {
-    pub kind: RowKind,
-    /// Relative to the source, as the sink names the file now.
-    pub path: &'a str,
-    pub key: &'a str,
-    pub generation: u64,
-    pub offset: u64,
-    pub data: &'a [u8],
-    pub size: Option<u64>,
-    pub digest: Option<&'a str>,
-    pub from_path: Option<&'a str>,
-}
+/// One row of a consumer batch: the row the sink built, read back.
+pub type Row<'a> = ConsumerRow<'a>;
 
 /// The rows of `batch`, in order. A batch that lacks a column or names an
 /// unknown kind of row is the sink's fault, and says so.
@@ -61,7 +49,7 @@ pub fn rows(batch: &arrow_array::RecordBatch) -> anyhow::Result<Vec<Row<'_>>> {
                     format!("the sink sent an unknown kind of row {:?}", kind.value(i))
                 })?,
                 path: path.value(i),
-                key: key.value(i),
+                file_key: key.value(i),
                 generation: generation.value(i),
                 offset: offset.value(i),
                 data: data.value(i),
@@ -73,39 +61,37 @@ pub fn rows(batch: &arrow_array::RecordBatch) -> anyhow::Result<Vec<Row<'_>>> {
         .collect()
 }
 
-impl Row<'_> {
-    /// The row as one line (without its newline): kind, path, key,
-    /// generation, offset, and what the kind adds (a data row's CRC-32C
-    /// and length, a rename's old path, a seal's size and digest).
-    pub fn line(&self) -> String {
-        let what = match self.kind {
-            RowKind::Data => format!(
-                "crc32c={:08x} {} bytes",
-                flight_server::checksum::crc32c(self.data),
-                self.data.len()
-            ),
-            RowKind::Renamed => format!("from {}", self.from_path.unwrap_or("?")),
-            RowKind::Sealed => format!(
-                "size {} digest {}",
-                self.size.unwrap_or(0),
-                self.digest.unwrap_or("?")
-            ),
-            RowKind::Opened | RowKind::Superseded => String::new(),
-        };
-        format!(
-            "{:<10} {} key={} gen={} offset={} {what}",
-            self.kind.as_str(),
-            self.path,
-            self.key,
-            self.generation,
-            self.offset
-        )
-    }
+/// The row as one line (without its newline): kind, path, key,
+/// generation, offset, and what the kind adds (a data row's CRC-32C
+/// and length, a rename's old path, a seal's size and digest).
+pub fn line(row: &Row<'_>) -> String {
+    let what = match row.kind {
+        RowKind::Data => format!(
+            "crc32c={:08x} {} bytes",
+            flight_server::checksum::crc32c(row.data),
+            row.data.len()
+        ),
+        RowKind::Renamed => format!("from {}", row.from_path.unwrap_or("?")),
+        RowKind::Sealed => format!(
+            "size {} digest {}",
+            row.size.unwrap_or(0),
+            row.digest.unwrap_or("?")
+        ),
+        RowKind::Opened | RowKind::Superseded => String::new(),
+    };
+    format!(
+        "{:<10} {} key={} gen={} offset={} {what}",
+        row.kind.as_str(),
+        row.path,
+        row.file_key,
+        row.generation,
+        row.offset
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use flight_server::subscription::{ConsumerBatchBuilder, ConsumerRow};
+    use flight_server::subscription::ConsumerBatchBuilder;
 
     use super::*;
 
@@ -136,16 +122,21 @@ mod tests {
         let rows = rows(&batch).unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(
-            (rows[0].kind, rows[0].path, rows[0].key, rows[0].generation),
+            (
+                rows[0].kind,
+                rows[0].path,
+                rows[0].file_key,
+                rows[0].generation
+            ),
             (RowKind::Data, "a.dat", "k1", 2)
         );
         assert_eq!((rows[0].offset, rows[0].data), (4096, &b"bytes"[..]));
         assert_eq!(rows[1].from_path, Some("a.dat"));
-        let line = rows[0].line();
-        assert!(!line.contains('\n'));
-        assert!(line.starts_with("data       a.dat key=k1 gen=2 offset=4096 crc32c="));
-        assert!(line.ends_with(" 5 bytes"), "{line}");
-        assert!(rows[1].line().ends_with("from a.dat"));
+        let first = line(&rows[0]);
+        assert!(!first.contains('\n'));
+        assert!(first.starts_with("data       a.dat key=k1 gen=2 offset=4096 crc32c="));
+        assert!(first.ends_with(" 5 bytes"), "{first}");
+        assert!(line(&rows[1]).ends_with("from a.dat"));
     }
 
     #[test]
