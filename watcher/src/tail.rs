@@ -10,51 +10,49 @@
 //! generation. Bytes of two generations are never mixed: each generation has
 //! its own key on the wire.
 //!
-//! This file holds the state and the loop; the work is split by concern:
+//! This file holds the loop and the parts it owns, each a type of its own:
+//! - `files`: the [`files::FileTable`], what is known of each file, with
+//!   its indexes by path and inode kept in step;
+//! - `batcher`: the [`batcher::Outbound`], each sink's open batch and the
+//!   batches in flight;
+//! - `checkpoint`: the [`checkpoint::Checkpoints`], the state store and
+//!   what it does not hold yet.
+//!
+//! The tailer's work on them is split by concern:
 //! - `identity`: what a path is (new file, rename, new generation, resumed);
 //! - `reader`: reading appended bytes into batches;
-//! - `batcher`: handing batches to the sinks' connections;
 //! - `controls`: open, rename and seal rows, and when a file is sealed;
-//! - `acks`: acknowledgements, applied to each file;
-//! - `checkpoint`: acknowledged offsets to the state store, and progress.
+//! - `acks`: acknowledgements, applied to each file.
 
 mod acks;
 mod batcher;
 mod checkpoint;
 mod controls;
+mod files;
 mod identity;
 mod reader;
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::fs::File;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use flight_server::{
-    BatchBuilder, Delivery, FileHasher, FileWatermark, Outgoing, RejectedRow, RowKind,
-};
-use manifest_db::{IntervalSet, WatchState, WatchedFile};
+use flight_server::{Delivery, FileWatermark, Outgoing};
+use manifest_db::WatchState;
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::TrySendError;
 
 use crate::config::WatchConfig;
-use crate::discover::{self, Change, Discovery, Found};
-use crate::lag::{LagEvents, LagHistory};
-use crate::progress::{FileProgress, Progress};
-use crate::seal_hash::{Hashed, Job, SealHasher};
-use crate::shard::rendezvous;
+use crate::discover::{self, Discovery};
+use crate::lag::LagEvents;
+use crate::progress::Progress;
+use crate::seal_hash::SealHasher;
 use crate::stop::Stop;
+use batcher::Outbound;
+use checkpoint::Checkpoints;
+use files::{FileKey, FileTable, Set, Tracked};
 
-/// Bytes at the head of a file used as its fingerprint.
-const FINGERPRINT_LEN: u64 = 4096;
-/// How often every file is checked for an idle seal.
-const SEAL_SWEEP_EVERY: Duration = Duration::from_millis(250);
-/// Growth observations kept per file for its lag in seconds.
-const MAX_GROWTH_MARKS: usize = 64;
 /// How often acknowledged offsets are written to the state store.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 /// After a stop, how long acknowledgements of what was already sent are
@@ -62,149 +60,6 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 /// everything (less to send again), short enough that a stop does not
 /// depend on the sinks.
 const STOP_GRACE: Duration = Duration::from_secs(2);
-
-type FileKey = (String, u64);
-
-/// The tailer looks its files up several times per append. With SipHash
-/// over their (path, generation) keys, hashing was a large share of the
-/// watcher's instructions (docs/measurements.md); foldhash is a few times
-/// cheaper. It is seeded per
-/// process and per map, so names prepared to collide do not; it does not
-/// claim to resist someone who can time the watcher while choosing names,
-/// and need not: whoever writes into the watched tree is trusted with its
-/// data already.
-type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-type Set<K> = HashSet<K, foldhash::fast::RandomState>;
-
-enum Control {
-    Open,
-    /// To a new path, sent once the sink has acknowledged every byte the
-    /// file held when the rename was seen (`after`).
-    Rename {
-        path: String,
-        after: u64,
-    },
-    Seal {
-        size: u64,
-        digest: String,
-    },
-}
-
-struct Tracked {
-    key: String,
-    generation: u64,
-    path: String,
-    dev: u64,
-    ino: u64,
-    born_ns: Option<i64>,
-    file: Option<File>,
-    size_seen: u64,
-    read_offset: u64,
-    acked: IntervalSet,
-    fingerprint: u32,
-    fingerprint_len: u32,
-    /// The digest so far, from offset 0 to `hashed_to`. Started by the first
-    /// read at offset 0 (a file waiting to be read holds none: with many new
-    /// files queued that is ~2 KiB each); None past that point means the
-    /// seal hashes the file from disk.
-    hasher: Option<FileHasher>,
-    hashed_to: u64,
-    sink: usize,
-    last_change: Instant,
-    closed: bool,
-    deleted: bool,
-    seal_wanted: bool,
-    /// Data may flow (generation 1, or its Open was acknowledged).
-    open_acked: bool,
-    controls: VecDeque<Control>,
-    control_in_flight: bool,
-    /// Its seal's digest is being read from disk by the seal hasher.
-    seal_hashing: bool,
-    sealed: bool,
-    failed: Option<String>,
-    /// Where the sink has this file (the last acknowledged name).
-    sink_path: String,
-    /// Re-tracked only to rename a sealed file; done when the rename is acknowledged.
-    rename_only: bool,
-    /// Modification time when last sized up for a seal.
-    mtime_ns: i64,
-    /// No event tells of its changes (`--events poll`, or its directory
-    /// could not be watched): it is polled, and idleness alone tells that
-    /// it is done.
-    polled: bool,
-    poll_interval: Duration,
-    next_poll: Instant,
-    /// (size, when first seen) of recent growth, oldest first: the age of
-    /// the oldest unacknowledged byte is the age of the first entry above
-    /// the acknowledged offset.
-    growth: VecDeque<(u64, Instant)>,
-    /// Recent (size, acknowledged) samples: the file's lag state and rates.
-    lag: LagHistory,
-}
-
-impl Tracked {
-    /// Whether `meta` describes this file (and not a new file that reused
-    /// its inode number after it was deleted). While its descriptor is
-    /// open the inode cannot be reused, whatever the birth times say.
-    fn is(&self, meta: &std::fs::Metadata) -> bool {
-        meta.dev() == self.dev
-            && meta.ino() == self.ino
-            && (self.file.is_some() || discover::same_birth(self.born_ns, discover::born_ns(meta)))
-    }
-
-    /// Whether a file found with this birth time is another file on this
-    /// one's inode number: only possible once this one's descriptor is
-    /// closed, and only told where both birth times are known.
-    fn reused_by(&self, born_ns: Option<i64>) -> bool {
-        self.file.is_none() && !discover::same_birth(self.born_ns, born_ns)
-    }
-
-    fn acked_offset(&self) -> u64 {
-        self.acked.contiguous_end()
-    }
-
-    fn record(&self) -> WatchedFile {
-        WatchedFile {
-            key: self.key.clone(),
-            // The path the sink knows: a rename not yet acknowledged must be
-            // sent again after a restart, so it is not recorded before.
-            path: self.sink_path.clone(),
-            dev: self.dev,
-            ino: self.ino,
-            fingerprint: self.fingerprint,
-            fingerprint_len: self.fingerprint_len,
-            generation: self.generation,
-            acked_offset: self.acked_offset(),
-            sealed: self.sealed,
-            deleted: self.deleted,
-            born_ns: self.born_ns,
-        }
-    }
-}
-
-/// A sealed file no longer tracked, remembered so that walks leave it alone
-/// and a later rename or rewrite is recognised.
-struct Finished {
-    key: String,
-    generation: u64,
-    path: String,
-    size: u64,
-    mtime_ns: i64,
-    born_ns: Option<i64>,
-}
-
-impl Finished {
-    fn of(t: &Tracked, mtime_ns: i64) -> Self {
-        Self {
-            key: t.key.clone(),
-            generation: t.generation,
-            path: t.path.clone(),
-            size: t.read_offset,
-            mtime_ns,
-            born_ns: t.born_ns,
-        }
-    }
-}
 
 /// What reconciliation made of a file found on disk.
 enum Adoption {
@@ -216,65 +71,23 @@ enum Adoption {
     Unknown,
 }
 
-struct RowRef {
-    file: FileKey,
-    kind: RowKind,
-    offset: u64,
-    len: u64,
-    /// A rename's new path.
-    path: Option<String>,
-}
-
-struct OpenBatch {
-    builder: BatchBuilder,
-    rows: Vec<RowRef>,
-    started: Option<Instant>,
-}
-
-impl OpenBatch {
-    fn new(config: &WatchConfig) -> Self {
-        Self {
-            builder: BatchBuilder::with_capacity(64, config.batch_bytes + config.max_row_bytes),
-            rows: Vec::new(),
-            started: None,
-        }
-    }
-}
-
 pub(crate) struct Tailer {
     config: Arc<WatchConfig>,
     root: PathBuf,
-    state: WatchState,
-    files: Map<FileKey, Tracked>,
-    by_path: Map<String, FileKey>,
-    by_inode: Map<(u64, u64), FileKey>,
-    max_generation: Map<String, u64>,
-    /// Sealed files no longer tracked, so rescans leave them alone.
-    finished: Map<(u64, u64), Finished>,
-    /// Which inode a sealed path holds.
-    finished_at: Map<String, (u64, u64)>,
-    /// What an earlier run recorded, by inode, until the first walk claims it.
-    /// Several records can name one inode: a file deleted before it was
-    /// read, and a later file that reused its inode number.
-    resumable: Map<(u64, u64), Vec<WatchedFile>>,
+    checkpoints: Checkpoints,
+    files: FileTable,
     /// What the sinks hold, for a watcher that lost its state.
     watermarks: Vec<(usize, FileWatermark)>,
-    batches: Vec<OpenBatch>,
-    outboxes: Vec<mpsc::Sender<Outgoing>>,
-    in_flight: Map<u64, Vec<RowRef>>,
-    next_token: u64,
+    outbound: Outbound,
     deliveries: std::sync::mpsc::Receiver<(usize, Delivery)>,
+    /// Files with something to read, in turn.
     ready: VecDeque<FileKey>,
     ready_set: Set<FileKey>,
-    dirty: Set<FileKey>,
     progress: Arc<Progress>,
     /// Told how long each growth took to become durable.
     lag_events: Option<Arc<dyn LagEvents>>,
     /// When each sink last acknowledged anything.
     sink_last_ack: Vec<Instant>,
-    /// Since when checkpoints have failed (the state directory full or
-    /// failing), and when that was last logged.
-    checkpoint_failing: Option<(Instant, Instant)>,
     /// Largest single data row read at once.
     max_row_bytes: usize,
     discovery: Box<dyn Discovery>,
@@ -305,51 +118,26 @@ impl Tailer {
         progress: Arc<Progress>,
         stop: Arc<Stop>,
     ) -> anyhow::Result<Self> {
-        let mut max_generation: Map<String, u64> = Map::default();
-        let mut resumable = Map::default();
-        for record in state.load()? {
-            let g = max_generation.entry(record.key.clone()).or_default();
-            *g = (*g).max(record.generation);
-            resumable
-                .entry((record.dev, record.ino))
-                .or_insert_with(Vec::new)
-                .push(record);
-        }
-        for (_, mark) in &watermarks {
-            let g = max_generation.entry(mark.key.clone()).or_default();
-            *g = (*g).max(mark.generation);
-        }
+        let checkpoints = Checkpoints::new(state);
+        let files = FileTable::new(checkpoints.load()?, &watermarks);
         let discovery = discover::discovery(&config.root, config.events)
             .with_context(|| format!("watching {} for changes", config.root.display()))?;
         let polling_some = config.events == discover::EventSource::Poll;
-        let batches = (0..outboxes.len())
-            .map(|_| OpenBatch::new(&config))
-            .collect();
+        let outbound = Outbound::new(&config, outboxes, stop.clone());
         let sink_last_ack = vec![Instant::now(); config.sinks.len().max(1)];
         Ok(Self {
             root: config.root.clone(),
             max_row_bytes: config.max_row_bytes.max(4096),
             config,
-            state,
-            files: Map::default(),
-            by_path: Map::default(),
-            by_inode: Map::default(),
-            max_generation,
-            finished: Map::default(),
-            finished_at: Map::default(),
-            resumable,
+            checkpoints,
+            files,
             watermarks,
-            batches,
-            outboxes,
-            in_flight: Map::default(),
-            next_token: 0,
+            outbound,
             deliveries,
             ready: VecDeque::new(),
             ready_set: Set::default(),
-            dirty: Set::default(),
             lag_events: progress.lag_events(),
             sink_last_ack,
-            checkpoint_failing: None,
             progress,
             polling_some,
             unwatched_told: 0,
@@ -396,16 +184,29 @@ impl Tailer {
                 self.queue_due_polls(now);
             }
             self.read_ready();
-            self.flush_due(Instant::now());
+            self.outbound.flush_due(Instant::now());
             self.advance_controls();
             if Instant::now() >= next_checkpoint {
-                self.checkpoint()?;
+                self.checkpoint();
                 next_checkpoint = Instant::now() + CHECKPOINT_EVERY;
             }
         }
         self.settle();
-        self.checkpoint()?;
+        self.checkpoint();
         Ok(())
+    }
+
+    /// Writes acknowledged offsets and forgets sealed files once recorded
+    /// (until then they stay tracked); publishes the progress either way.
+    fn checkpoint(&mut self) {
+        let now = Instant::now();
+        if self.checkpoints.write(&self.files, now) {
+            self.files.forget_sealed();
+        }
+        let snapshot =
+            checkpoint::progress_of(&mut self.files, now, &self.config.lag, &self.sink_last_ack);
+        self.progress
+            .publish(snapshot, self.files.finished_count() as u64);
     }
 
     /// After a stop: sends what is batched if there is room and collects
@@ -414,18 +215,18 @@ impl Tailer {
     /// next run.
     fn settle(&mut self) {
         self.drain_deliveries();
-        self.flush_all();
+        self.outbound.flush_all();
         let deadline = Instant::now() + STOP_GRACE;
-        while !self.in_flight.is_empty() {
+        while !self.outbound.idle() {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.deliveries.recv_timeout(left) {
                 Ok((_, delivery)) => self.on_delivery(delivery),
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
             }
         }
-        if !self.in_flight.is_empty() {
+        if !self.outbound.idle() {
             tracing::info!(
-                batches = self.in_flight.len(),
+                batches = self.outbound.in_flight(),
                 "stopping with batches unacknowledged; they are sent again after a restart"
             );
         }
@@ -437,11 +238,8 @@ impl Tailer {
         if !self.ready.is_empty() {
             return Duration::ZERO;
         }
-        let now = Instant::now();
-        for batch in &self.batches {
-            if let Some(started) = batch.started {
-                budget = budget.min((started + self.config.linger).saturating_duration_since(now));
-            }
+        if let Some(due) = self.outbound.next_due() {
+            budget = budget.min(due.saturating_duration_since(Instant::now()));
         }
         if self.polling_some {
             budget = budget.min(self.config.poll_min);

@@ -1,7 +1,13 @@
 //! Acknowledgements: what the sinks confirmed, applied to each file (its
 //! acknowledged ranges, its seal, its path at the sink).
 
-use super::*;
+use std::time::Instant;
+
+use flight_server::{Delivery, RejectedRow, RowKind};
+
+use super::Tailer;
+use super::batcher::RowRef;
+use super::files::{Finished, Map};
 
 impl Tailer {
     pub(super) fn drain_deliveries(&mut self) {
@@ -18,7 +24,7 @@ impl Tailer {
     pub(super) fn on_delivery(&mut self, delivery: Delivery) {
         match delivery {
             Delivery::Acked { token, ack } => {
-                let Some(rows) = self.in_flight.remove(&token) else {
+                let Some(rows) = self.outbound.answered(token) else {
                     return;
                 };
                 let rejected: Map<usize, RejectedRow> =
@@ -33,7 +39,7 @@ impl Tailer {
                 }
             }
             Delivery::Refused { token, error } => {
-                let Some(rows) = self.in_flight.remove(&token) else {
+                let Some(rows) = self.outbound.answered(token) else {
                     return;
                 };
                 for row in rows {
@@ -50,7 +56,7 @@ impl Tailer {
         let Some(t) = self.files.get_mut(&row.file) else {
             return;
         };
-        self.dirty.insert(row.file.clone());
+        self.checkpoints.mark(&row.file);
         self.attention.insert(row.file.clone());
         match row.kind {
             RowKind::Data => {
@@ -107,7 +113,7 @@ impl Tailer {
                         tracing::info!(path = %t.path, size = row.offset, "sealed");
                         let t = &self.files[&row.file];
                         let done = Finished::of(t, t.mtime_ns);
-                        self.remember_finished(done);
+                        self.files.finish_tracked(done);
                     }
                     RowKind::Rename if t.rename_only && t.controls.is_empty() => {
                         if let Some(path) = row.path {
@@ -118,7 +124,7 @@ impl Tailer {
                         t.file = None;
                         let t = &self.files[&row.file];
                         let done = Finished::of(t, t.mtime_ns);
-                        self.remember_finished(done);
+                        self.files.finish_tracked(done);
                     }
                     RowKind::Rename => {
                         if let Some(path) = row.path {

@@ -1,17 +1,119 @@
-//! Handing batches over: when an open batch goes to its sink's
-//! connections, and the wait for room in a full outbox that a stop ends.
+//! The way out: each sink's open batch, the batches handed to its
+//! connections and not yet answered, and when an open batch goes. The
+//! [`Outbound`] owns them; the wait for room in a full outbox ends with a
+//! stop.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-impl Tailer {
+use flight_server::{BatchBuilder, Outgoing, RowKind};
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+
+use super::files::{FileKey, Map};
+use crate::config::WatchConfig;
+use crate::stop::Stop;
+
+/// One row of a batch on its way, as the tailer applies its answer.
+pub(super) struct RowRef {
+    pub(super) file: FileKey,
+    pub(super) kind: RowKind,
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    /// A rename's new path.
+    pub(super) path: Option<String>,
+}
+
+/// A sink's batch being filled.
+pub(super) struct OpenBatch {
+    pub(super) builder: BatchBuilder,
+    pub(super) rows: Vec<RowRef>,
+    /// When its first data row was added (the linger counts from there).
+    pub(super) started: Option<Instant>,
+}
+
+impl OpenBatch {
+    pub(super) fn new(config: &WatchConfig) -> Self {
+        Self {
+            builder: BatchBuilder::with_capacity(64, config.batch_bytes + config.max_row_bytes),
+            rows: Vec::new(),
+            started: None,
+        }
+    }
+}
+
+/// The sinks' open batches and the batches in flight, by token.
+pub(super) struct Outbound {
+    batches: Vec<OpenBatch>,
+    outboxes: Vec<mpsc::Sender<Outgoing>>,
+    in_flight: Map<u64, Vec<RowRef>>,
+    next_token: u64,
+    linger: Duration,
+    batch_bytes: usize,
+    stop: Arc<Stop>,
+}
+
+impl Outbound {
+    /// An open batch per outbox (one outbox per sink).
+    pub(super) fn new(
+        config: &WatchConfig,
+        outboxes: Vec<mpsc::Sender<Outgoing>>,
+        stop: Arc<Stop>,
+    ) -> Self {
+        Self {
+            batches: outboxes.iter().map(|_| OpenBatch::new(config)).collect(),
+            outboxes,
+            in_flight: Map::default(),
+            next_token: 0,
+            linger: config.linger,
+            batch_bytes: config.batch_bytes,
+            stop,
+        }
+    }
+
+    pub(super) fn batch(&mut self, sink: usize) -> &mut OpenBatch {
+        &mut self.batches[sink]
+    }
+
+    /// Nothing handed over is waiting for its answer.
+    pub(super) fn idle(&self) -> bool {
+        self.in_flight.is_empty()
+    }
+
+    pub(super) fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The rows of the batch a sink answered, once.
+    pub(super) fn answered(&mut self, token: u64) -> Option<Vec<RowRef>> {
+        self.in_flight.remove(&token)
+    }
+
+    /// When the earliest open batch's linger is up.
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        self.batches
+            .iter()
+            .filter_map(|batch| batch.started)
+            .min()
+            .map(|started| started + self.linger)
+    }
+
+    /// Hands a sink's batch over once it reaches the batch size: thousands
+    /// of rows at once must not make one message too large for the sink.
+    pub(super) fn flush_if_full(&mut self, sink: usize) {
+        if self.batches[sink].builder.encoded_bytes() >= self.batch_bytes {
+            self.flush(sink);
+        }
+    }
+
     /// Sends batches whose linger time is up. When nothing is in flight the
     /// link is idle and waiting would only add latency, so a batch goes at
     /// once; under load, acks take a while and the linger gathers rows.
     pub(super) fn flush_due(&mut self, now: Instant) {
-        let idle = self.in_flight.is_empty();
+        let idle = self.idle();
         for sink in 0..self.batches.len() {
             if let Some(started) = self.batches[sink].started
-                && (idle || now >= started + self.config.linger)
+                && (idle || now >= started + self.linger)
             {
                 self.flush(sink);
             }

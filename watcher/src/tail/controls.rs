@@ -1,7 +1,20 @@
 //! Control rows: one in flight per file (open, rename, seal), and when a
 //! file is complete enough to seal, with digests from the seal hasher.
 
-use super::*;
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+use flight_server::RowKind;
+
+use super::Tailer;
+use super::batcher::RowRef;
+use super::files::{Control, FileKey, Set, Tracked};
+use crate::config::WatchConfig;
+use crate::discover;
+use crate::seal_hash::{Hashed, Job};
+
+/// How often every file is checked for an idle seal.
+const SEAL_SWEEP_EVERY: Duration = Duration::from_millis(250);
 
 impl Tailer {
     /// Sends queued control rows (one in flight per file) and seals files
@@ -13,7 +26,7 @@ impl Tailer {
         let keys: Vec<FileKey> = if now >= self.next_sweep {
             self.next_sweep = now + SEAL_SWEEP_EVERY;
             self.attention.clear();
-            self.files.keys().cloned().collect()
+            self.files.keys()
         } else {
             self.attention.drain().collect()
         };
@@ -68,7 +81,7 @@ impl Tailer {
             let Some(control) = t.controls.pop_front() else {
                 continue;
             };
-            let batch = &mut self.batches[t.sink];
+            let batch = self.outbound.batch(t.sink);
             let kind = match &control {
                 Control::Open => {
                     batch.builder.push_open(&t.key, t.generation, &t.path);
@@ -98,14 +111,10 @@ impl Tailer {
             t.control_in_flight = true;
             let sink = t.sink;
             to_flush.insert(sink);
-            // Thousands of files sealing at once must not make one message
-            // too large for the sink.
-            if self.batches[sink].builder.encoded_bytes() >= self.config.batch_bytes {
-                self.flush(sink);
-            }
+            self.outbound.flush_if_full(sink);
         }
         for sink in to_flush {
-            self.flush(sink);
+            self.outbound.flush(sink);
         }
         for key in rewritten {
             self.check_fingerprint(&key);
@@ -162,7 +171,7 @@ pub(super) enum SealStep {
     /// It grew meanwhile: not complete after all.
     Grew,
     Ready(Control),
-    /// Its digest must be read from disk (by the seal hasher, see [`SealHasher`]).
+    /// Its digest must be read from disk (by the seal hasher, see [`crate::seal_hash::SealHasher`]).
     Hash(File),
 }
 

@@ -2,7 +2,18 @@
 //! a rename, a new generation, a file resumed from the checkpoint or from a
 //! sink's watermark, a sealed file seen again), and the maps that say so.
 
-use super::*;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::time::Instant;
+
+use manifest_db::{IntervalSet, WatchedFile};
+
+use super::files::{Control, FINGERPRINT_LEN, FileKey, Finished, Set, Tracked};
+use super::{Adoption, Tailer, reader};
+use crate::discover::{self, Change, Found};
+use crate::lag::LagHistory;
+use crate::shard::rendezvous;
 
 impl Tailer {
     /// Handles one inotify change; returns true when a full rescan is needed.
@@ -18,7 +29,7 @@ impl Tailer {
                 return true;
             }
             Change::Gone { path } => {
-                if let Some(key) = self.by_path.get(&path).cloned() {
+                if let Some(key) = self.files.key_at(&path) {
                     self.lost_path(&key);
                 }
             }
@@ -29,13 +40,13 @@ impl Tailer {
                     // it, its own events merged or read late): the close
                     // belongs to whatever the path holds now.
                     self.look_at(&path, true);
-                } else if let Some(key) = self.by_path.get(&path).cloned() {
+                } else if let Some(key) = self.files.key_at(&path) {
                     if let Some(t) = self.files.get_mut(&key) {
                         // Written again after a close means open again.
                         t.closed = false;
                     }
                     self.mark_ready(&key);
-                } else if !self.finished_at.contains_key(&path) {
+                } else if !self.files.is_finished_path(&path) {
                     self.look_at(&path, false);
                 }
             }
@@ -46,7 +57,7 @@ impl Tailer {
     /// A tracked file's path disappeared: it was renamed (a later event or
     /// walk finds it by inode) or deleted (its descriptor still reads).
     pub(super) fn lost_path(&mut self, key: &FileKey) {
-        let Some(t) = self.files.get_mut(key) else {
+        let Some(t) = self.files.get(key) else {
             return;
         };
         let full = self.root.join(&t.path);
@@ -54,13 +65,17 @@ impl Tailer {
             Ok(meta) if t.is(&meta) => return,
             _ => {}
         }
-        self.by_path.remove(&t.path);
+        let path = t.path.clone();
+        self.files.path_gone(&path);
+        let Some(t) = self.files.get_mut(key) else {
+            return;
+        };
         if !t.deleted {
             tracing::debug!(path = %t.path, "file gone from its path (renamed or deleted); finishing what it holds");
         }
         t.deleted = true;
         t.last_change = Instant::now();
-        self.dirty.insert(key.clone());
+        self.checkpoints.mark(key);
         self.mark_ready(key);
     }
 
@@ -71,7 +86,7 @@ impl Tailer {
             _ => {
                 // Gone (or never a file) by now: a close still ends the
                 // writing of what was tracked there.
-                if closed && let Some(key) = self.by_path.get(path).cloned() {
+                if closed && let Some(key) = self.files.key_at(path) {
                     if let Some(t) = self.files.get_mut(&key) {
                         t.closed = true;
                     }
@@ -90,10 +105,8 @@ impl Tailer {
         };
         self.on_found(found);
         if closed
-            && let Some(t) = self
-                .by_path
-                .get(path)
-                .and_then(|key| self.files.get_mut(key))
+            && let Some(key) = self.files.key_at(path)
+            && let Some(t) = self.files.get_mut(&key)
         {
             t.closed = true;
         }
@@ -102,19 +115,19 @@ impl Tailer {
     pub(super) fn on_found(&mut self, found: Found) {
         let inode = (found.dev, found.ino);
         if self
-            .finished
-            .get(&inode)
+            .files
+            .finished(inode)
             .is_some_and(|done| !discover::same_birth(done.born_ns, found.born_ns))
         {
             // A sealed file was deleted and a new file reused its inode.
-            let _ = self.forget_finished(inode);
+            let _ = self.files.forget_finished(inode);
         }
-        if let Some(done) = self.finished.get(&inode) {
+        if let Some(done) = self.files.finished(inode) {
             let unchanged = done.size == found.size && done.mtime_ns == found.mtime_ns;
             if unchanged && done.path == found.path {
                 return;
             }
-            let done = self.forget_finished(inode);
+            let done = self.files.forget_finished(inode);
             if unchanged {
                 // Renamed after its seal: rename it at the destination too.
                 self.rename_sealed(done, &found);
@@ -124,14 +137,10 @@ impl Tailer {
             }
             return;
         }
-        if let Some(other) = self.finished_at.remove(&found.path) {
-            // Another inode now holds a sealed path: a new file replaced it.
-            if let Some(done) = self.finished.get_mut(&other) {
-                done.path.clear();
-            }
-        }
+        // Another inode now holds a sealed path: a new file replaced it.
+        self.files.finished_path_taken(&found.path);
         let inode = (found.dev, found.ino);
-        if let Some(key) = self.by_inode.get(&inode).cloned()
+        if let Some(key) = self.files.key_on(inode)
             && self
                 .files
                 .get(&key)
@@ -139,11 +148,11 @@ impl Tailer {
         {
             // The tracked file was deleted (it held no descriptor) and a new
             // file reused its inode: that file is new, whatever its path.
-            self.by_inode.remove(&inode);
+            self.files.inode_reused(inode);
             self.lost_path(&key);
         }
-        if let Some(key) = self.by_inode.get(&inode).cloned() {
-            let at_path = self.by_path.get(&found.path).cloned();
+        if let Some(key) = self.files.key_on(inode) {
+            let at_path = self.files.key_at(&found.path);
             if at_path.as_ref() == Some(&key) {
                 self.mark_ready(&key);
                 return;
@@ -154,11 +163,11 @@ impl Tailer {
             self.renamed(&key, &found.path);
             return;
         }
-        if let Some(other) = self.by_path.get(&found.path).cloned() {
+        if let Some(other) = self.files.key_at(&found.path) {
             // A different inode at a tracked path: the old file was replaced.
             self.lost_path(&other);
         }
-        if let Some(mut records) = self.resumable.remove(&inode) {
+        if let Some(mut records) = self.files.take_recorded(inode) {
             // The record of this very file: the one born with it where birth
             // times are known, else the last one recorded; never one born
             // at another time.
@@ -186,39 +195,7 @@ impl Tailer {
     pub(super) fn finish(&mut self, t: &Tracked, mtime_ns: i64) {
         let mut done = Finished::of(t, mtime_ns);
         done.size = t.acked_offset().max(t.read_offset);
-        self.inode_finished(t.dev, t.ino, done);
-    }
-
-    pub(super) fn remember_finished(&mut self, done: Finished) {
-        let inode = self
-            .files
-            .get(&(done.key.clone(), done.generation))
-            .map(|t| (t.dev, t.ino));
-        if let Some((dev, ino)) = inode {
-            self.inode_finished(dev, ino, done);
-        }
-    }
-
-    pub(super) fn inode_finished(&mut self, dev: u64, ino: u64, done: Finished) {
-        if !done.path.is_empty() {
-            self.finished_at.insert(done.path.clone(), (dev, ino));
-        }
-        self.finished.insert((dev, ino), done);
-    }
-
-    pub(super) fn forget_finished(&mut self, inode: (u64, u64)) -> Finished {
-        let done = self.finished.remove(&inode).unwrap_or(Finished {
-            key: String::new(),
-            generation: 0,
-            path: String::new(),
-            size: 0,
-            mtime_ns: 0,
-            born_ns: None,
-        });
-        if self.finished_at.get(&done.path) == Some(&inode) {
-            self.finished_at.remove(&done.path);
-        }
-        done
+        self.files.finish_on((t.dev, t.ino), done);
     }
 
     /// Tracks a sealed file again just long enough to rename it at the sink.
@@ -244,12 +221,12 @@ impl Tailer {
     }
 
     pub(super) fn renamed(&mut self, key: &FileKey, new_path: &str) {
+        let Some(old) = self.files.rename(key, new_path) else {
+            return;
+        };
         let Some(t) = self.files.get_mut(key) else {
             return;
         };
-        let old = std::mem::replace(&mut t.path, new_path.to_owned());
-        self.by_path.remove(&old);
-        self.by_path.insert(new_path.to_owned(), key.clone());
         t.deleted = false;
         let suffix = &self.config.inprogress_suffix;
         if old.ends_with(suffix.as_str()) && !new_path.ends_with(suffix.as_str()) {
@@ -263,7 +240,7 @@ impl Tailer {
             path: new_path.to_owned(),
             after: t.read_offset.max(size),
         });
-        self.dirty.insert(key.clone());
+        self.checkpoints.mark(key);
         self.mark_ready(key);
     }
 
@@ -342,7 +319,7 @@ impl Tailer {
             // Already complete at the sink: remember it as sealed, so later
             // restarts (which do not reconcile) know it too.
             t.sealed = true;
-            if let Err(error) = self.state.save(&[t.record()], false) {
+            if let Err(error) = self.checkpoints.record_now(t.record()) {
                 tracing::warn!(path = %found.path, %error, "cannot record an adopted sealed file");
             }
             self.finish(&t, found.mtime_ns);
@@ -354,10 +331,7 @@ impl Tailer {
 
     pub(super) fn start_new(&mut self, found: &Found, path_override: Option<String>) {
         let key = path_override.unwrap_or_else(|| found.path.clone());
-        let generation = self
-            .max_generation
-            .get(&key)
-            .map_or(1, |g| g.saturating_add(1));
+        let generation = self.files.next_generation(&key);
         let mut t = self.tracked(&key, generation, found);
         if generation > 1 {
             t.open_acked = false;
@@ -410,13 +384,8 @@ impl Tailer {
     }
 
     pub(super) fn insert(&mut self, t: Tracked) {
-        let key = (t.key.clone(), t.generation);
-        let g = self.max_generation.entry(t.key.clone()).or_default();
-        *g = (*g).max(t.generation);
-        self.by_path.insert(t.path.clone(), key.clone());
-        self.by_inode.insert((t.dev, t.ino), key.clone());
-        self.files.insert(key.clone(), t);
-        self.dirty.insert(key.clone());
+        let key = self.files.insert(t);
+        self.checkpoints.mark(&key);
         self.mark_ready(&key);
     }
 
@@ -441,7 +410,7 @@ impl Tailer {
             self.on_found(f);
         }
         self.walking = false;
-        let keys: Vec<FileKey> = self.files.keys().cloned().collect();
+        let keys: Vec<FileKey> = self.files.keys();
         for key in keys {
             let Some(t) = self.files.get(&key) else {
                 continue;
@@ -476,11 +445,9 @@ impl Tailer {
 
     /// Truncation or in-place rewrite: the same file continues as a new generation.
     pub(super) fn new_generation(&mut self, key: &FileKey) {
-        let Some(old) = self.files.remove(key) else {
+        let Some(old) = self.files.take_for_new_generation(key) else {
             return;
         };
-        self.by_path.remove(&old.path);
-        self.by_inode.remove(&(old.dev, old.ino));
         self.ready_set.remove(key);
         let found = Found {
             path: old.path.clone(),
@@ -491,11 +458,9 @@ impl Tailer {
             born_ns: old.born_ns,
         };
         let generation = self
-            .max_generation
-            .get(&old.key)
-            .copied()
-            .unwrap_or(old.generation)
-            .saturating_add(1);
+            .files
+            .next_generation(&old.key)
+            .max(old.generation.saturating_add(1));
         let mut t = self.tracked(&old.key, generation, &found);
         t.open_acked = false;
         t.controls.push_back(Control::Open);
@@ -513,9 +478,12 @@ pub(super) fn head_crc(path: &std::path::Path, len: u64) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
+
+    use manifest_db::WatchState;
 
     use super::*;
+    use crate::config::WatchConfig;
     use crate::progress::Progress;
     use crate::stop::Stop;
     use crate::testkit::{Dest, FakeSinks, Scratch};
@@ -578,8 +546,8 @@ mod tests {
         tailer.on_change(touched("c.cfg", true));
 
         let at_path = |tailer: &Tailer| {
-            let key = tailer.by_path.get("c.cfg").expect("c.cfg is tracked");
-            let t = tailer.files.get(key).expect("its file is known");
+            let key = tailer.files.key_at("c.cfg").expect("c.cfg is tracked");
+            let t = tailer.files.get(&key).expect("its file is known");
             (t.ino, t.closed)
         };
         assert_eq!(at_path(&tailer), (new_inode, true));

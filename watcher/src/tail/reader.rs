@@ -3,7 +3,18 @@
 //! time, keeping the number of open descriptors bounded, and polling the
 //! files no event tells of.
 
-use super::*;
+use std::os::unix::fs::OpenOptionsExt;
+use std::time::Instant;
+
+use flight_server::RowKind;
+
+use super::Tailer;
+use super::batcher::RowRef;
+use super::files::{FINGERPRINT_LEN, FileKey};
+use crate::discover;
+
+/// Growth observations kept per file for its lag in seconds.
+const MAX_GROWTH_MARKS: usize = 64;
 
 /// Skipped entries the status names (all are counted).
 const SKIPPED_EXAMPLES: usize = 5;
@@ -207,7 +218,7 @@ impl Tailer {
             };
             let offset = t.read_offset;
             let want = (size - offset).min(self.max_row_bytes as u64) as usize;
-            let batch = &mut self.batches[t.sink];
+            let batch = self.outbound.batch(t.sink);
             let data =
                 batch
                     .builder
@@ -248,9 +259,7 @@ impl Tailer {
             t.read_offset += got as u64;
             sent += got as u64;
             self.progress.add_read(got as u64);
-            if self.batches[sink].builder.encoded_bytes() >= self.config.batch_bytes {
-                self.flush(sink);
-            }
+            self.outbound.flush_if_full(sink);
         }
     }
 }
