@@ -17,9 +17,9 @@ pub(crate) enum Rank {
     /// One source's cell, held while it loads (and while it looks at the
     /// map again).
     SourceCell,
-    /// `Placer::sources`: which sources are loaded.
+    /// `Sources::sources` (`place::sources`): which sources are loaded.
     Sources,
-    /// `Placer::flat_source`: the flat layout's one source.
+    /// `Sources::flat_source`: the flat layout's one source.
     FlatSource,
     /// `Source::files`: a source's files by key and path.
     SourceFiles,
@@ -31,11 +31,12 @@ pub(crate) enum Rank {
     /// A rename holds the state of the generation it moves aside and of its
     /// successor at once.
     SlotState,
-    /// `Placer::open_files`: the cache of open destination files.
+    /// `OpenFiles::open_files` (`place::fds`): the cache of open
+    /// destination files.
     OpenFiles,
-    /// `Placer::holders`: the slots that held ranges.
+    /// `Holds::holders` (`place::holds`): the slots that held ranges.
     Holders,
-    /// `Placer::awaiting_flush`: new files whose flush is pending.
+    /// `OpenFiles::awaiting_flush`: new files whose flush is pending.
     AwaitingFlush,
     /// `Source::moved_away`: the paths moved aside and not yet recorded.
     MovedAway,

@@ -7,11 +7,22 @@
 //! A reader of the destination file thus never reads a hole:
 //! whatever lies below the file's size is the source's bytes.
 //!
-//! Holding costs memory: [`Placer::hold_limit`] bounds it for the whole
-//! sink, and a batch that would go past it is refused as retryable (the
-//! watcher sends it again), while the ranges that fill gaps are never held.
+//! Holding costs memory: the hold budget (see `holds`) bounds it for the
+//! whole sink, and a batch that would go past it is refused as retryable
+//! (the watcher sends it again), while the ranges that fill gaps are never
+//! held.
 
-use super::*;
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use flight_server::Row;
+
+use super::sources::Source;
+use super::write::write_range;
+use super::{BatchWork, Placer, RowError};
+use crate::state::{Slot, SlotState, lock};
+use crate::written_crc::WrittenCrc;
 
 /// Most bytes one batch puts in the journal.
 const JOURNAL_BATCH_MAX: u64 = 1 << 20;
@@ -28,72 +39,6 @@ fn writable_at(state: &SlotState, start: u64) -> bool {
 }
 
 impl Placer {
-    /// Writes a range in place: its aligned middle directly when it is
-    /// large enough and the filesystem allows, the rest through the page
-    /// cache. An error names the destination and offset.
-    pub(super) fn write_in_place(
-        &self,
-        state: &mut SlotState,
-        file: &File,
-        bytes: &[u8],
-        offset: u64,
-    ) -> Result<(), SinkError> {
-        let middle = match self.direct_min {
-            0 => None,
-            min => direct::aligned_middle(offset, bytes.len() as u64, min),
-        };
-        let direct = match (middle, &state.direct) {
-            (None, _) | (_, DirectFile::Refused) => None,
-            (Some(_), DirectFile::Open(direct)) => Some(direct.clone()),
-            (Some(_), DirectFile::NotOpened) => {
-                match direct::reopen_direct(file, &state.record.dest_path) {
-                    direct::Reopened::Open(direct) => {
-                        let direct = Arc::new(direct);
-                        state.direct = DirectFile::Open(direct.clone());
-                        Some(direct)
-                    }
-                    direct::Reopened::Refused => {
-                        state.direct = DirectFile::Refused;
-                        None
-                    }
-                    direct::Reopened::NotNow => None,
-                }
-            }
-        };
-        let dest = || state.record.dest_path.clone();
-        let (Some((start, end)), Some(direct)) = (middle, direct) else {
-            return write_range(file, bytes, offset, dest);
-        };
-        let at = |o: u64| (o - offset) as usize;
-        write_range(file, &bytes[..at(start)], offset, dest)?;
-        let middle_bytes = &bytes[at(start)..at(end)];
-        match self.direct_buffers.write(&direct, middle_bytes, start) {
-            Ok(true) => {}
-            // Every aligned buffer is busy: this once, the usual way.
-            Ok(false) => write_range(file, middle_bytes, start, dest)?,
-            // An alignment this device does not take after all. Chunks
-            // before the failed one are in the file; writing them again
-            // through the page cache puts the same bytes there.
-            Err(failed) if failed.error.raw_os_error() == Some(libc::EINVAL) => {
-                tracing::debug!(dest = %state.record.dest_path, error = %failed.error, "direct write refused; writing through the page cache");
-                state.direct = DirectFile::Refused;
-                write_range(file, middle_bytes, start, || state.record.dest_path.clone())?;
-            }
-            Err(failed) => {
-                return Err(SinkError::storage(
-                    format_args!(
-                        "writing {} bytes at offset {} of {} (O_DIRECT)",
-                        failed.len, failed.offset, state.record.dest_path
-                    ),
-                    failed.error,
-                ));
-            }
-        }
-        write_range(file, &bytes[at(end)..], end, || {
-            state.record.dest_path.clone()
-        })
-    }
-
     pub(super) fn place_data(
         &self,
         source: &Source,
@@ -150,7 +95,7 @@ impl Placer {
         let mut placed = Vec::with_capacity(to_write.len());
         for &(s, e) in &to_write {
             let bytes = &row.data[(s - start) as usize..(e - start) as usize];
-            let outcome = if self.hold_limit > 0 && !writable_at(&state, s) {
+            let outcome = if self.holds.enabled() && !writable_at(&state, s) {
                 self.hold(&slot, &mut state, s, bytes, work)
             } else {
                 self.write_part(&slot, &mut state, &file, s, bytes, journal, work)
@@ -198,7 +143,7 @@ impl Placer {
     ) -> Result<(), RowError> {
         let end = start + bytes.len() as u64;
         debug_assert!(
-            self.hold_limit == 0 || writable_at(state, start),
+            !self.holds.enabled() || writable_at(state, start),
             "a write past a hole"
         );
         #[cfg(test)]
@@ -214,7 +159,7 @@ impl Placer {
         let written = if journal {
             write_range(file, bytes, start, || state.record.dest_path.clone())
         } else {
-            self.write_in_place(state, file, bytes, start)
+            self.direct.write_in_place(state, file, bytes, start)
         };
         if let Err(error) = written {
             state.written_crc = WrittenCrc::Unknown;
@@ -277,11 +222,9 @@ impl Placer {
             if !writable_at(state, start) {
                 break;
             }
-            let Some(held) = state.held.remove(&start) else {
+            let Some(held) = self.holds.take_out(state, start) else {
                 break;
             };
-            self.held_bytes
-                .fetch_sub(held.bytes.len() as u64, Ordering::Relaxed);
             let len = held.bytes.len() as u64;
             let end = start + len;
             // Journaled only if it would have been on its own: a large held
@@ -319,126 +262,21 @@ impl Placer {
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         let len = bytes.len() as u64;
-        let mut before = self.held_bytes.fetch_add(len, Ordering::Relaxed);
-        if before + len > self.hold_limit {
-            self.held_bytes.fetch_sub(len, Ordering::Relaxed);
-            self.evict_stale_holds(slot, state);
-            before = self.held_bytes.fetch_add(len, Ordering::Relaxed);
-        }
-        if before + len > self.hold_limit {
-            self.held_bytes.fetch_sub(len, Ordering::Relaxed);
+        if let Err(full) = self.holds.hold(slot, state, start, bytes) {
             // The batch fails, but only once its other rows are written:
             // those that fill gaps move the files' ends on, so the next
             // attempt holds less, and a full budget cannot lock two batches
             // that each fill the other's gap out for good.
             work.refused.get_or_insert(format!(
-                "{} bytes at {start} of {} arrived ahead of the bytes before them, and the sink already holds {before} such bytes (limit {}); the batch is sent again",
-                len, state.record.dest_path, self.hold_limit
+                "{} bytes at {start} of {} arrived ahead of the bytes before them, and the sink already holds {} such bytes (limit {}); the batch is sent again",
+                len, state.record.dest_path, full.held, full.limit
             ));
             return Ok(());
         }
         let end = start + len;
-        if state.held.is_empty() {
-            let mut holders = lock(&self.holders);
-            // Forget slots that hold nothing now before the list doubles
-            // (only a full budget looks at it otherwise). A slot's own
-            // state is the caller's, and locking it again would deadlock.
-            if holders.len() >= 1024 && holders.len().is_power_of_two() {
-                holders.retain(|weak| {
-                    weak.upgrade().is_some_and(|other| {
-                        Arc::ptr_eq(&other, slot)
-                            || other
-                                .state
-                                .try_lock()
-                                .map_or(true, |state| !state.held.is_empty())
-                    })
-                });
-            }
-            holders.push(Arc::downgrade(slot));
-        }
-        state.held.insert(
-            start,
-            Held {
-                bytes: bytes.to_vec(),
-                since: std::time::Instant::now(),
-            },
-        );
         state.pending.insert(start, end);
         work.held.push((slot.clone(), start, end));
         work.request.depend_on(slot, start, end);
         Ok(())
-    }
-
-    /// Frees the hold budget of ranges held longer than [`crate::commit::HOLD_WAIT`] since
-    /// they were last sent: their batches have been failed and sent again
-    /// or their peers are gone (a watcher that stopped, a hostile client
-    /// that sent ranges past a gap it never fills), and nobody waits for
-    /// them. Kept, they would take the budget from every other stream for
-    /// as long as the sink runs. Their bytes were never acknowledged: a
-    /// watcher still alive sends them again. `current` is the slot whose
-    /// state the caller holds locked; other slots busy now are skipped
-    /// (locking them could deadlock against their holder).
-    fn evict_stale_holds(&self, current: &Arc<Slot>, current_state: &mut SlotState) {
-        let mut holders = lock(&self.holders);
-        let evict = |state: &mut SlotState| {
-            let stale: Vec<u64> = state
-                .held
-                .iter()
-                .filter(|(_, held)| held.since.elapsed() > crate::commit::HOLD_WAIT)
-                .map(|(&start, _)| start)
-                .collect();
-            for start in stale {
-                if let Some(held) = state.held.remove(&start) {
-                    let len = held.bytes.len() as u64;
-                    self.held_bytes.fetch_sub(len, Ordering::Relaxed);
-                    state.pending.remove(start, start + len);
-                    tracing::info!(file = %state.record.dest_path, start, len, "dropped a range held past the hold wait: nobody waits for it (its sender may send it again)");
-                }
-            }
-            !state.held.is_empty()
-        };
-        holders.retain(|weak| {
-            let Some(slot) = weak.upgrade() else {
-                return false;
-            };
-            if Arc::ptr_eq(&slot, current) {
-                return evict(current_state);
-            }
-            match slot.state.try_lock() {
-                Ok(mut state) => evict(&mut state),
-                // Busy: looked at on the next full budget.
-                Err(crate::lock_order::WouldBlock) => true,
-            }
-        });
-        // A slot that emptied and held again is listed twice: keep one.
-        let mut seen = std::collections::HashSet::new();
-        holders.retain(|weak| seen.insert(weak.as_ptr() as usize));
-    }
-
-    /// Drops what a batch that failed still holds (nobody drained it): no
-    /// one waits for it once its batch is sent again.
-    pub(super) fn drop_holds_of(&self, held: &[(Arc<Slot>, u64, u64)]) {
-        for (slot, start, end) in held {
-            let mut state = lock(&slot.state);
-            let ours = state
-                .held
-                .get(start)
-                .is_some_and(|held| *start + held.bytes.len() as u64 == *end);
-            if ours && let Some(held) = state.held.remove(start) {
-                self.held_bytes
-                    .fetch_sub(held.bytes.len() as u64, Ordering::Relaxed);
-                state.pending.remove(*start, *end);
-            }
-        }
-    }
-
-    /// Drops everything a file holds: a newer generation replaced it, and
-    /// its batches are answered as superseded.
-    pub(super) fn drop_all_holds(&self, state: &mut SlotState) {
-        for (start, held) in std::mem::take(&mut state.held) {
-            let len = held.bytes.len() as u64;
-            self.held_bytes.fetch_sub(len, Ordering::Relaxed);
-            state.pending.remove(start, start + len);
-        }
     }
 }

@@ -4,9 +4,10 @@
 //! small files in 10,000 directories) would hold more of them than the
 //! process may open, and every open then fails. Under pressure a batch
 //! first has the lately created files flushed early and the cache of open
-//! files cut (see `Placer::place`), waits briefly while a burst's rounds
-//! release the rest, and a row that would open a file past the budget fails
-//! its batch as retryable instead of reaching EMFILE half-way.
+//! files cut (see `OpenFiles::ease_pressure`), waits briefly while a
+//! burst's rounds release the rest, and a row that would open a file past
+//! the budget fails its batch as retryable instead of reaching EMFILE
+//! half-way.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,46 +1,69 @@
-//! Open destination descriptors: opened on first write (settling a recorded
-//! move first) and kept in a bounded cache, oldest closed first.
+//! The descriptor cache: destination files stay open between batches, up
+//! to a bound (oldest closed first), within the process's descriptor
+//! budget; when descriptors run short, new files awaiting their round are
+//! flushed early so that they let theirs go.
 
-use super::*;
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
 
-impl Placer {
-    pub(super) fn file_of(
-        &self,
-        source: &Source,
-        slot: &Arc<Slot>,
-        state: &mut SlotState,
-        work: &mut BatchWork,
-    ) -> Result<Arc<File>, RowError> {
-        if let Some(file) = &state.file {
-            return Ok(file.clone());
-        }
-        self.settle_rename(source, slot, state, work)?;
-        self.take_descriptor(Some(slot))?;
-        let opened = self
-            .root
-            .open_for_write(&state.record.dest_path)
-            .map_err(confine_error)?;
-        let len = opened.file.metadata().map(|m| m.len()).ok();
-        if state.disk_len.is_none() {
-            state.disk_len = len;
-        }
-        // Evicted and opened again, or opened for the first time: what the
-        // file holds now is where writing may go on.
-        state.file_end = state.file_end.max(len.unwrap_or(0));
-        state.opened(&opened.file);
-        let file = Arc::new(opened.file);
-        if !opened.dirs_to_sync.is_empty() {
-            // Created again (it was missing).
-            work.request.flush_before_record(
-                &mut lock(&slot.unsynced),
-                Some(&file),
-                opened.dirs_to_sync,
+use super::descriptors::{Descriptors, DescriptorsShort};
+use crate::SinkError;
+use crate::durability::flush::SyncTarget;
+use crate::health::Health;
+use crate::lock_order::{Rank, Ranked};
+use crate::state::{Slot, lock};
+
+/// The open destination files, and the descriptors they and new files take.
+pub(super) struct OpenFiles {
+    open_files: Ranked<VecDeque<Arc<Slot>>>,
+    max_open_files: usize,
+    /// The process's descriptors, which new files awaiting their round hold.
+    descriptors: Descriptors,
+    /// Slots whose creation left flushes pending (and descriptors held for
+    /// them): what is flushed early when descriptors run short.
+    awaiting_flush: Ranked<Vec<Weak<Slot>>>,
+    /// Poisoned by a failed early flush, as by a round's.
+    health: Health,
+}
+
+impl OpenFiles {
+    pub(super) fn new(max_open_files: usize, health: Health) -> Self {
+        let descriptors = Descriptors::of_process();
+        // The cache of open files may take at most a quarter of the
+        // descriptors (a cached file may hold a second one for direct
+        // writes): the rest is for files awaiting their round, the
+        // manifest, subscriptions and peers.
+        let most_cached = descriptors.limit() / 4;
+        if max_open_files > most_cached {
+            tracing::warn!(
+                max_open_files,
+                most_cached,
+                "the open-file cache may take at most a quarter of the process's descriptor limit (two per file with direct writes); keeping it to that"
             );
-            self.awaits_flush(slot);
         }
-        state.file = Some(file.clone());
-        self.remember_open(slot);
-        Ok(file)
+        Self {
+            open_files: Ranked::new(Rank::OpenFiles, VecDeque::new()),
+            max_open_files: max_open_files.min(most_cached).max(16),
+            descriptors,
+            awaiting_flush: Ranked::new(Rank::AwaitingFlush, Vec::new()),
+            health,
+        }
+    }
+
+    /// Makes room for a batch to start when most descriptors are held.
+    /// Holds no slot's state: called where a batch starts.
+    pub(super) fn ease_pressure(&self) -> Result<(), SinkError> {
+        if self.descriptors.pressed() {
+            // What lately created files hold is let go; the cache is cut;
+            // and only while a burst of new files still holds descriptors
+            // that rounds will release is there anything to wait for.
+            let flushed = self.flush_early()?;
+            self.trim_open_files(self.max_open_files / 4, None);
+            if flushed > 0 {
+                self.descriptors.wait_to_start();
+            }
+        }
+        Ok(())
     }
 
     /// Keeps the number of cached descriptors bounded: the oldest opened is
@@ -53,7 +76,7 @@ impl Placer {
     /// Closes cached descriptors, oldest first, down to `keep`. The caller
     /// may hold a slot's lock (`current`'s, or another's), so eviction never
     /// waits for one: a busy slot is skipped and stays open a little longer.
-    pub(super) fn trim_open_files(&self, keep: usize, current: Option<&Arc<Slot>>) {
+    fn trim_open_files(&self, keep: usize, current: Option<&Arc<Slot>>) {
         let mut open = lock(&self.open_files);
         let mut attempts = open.len();
         while open.len() > keep && attempts > 0 {
@@ -83,10 +106,9 @@ impl Placer {
     /// Room for one more new destination file, or a retryable refusal:
     /// under pressure the cache of open files is cut to a quarter first (a
     /// row holding `slot`'s lock may ask).
-    pub(super) fn take_descriptor(&self, slot: Option<&Arc<Slot>>) -> Result<(), RowError> {
+    pub(super) fn take_descriptor(&self, slot: Option<&Arc<Slot>>) -> Result<(), DescriptorsShort> {
         self.descriptors
             .take_one(|| self.trim_open_files(self.max_open_files / 4, slot))
-            .map_err(|short| RowError::Storage(short.to_string()))
     }
 
     /// Notes a slot whose new file and directories wait for their round's
@@ -110,16 +132,16 @@ impl Placer {
     /// new files in many directories holds descriptors up to the limit, and
     /// every batch sent again fails on the next new file before any round
     /// can record (and so flush) the files its earlier attempt created.
-    /// Holds no slot's state: called where a batch starts. A failed flush
-    /// poisons the sink, as a round's does.
-    pub(super) fn flush_early(&self) -> Result<usize, SinkError> {
+    /// Holds no slot's state. A failed flush poisons the sink, as a round's
+    /// does.
+    fn flush_early(&self) -> Result<usize, SinkError> {
         let slots: Vec<Arc<Slot>> = std::mem::take(&mut *lock(&self.awaiting_flush))
             .iter()
-            .filter_map(std::sync::Weak::upgrade)
+            .filter_map(Weak::upgrade)
             .collect();
         let mut flushed = 0usize;
         for slot in &slots {
-            let pending: Vec<(u64, crate::durability::flush::SyncTarget)> = lock(&slot.unsynced)
+            let pending: Vec<(u64, SyncTarget)> = lock(&slot.unsynced)
                 .iter()
                 .map(|pending| (pending.token(), pending.target.clone()))
                 .collect();

@@ -1,8 +1,24 @@
 //! File generations: finding a file's slot (or creating it and its file),
-//! and what becomes of an older generation that a newer one replaces at its
-//! path (removed under `mirror`, moved aside under `keep`).
+//! opening its file again once the cache closed it (a recorded move is
+//! settled first), and what becomes of an older generation that a newer
+//! one replaces at its path (removed under `mirror`, moved aside under
+//! `keep`).
 
-use super::*;
+use std::fs::File;
+use std::sync::Arc;
+
+use flight_server::Row;
+use manifest_db::{FileId, FileRecord, IntervalSet};
+
+use super::moves::Moving;
+use super::sources::{PathIndex, Source, SourceFiles};
+use super::{BatchWork, Placer, RowError, confine_error, confined_path};
+use crate::config::SupersededPolicy;
+use crate::confine::ConfineError;
+use crate::durability::direct::DirectFile;
+use crate::lock_order::{Rank, Ranked};
+use crate::state::{Slot, SlotState, lock};
+use crate::written_crc::WrittenCrc;
 
 impl Placer {
     /// The slot of (key, generation); generation 1 is created on first sight
@@ -43,7 +59,7 @@ impl Placer {
         // first: the new one must not be written into it.
         self.settle_recorded_move_from(source, files, &dest, work)?;
         self.supersede_at(source, files, &dest, work)?;
-        self.take_descriptor(None)?;
+        self.open_files.take_descriptor(None)?;
         let opened = self.root.open_for_write(&dest).map_err(confine_error)?;
         let disk_len = opened.file.metadata().map(|m| m.len()).ok();
         let file = Arc::new(opened.file);
@@ -85,15 +101,58 @@ impl Placer {
         });
         lock(&slot.state).opened(&file);
         if created {
-            self.awaits_flush(&slot);
+            self.open_files.awaits_flush(&slot);
         }
         files
             .slots
             .insert((key.to_owned(), generation), slot.clone());
         files.by_path.insert(dest, (key.to_owned(), generation));
-        self.remember_open(&slot);
+        self.open_files.remember_open(&slot);
         work.request.touched.push(slot.clone());
         Ok(slot)
+    }
+
+    /// The slot's file, opened again if the cache closed it or this process
+    /// has not opened it yet. A move recorded and not made is finished
+    /// first, so that what opens is the file the record names, not a new
+    /// empty one at its new name.
+    pub(super) fn file_of(
+        &self,
+        source: &Source,
+        slot: &Arc<Slot>,
+        state: &mut SlotState,
+        work: &mut BatchWork,
+    ) -> Result<Arc<File>, RowError> {
+        if let Some(file) = &state.file {
+            return Ok(file.clone());
+        }
+        self.settle_rename(source, slot, state, work)?;
+        self.open_files.take_descriptor(Some(slot))?;
+        let opened = self
+            .root
+            .open_for_write(&state.record.dest_path)
+            .map_err(confine_error)?;
+        let len = opened.file.metadata().map(|m| m.len()).ok();
+        if state.disk_len.is_none() {
+            state.disk_len = len;
+        }
+        // Evicted and opened again, or opened for the first time: what the
+        // file holds now is where writing may go on.
+        state.file_end = state.file_end.max(len.unwrap_or(0));
+        state.opened(&opened.file);
+        let file = Arc::new(opened.file);
+        if !opened.dirs_to_sync.is_empty() {
+            // Created again (it was missing).
+            work.request.flush_before_record(
+                &mut lock(&slot.unsynced),
+                Some(&file),
+                opened.dirs_to_sync,
+            );
+            self.open_files.awaits_flush(slot);
+        }
+        state.file = Some(file.clone());
+        self.open_files.remember_open(slot);
+        Ok(file)
     }
 
     pub(super) fn open_generation(
@@ -160,7 +219,7 @@ impl Placer {
                 }
                 state.close_file();
                 state.record.superseded = true;
-                self.drop_all_holds(&mut state);
+                self.holds.drop_all(&mut state);
                 drop(state);
                 work.request.touched.push(old.clone());
             }
@@ -215,7 +274,7 @@ impl Placer {
                     state.record.kept = false;
                     state.close_file();
                     // What it held is never written.
-                    self.drop_all_holds(&mut state);
+                    self.holds.drop_all(&mut state);
                     None
                 }
                 Some(inode) => {
@@ -273,7 +332,7 @@ impl Placer {
             state.close_file();
             // Superseded for good only now (a failed move above makes it
             // live again): what it held is never written.
-            self.drop_all_holds(&mut state);
+            self.holds.drop_all(&mut state);
             moving.made(&mut state);
         }
         lock(&source.moved_away).made(from.to_owned(), slot.clone());

@@ -17,96 +17,53 @@
 //! a range that arrives ahead of the bytes before it waits in memory (see
 //! `data`).
 //!
-//! Here: the [`Placer`], each source's path indexes, and the walk over a
-//! batch's rows. Beside it: `data` (ranges), `generation` (slots, new and
-//! superseded generations), `rename` (moves and their intents), `seal`,
-//! `fds` (the descriptor cache), `record` (records durable ahead of their
-//! batch's round) and `replay` (the journal at startup).
+//! Here: the [`Placer`], the lookup of a file's slot, and the walk over a
+//! batch's rows. Beside it, parts that each own their state: `sources`
+//! (the sources served, each with its path indexes), `holds` (the budget
+//! of ranges held ahead of the bytes before them), `fds` (the cache of
+//! open files, within the process's descriptors) and `write` (writing a
+//! range in place, its large middle directly). The placer's own work, by
+//! kind: `data` (ranges), `generation` (slots, new and superseded
+//! generations), `rename` (moves and their intents), `seal`, `record`
+//! (records durable ahead of their batch's round) and `replay` (the
+//! journal at startup).
 
-use std::collections::{HashMap, VecDeque};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind, SealDigest, checksum};
-use manifest_db::{
-    FileId, FileRecord, IntervalSet, JournalBytes, Sealed, SinkCommit, SinkManifest,
-};
+use flight_server::{Ack, RangeBatch, RejectedRow, Row, RowKind};
+use manifest_db::{FileId, IntervalSet, SinkManifest};
 
 use crate::SinkError;
 use crate::commit::Committer;
 use crate::config::{Layout, SupersededPolicy};
-use crate::confine::{ConfineError, Root, SettledMove};
-use crate::durability::direct::{self, DirectFile};
+use crate::confine::{ConfineError, Root};
+use crate::durability::direct::DirectFile;
 use crate::health::Health;
 use crate::lock_order::{Guard, Rank, Ranked};
-use crate::state::{CommitGate, CommitRequest, DependencyCharge, Held, Slot, SlotState, lock};
+use crate::state::{CommitGate, CommitRequest, DependencyCharge, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
 
 mod data;
 mod descriptors;
 mod fds;
 mod generation;
+mod holds;
 mod moves;
 mod record;
 mod rename;
 mod replay;
 mod seal;
+mod sources;
 #[cfg(test)]
 mod tests;
 mod write;
 
-use moves::{MovedAway, Moving};
+use fds::OpenFiles;
+use holds::Holds;
 pub(crate) use seal::head_crc;
-use write::write_range;
-
-/// Slots kept in memory before sealed, idle ones are dropped.
-const SLOT_CACHE: usize = 4096;
-
-#[derive(Default)]
-struct SourceFiles {
-    /// Sweep the slot cache when it grows past this.
-    sweep_above: usize,
-    slots: HashMap<(String, u64), Arc<Slot>>,
-    /// Live (not superseded) generation at each destination path.
-    by_path: HashMap<String, (String, u64)>,
-    /// Superseded generations kept aside (`--superseded keep`), by the
-    /// path they were moved to: a new file or a rename there moves them on.
-    kept: HashMap<String, (String, u64)>,
-}
-
-/// Which path index of a source.
-#[derive(Clone, Copy)]
-enum PathIndex {
-    Live,
-    Kept,
-}
-
-impl SourceFiles {
-    fn index(&mut self, which: PathIndex) -> &mut HashMap<String, (String, u64)> {
-        match which {
-            PathIndex::Live => &mut self.by_path,
-            PathIndex::Kept => &mut self.kept,
-        }
-    }
-}
-
-pub(crate) struct Source {
-    name: String,
-    files: Ranked<SourceFiles>,
-    /// Taken after any other lock but `unsynced` (see [`crate::lock_order`]).
-    moved_away: Ranked<MovedAway>,
-}
-
-/// Most sources one sink serves: each keeps some state for the life of the
-/// process, and a peer must not make that grow without end. Far more than
-/// the beamlines and hutches one sink serves.
-const MAX_SOURCES: usize = 4096;
-
-/// A source's state once loaded; locked while it loads.
-type SourceCell = Ranked<Option<Arc<Source>>>;
+use sources::{Source, SourceFiles, Sources};
+use write::DirectWrites;
 
 /// Everything placement needs; shared by all streams.
 pub(crate) struct Placer {
@@ -115,45 +72,27 @@ pub(crate) struct Placer {
     pub manifest: SinkManifest,
     pub layout: Layout,
     pub superseded: SupersededPolicy,
-    /// Per source, its state once loaded: each behind a lock of its own,
-    /// so that loading one source holds up only that source's batches.
-    sources: Ranked<HashMap<String, Arc<SourceCell>>>,
-    open_files: Ranked<VecDeque<Arc<Slot>>>,
+    /// The sources served, loaded on first use.
+    sources: Sources,
+    /// Destination files kept open between batches.
+    open_files: OpenFiles,
     commit_gate: CommitGate,
-    max_open_files: usize,
     pub journal: Journal,
-    /// Ranges whose aligned middle holds at least this many bytes write it
-    /// with O_DIRECT (0: never).
-    direct_min: u64,
-    direct_buffers: direct::Buffers,
+    /// Large ranges' aligned middle, written with O_DIRECT.
+    direct: DirectWrites,
     /// Seals compare the digest of the file read back from disk, even when
     /// the checksum of the bytes as written is known.
     seal_read_back: bool,
     /// Poisoned by any failure memory cannot follow: a flush placement makes
     /// itself, a failed round recording a move's intent, a panic.
     pub health: Health,
-    /// With the flat layout, the one source this sink serves (the first
-    /// one seen, in the manifest or on the wire).
-    flat_source: Ranked<Option<String>>,
-    /// Most sources served at once (their state stays for the process).
-    max_sources: usize,
     /// The manifest's one writer once the sink runs: records changed out of
     /// a batch's own round (a move's intent) are written by a round of
     /// their own. Unset during the startup replay and in unit tests, where
     /// nothing runs beside placement.
     committer: std::sync::OnceLock<Committer>,
-    /// Bytes held in memory across the sink's files, waiting for the bytes
-    /// before them (see `data`), and the most it may hold.
-    held_bytes: AtomicU64,
-    hold_limit: u64,
-    /// Slots that held something when last looked at: where a full hold
-    /// budget looks for ranges nobody waits for any more.
-    holders: Ranked<Vec<std::sync::Weak<Slot>>>,
-    /// The process's descriptors, which new files awaiting their round hold.
-    descriptors: descriptors::Descriptors,
-    /// Slots whose creation left flushes pending (and descriptors held for
-    /// them): what is flushed early when descriptors run short.
-    awaiting_flush: Ranked<Vec<std::sync::Weak<Slot>>>,
+    /// Bytes held in memory, waiting for the bytes before them (see `data`).
+    holds: Holds,
     /// Ranges that batches not answered yet wait for (see [`DependencyCharge`]).
     waiting_dependencies: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -164,11 +103,6 @@ pub(crate) struct Placer {
 /// stream's placed batches wait on their own (a watcher's batches rarely
 /// wait for more than a few ranges each).
 const MAX_WAITING_DEPENDENCIES: usize = 1 << 20;
-
-/// Default of [`Placer::with_hold_limit`] in the unit tests: room for the
-/// windows of a few watchers' connections whose batches all arrive ahead
-/// of one late batch, as the sink's own default (`SinkConfig`).
-pub(crate) const HOLD_LIMIT: u64 = 256 << 20;
 
 /// What placement shares with the rest of the sink, given at construction.
 pub(crate) struct Shared {
@@ -232,41 +166,20 @@ impl Placer {
             journal,
             health,
         } = shared;
-        let descriptors = descriptors::Descriptors::of_process();
-        // The cache of open files may take at most a quarter of the
-        // descriptors (a cached file may hold a second one for direct
-        // writes): the rest is for files awaiting their round, the
-        // manifest, subscriptions and peers.
-        let most_cached = descriptors.limit() / 4;
-        if max_open_files > most_cached {
-            tracing::warn!(
-                max_open_files,
-                most_cached,
-                "the open-file cache may take at most a quarter of the process's descriptor limit (two per file with direct writes); keeping it to that"
-            );
-        }
         Self {
             journal,
             commit_gate,
             root: Arc::new(root),
+            sources: Sources::new(manifest.clone(), layout),
             manifest,
             layout,
             superseded,
-            sources: Ranked::new(Rank::Sources, HashMap::new()),
-            open_files: Ranked::new(Rank::OpenFiles, VecDeque::new()),
-            max_open_files: max_open_files.min(most_cached).max(16),
-            direct_min: 0,
-            direct_buffers: direct::Buffers::default(),
+            open_files: OpenFiles::new(max_open_files, health.clone()),
+            direct: DirectWrites::default(),
             seal_read_back: false,
             health,
-            flat_source: Ranked::new(Rank::FlatSource, None),
-            max_sources: MAX_SOURCES,
             committer: std::sync::OnceLock::new(),
-            held_bytes: AtomicU64::new(0),
-            hold_limit: HOLD_LIMIT,
-            holders: Ranked::new(Rank::Holders, Vec::new()),
-            descriptors,
-            awaiting_flush: Ranked::new(Rank::AwaitingFlush, Vec::new()),
+            holds: Holds::new(),
             waiting_dependencies: Default::default(),
         }
     }
@@ -276,13 +189,13 @@ impl Placer {
     /// every range is written where it belongs as it arrives, and a file
     /// may grow past a hole for a while.
     pub fn with_hold_limit(mut self, limit: u64) -> Self {
-        self.hold_limit = limit;
+        self.holds.set_limit(limit);
         self
     }
 
     /// Bytes held in memory now, ahead of the bytes before them.
     pub fn held_bytes(&self) -> u64 {
-        self.held_bytes.load(Ordering::Relaxed)
+        self.holds.held_bytes()
     }
 
     /// From now on, records written ahead of a batch's round go through
@@ -294,7 +207,7 @@ impl Placer {
     /// Writes the aligned middle of ranges of at least `min` bytes with
     /// O_DIRECT (0: never); see [`crate::durability::direct`].
     pub fn with_direct_writes(mut self, min: u64) -> Self {
-        self.direct_min = min;
+        self.direct = DirectWrites::new(min);
         self
     }
 
@@ -307,115 +220,7 @@ impl Placer {
 
     /// The source's state, loaded from the manifest on first use.
     pub fn source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
-        loop {
-            let cell = {
-                let mut sources = lock(&self.sources);
-                if sources.len() >= self.max_sources && !sources.contains_key(name) {
-                    return Err(SinkError::Peer(format!(
-                        "this sink serves at most {} sources, and source {name:?} is not one of them",
-                        self.max_sources
-                    )));
-                }
-                sources
-                    .entry(name.to_owned())
-                    .or_insert_with(|| Arc::new(Ranked::new(Rank::SourceCell, None)))
-                    .clone()
-            };
-            // Held across the scan: no batch of this source is placed, and so
-            // none of its records rewritten in the manifest (in place, see
-            // manifest_db's store), while they are read. Other sources go on:
-            // the scan reads no key past this source's.
-            let mut loaded = lock(&cell);
-            if let Some(source) = loaded.as_ref() {
-                return Ok(source.clone());
-            }
-            let current = |sources: &HashMap<_, Arc<_>>| {
-                sources.get(name).is_some_and(|c| Arc::ptr_eq(c, &cell))
-            };
-            if !current(&lock(&self.sources)) {
-                // Its load failed and it left the map: one state per source,
-                // so start over with the map's.
-                continue;
-            }
-            return match self.load_source(name) {
-                Ok(source) => {
-                    *loaded = Some(source.clone());
-                    Ok(source)
-                }
-                Err(error) => {
-                    // Names that fail (refused, unreadable) keep no entry:
-                    // the map holds only sources being served.
-                    let mut sources = lock(&self.sources);
-                    if current(&sources) {
-                        sources.remove(name);
-                    }
-                    Err(error)
-                }
-            };
-        }
-    }
-
-    fn load_source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
-        if self.layout == Layout::Flat {
-            self.claim_flat_root(name)?;
-        }
-        self.read_source(name)
-    }
-
-    /// A source's state as the manifest has it (no claim on a flat root).
-    fn read_source(&self, name: &str) -> Result<Arc<Source>, SinkError> {
-        let records = self.manifest.files_of_source(name).map_err(|e| {
-            SinkError::Storage(format!("loading the manifest of source {name:?}: {e}"))
-        })?;
-        // Only the path index is kept for every file; slots are loaded on
-        // demand and sealed ones are dropped again, so memory follows the
-        // files in use, not every file the source ever sent.
-        let mut files = SourceFiles {
-            sweep_above: SLOT_CACHE,
-            ..SourceFiles::default()
-        };
-        let mut moved_away = MovedAway::default();
-        for (id, record) in records {
-            if let Some(from) = &record.renamed_from {
-                moved_away
-                    .recorded
-                    .insert(from.clone(), (id.key.clone(), id.generation));
-            }
-            if !record.superseded {
-                files
-                    .by_path
-                    .insert(record.dest_path, (id.key, id.generation));
-            } else if record.kept {
-                files.kept.insert(record.dest_path, (id.key, id.generation));
-            }
-        }
-        Ok(Arc::new(Source {
-            name: name.to_owned(),
-            files: Ranked::new(Rank::SourceFiles, files),
-            moved_away: Ranked::new(Rank::MovedAway, moved_away),
-        }))
-    }
-
-    /// The flat layout puts every source's files straight under the root,
-    /// where two sources' files of the same name would be one file: the
-    /// first source (in the manifest's order, else on the wire) is the only
-    /// one, whichever connects first.
-    fn claim_flat_root(&self, name: &str) -> Result<(), SinkError> {
-        let mut owner = lock(&self.flat_source);
-        if owner.is_none() {
-            let first = self
-                .manifest
-                .first_source()
-                .map_err(|e| SinkError::Storage(format!("reading the manifest's sources: {e}")))?;
-            *owner = Some(first.unwrap_or_else(|| name.to_owned()));
-        }
-        match owner.as_deref() {
-            Some(only) if only != name => Err(SinkError::Peer(format!(
-                "this sink writes the flat layout, which serves one source, {only:?}: \
-                 source {name:?} needs a sink of its own or the per-source layout"
-            ))),
-            _ => Ok(()),
-        }
+        self.sources.source(name)
     }
 
     /// Holds off commit rounds while held. A round holds it from before its
@@ -456,16 +261,7 @@ impl Placer {
         seq: u64,
         batch: &RangeBatch,
     ) -> Result<(CommitRequest, Ack), SinkError> {
-        if self.descriptors.pressed() {
-            // What lately created files hold is let go; the cache is cut;
-            // and only while a burst of new files still holds descriptors
-            // that rounds will release is there anything to wait for.
-            let flushed = self.flush_early()?;
-            self.trim_open_files(self.max_open_files / 4, None);
-            if flushed > 0 {
-                self.descriptors.wait_to_start();
-            }
-        }
+        self.open_files.ease_pressure()?;
         let mut work = BatchWork::new(seq);
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
@@ -547,7 +343,7 @@ impl Placer {
                 state.pending.remove(start, end);
             }
         }
-        self.drop_holds_of(&work.held);
+        self.holds.drop_failed(&work.held);
     }
 
     /// The slot of (key, generation), from memory or from the manifest.
@@ -609,28 +405,8 @@ impl Placer {
             ),
             unsynced: Ranked::new(Rank::Unsynced, Vec::new()),
         });
-        self.cache(files, cache_key, slot.clone());
+        files.cache(cache_key, slot.clone());
         Ok(Some(slot))
-    }
-
-    /// Keeps a slot in memory; past a size, drops sealed slots nobody holds
-    /// (their record is in the manifest and they take no more writes).
-    fn cache(&self, files: &mut SourceFiles, key: (String, u64), slot: Arc<Slot>) {
-        files.slots.insert(key, slot);
-        if files.slots.len() > files.sweep_above.max(SLOT_CACHE) {
-            files.slots.retain(|_, slot| {
-                let idle_and_sealed = Arc::strong_count(slot) == 1
-                    && slot.state.try_lock().is_ok_and(|state| {
-                        state.record.sealed.is_some() && state.pending.is_empty()
-                    })
-                    && slot
-                        .unsynced
-                        .try_lock()
-                        .is_ok_and(|unsynced| unsynced.is_empty());
-                !idle_and_sealed
-            });
-            files.sweep_above = files.slots.len() * 2;
-        }
     }
 }
 
@@ -644,6 +420,13 @@ enum RowError {
     Peer(String),
     /// Fail the batch: storage failed.
     Storage(String),
+}
+
+/// Descriptors ran short: the batch is sent again once there are some.
+impl From<descriptors::DescriptorsShort> for RowError {
+    fn from(short: descriptors::DescriptorsShort) -> Self {
+        RowError::Storage(short.to_string())
+    }
 }
 
 impl RowError {

@@ -2,7 +2,14 @@
 //! intent): written by a commit round of their own, so the manifest has one
 //! writer; before the committer runs, directly under the gate.
 
-use super::*;
+use std::sync::Arc;
+
+use manifest_db::{FileId, FileRecord, SinkCommit};
+
+use super::{Placer, RowError};
+use crate::SinkError;
+use crate::lock_order::Guard;
+use crate::state::{CommitRequest, Slot, lock};
 
 impl Placer {
     /// Writes the records of `slots` as memory holds them now, synced, and

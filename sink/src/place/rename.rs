@@ -2,7 +2,16 @@
 //! between leaves a record that knows both names; a move recorded and not
 //! made is finished before anything opens the file or takes its paths.
 
-use super::*;
+use std::sync::Arc;
+
+use flight_server::{RangeBatch, Row, RowKind};
+use manifest_db::IntervalSet;
+
+use super::moves::Moving;
+use super::sources::{Source, SourceFiles};
+use super::{BatchWork, Placer, RowError, confine_error, confined_path};
+use crate::confine::SettledMove;
+use crate::state::{Slot, SlotState, lock};
 
 impl Placer {
     pub(super) fn rename(

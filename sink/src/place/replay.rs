@@ -2,7 +2,21 @@
 //! journal are written back into their files (and rounds cut short are
 //! withdrawn) before the sink serves.
 
-use super::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use flight_server::checksum;
+use manifest_db::{FileId, JournalBytes, SinkCommit};
+
+use super::sources::Source;
+use super::write::write_range;
+use super::{BatchWork, Placer};
+use crate::SinkError;
+use crate::config::Layout;
+use crate::state::{Slot, SlotState, lock};
 
 /// Reads `len` bytes at `offset`, checking first that the file has them
 /// (`len` comes from the manifest and is not trusted to allocate).
@@ -175,7 +189,7 @@ impl Placer {
                     return Ok(source.clone());
                 }
                 tracing::warn!(source = %name, %why, "writing the acknowledged ranges the journal holds of a source this sink no longer serves");
-                let source = self.read_source(name)?;
+                let source = self.sources.read_source(name)?;
                 replay.refused.insert(name.to_owned(), source.clone());
                 Ok(source)
             }

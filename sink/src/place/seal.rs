@@ -1,7 +1,15 @@
 //! Seals: a file's final size and digest, checked against the CRC of the
 //! bytes as written or against the file read back, then recorded.
 
-use super::*;
+use flight_server::{Row, SealDigest, checksum};
+use manifest_db::Sealed;
+
+use super::sources::Source;
+use super::{BatchWork, Placer, RowError, confine_error};
+use crate::SinkError;
+use crate::confine::Root;
+use crate::state::{SlotState, lock};
+use crate::written_crc::WrittenCrc;
 
 impl Placer {
     pub(super) fn seal(

@@ -1,9 +1,14 @@
 //! Unit tests of placement; they record each batch the way a commit round
 //! would, without a committer.
 
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use flight_server::{BatchBuilder, SealDigest, checksum};
+use manifest_db::{FileRecord, JournalBytes, Sealed, SinkCommit};
+
 use super::*;
 use crate::durability::flush::SyncTarget;
-use flight_server::BatchBuilder;
 
 mod order;
 mod rename;
@@ -481,7 +486,7 @@ fn a_flat_layout_serves_one_source() {
         "{message}"
     );
     // A refused name keeps no state: peers cannot grow the map.
-    assert!(!lock(&first.sources).contains_key("other"));
+    assert!(!first.sources.names().iter().any(|name| name == "other"));
     drop((source, first));
 
     let restarted = placer(&fixture);
@@ -497,15 +502,7 @@ fn loading_one_source_holds_up_no_other() {
     let placer = Arc::new(fixture.placer());
     let served = placer.source("served").unwrap();
     // As if "slow" were being loaded by another stream right now.
-    let loading = lock(&placer.sources)
-        .entry("slow".to_owned())
-        .or_insert_with(|| {
-            Arc::new(crate::lock_order::Ranked::new(
-                crate::lock_order::Rank::SourceCell,
-                None,
-            ))
-        })
-        .clone();
+    let loading = placer.sources.cell("slow").unwrap();
     let scan = lock(&loading);
     let (answer, answered) = std::sync::mpsc::channel();
     let other = placer.clone();
@@ -532,7 +529,7 @@ fn loading_one_source_holds_up_no_other() {
 fn sources_past_the_cap_are_refused() {
     let fixture = Fixture::new("source-cap");
     let mut placer = fixture.placer();
-    placer.max_sources = 2;
+    placer.sources.set_max_sources(2);
     placer.source("a").unwrap();
     placer.source("b").unwrap();
     match placer.source("c") {
@@ -540,7 +537,7 @@ fn sources_past_the_cap_are_refused() {
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("a source past the cap was served"),
     }
-    assert_eq!(lock(&placer.sources).len(), 2);
+    assert_eq!(placer.sources.names().len(), 2);
     placer.source("a").unwrap();
 }
 

@@ -154,11 +154,7 @@ fn age_holds(placer: &Placer) {
     let aged = std::time::Instant::now()
         .checked_sub(crate::commit::HOLD_WAIT + std::time::Duration::from_secs(1))
         .expect("a clock older than the hold wait");
-    let holders: Vec<_> = lock(&placer.holders)
-        .iter()
-        .filter_map(|weak| weak.upgrade())
-        .collect();
-    for slot in holders {
+    for slot in placer.holds.holders() {
         for held in lock(&slot.state).held.values_mut() {
             held.since = aged;
         }
