@@ -45,7 +45,7 @@ export TAILFLIGHT_PY_VENV="$pyvenv"
 tailflight_install_build_deps
 cargo build --features bench   # dev profile, with the measurement aids (--commit-log, stage clocks)
 cargo build -p detector-sim --bin tailflight-bench   # floor and delay-line: benchmark-only tools
-cargo build -p flight-server --example cipher-speed   # the TLS cipher's ceiling
+cargo build -p flight-server --example cipher-speed --example copy_floor --example tonic_floor   # the TLS cipher's ceiling; P1c's floors
 bin="$CARGO_TARGET_DIR/debug/tailflight"
 
 # Names of what the suite creates outside the work tree, so the trap can

@@ -23,7 +23,7 @@ MODES = {
     "quick": dict(
         runs=1, peer_runs=1, ceiling_runs=1,
         iperf_seconds=2, fio_mib=256,
-        p1_total_mib=256, p1_streams=16, p1_chunk="64MiB",
+        p1_total_mib=256, p1_streams=16, p1_chunk="64MiB", p1c_total_mib=256,
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
         p3_rotate_chunk="1MiB", p3_rotate_src_disk=0, p3_logs_tmpfs=1, p3_settle=5, p3_floor=1,
@@ -38,7 +38,7 @@ MODES = {
     "full": dict(
         runs=3, peer_runs=3, ceiling_runs=3,
         iperf_seconds=5, fio_mib=2048,
-        p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB",
+        p1_total_mib=4096, p1_streams=16, p1_chunk="64MiB", p1c_total_mib=2048,
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
         p3_rotate_chunk="4MiB", p3_rotate_src_disk=1, p3_logs_tmpfs=1, p3_settle=90, p3_floor=1,

@@ -1,0 +1,710 @@
+//! The floor any mover pays: file bytes copied over TCP (or TLS 1.3) and made
+//! durable on the other side, with no framing or protocol beyond a length
+//! prefix. Benchmark scripts run the same files through this and through the
+//! pipeline, and report the pipeline's CPU per GB as a ratio to this one's.
+//!
+//! Two processes:
+//!
+//! ```text
+//! copy_floor receive --listen 127.0.0.1:PORT --dest DIR [--tls-dir DIR] [--ack-every BYTES] [--direct] [--connections N]
+//! copy_floor send --to 127.0.0.1:PORT --connections N [--tls-dir DIR] [--window BYTES] [--chunk BYTES] FILE...
+//! ```
+//!
+//! Start `receive` first; it prints `listening on ADDR` to stderr once it
+//! accepts connections (with `--tls-dir`, after writing `cert.pem` there).
+//! Both print one JSON line to stdout when done:
+//! `{"role":..,"bytes":..,"seconds":..,"user_s":..,"sys_s":..}`, the CPU
+//! times being the whole process's, from `getrusage(RUSAGE_SELF)`.
+//!
+//! The wire, integers little-endian: the sender writes frames
+//! `[u32 name_len][name][u64 offset][u32 len][payload]`; files go to the
+//! connections round robin, each file's chunks in order. The receiver
+//! `pwrite`s each payload at its offset into `DEST/name`. Once `ack_every`
+//! payload bytes have arrived on a connection since its last ack, and at the
+//! end of the stream, it `fdatasync`s every file it wrote since that ack and
+//! sends one `u64`: the bytes durable so far on the connection; it reads on
+//! meanwhile. The sender keeps at most its `window` bytes unacknowledged,
+//! cutting a chunk short to fill the window exactly, so `ack_every` must not
+//! exceed the sender's window (the defaults: 2 MiB and 8 MiB). After its
+//! last frame the sender shuts
+//! down its writing half and reads acks until the receiver closes.
+//!
+//! With `--tls-dir`: TLS 1.3 with the one cipher suite
+//! TLS13_AES_128_GCM_SHA256, through tokio-rustls (as tonic uses it). The
+//! receiver makes a self-signed certificate for "localhost" at start; the
+//! sender trusts exactly that certificate, read once its TCP connections are
+//! up (so never one left by an earlier run).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Parser, Subcommand};
+use rustls::crypto::CryptoProvider;
+use rustls::crypto::aws_lc_rs::{cipher_suite, default_provider};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+const MIB: u64 = 1 << 20;
+/// Longest file name a frame may carry.
+const MAX_NAME: usize = 4096;
+/// Largest payload a frame may carry (the receiver's buffer grows to it).
+const MAX_PAYLOAD: usize = 256 << 20;
+const CERT_FILE: &str = "cert.pem";
+
+#[derive(Parser)]
+#[command(about = "Bare file copy over TCP or TLS: the floor a mover's CPU is compared with")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Accept connections and write the files they carry into DEST.
+    Receive {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        dest: PathBuf,
+        /// Serve TLS 1.3; the self-signed certificate is written here.
+        #[arg(long)]
+        tls_dir: Option<PathBuf>,
+        /// Payload bytes per connection between acks (each after an
+        /// fdatasync); a quarter of the sender's window by default, so the
+        /// sender keeps sending while the receiver flushes.
+        #[arg(long, default_value_t = 2 * MIB)]
+        ack_every: u64,
+        /// Write the block-aligned middle of each payload with O_DIRECT,
+        /// past the page cache (as the sink does on local filesystems).
+        #[arg(long)]
+        direct: bool,
+        /// Connections to accept before exiting once they all end.
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+    },
+    /// Send FILEs over N connections and wait until every byte is durable.
+    Send {
+        #[arg(long)]
+        to: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        /// Connect over TLS 1.3, trusting the receiver's cert.pem in this dir.
+        #[arg(long)]
+        tls_dir: Option<PathBuf>,
+        /// Most payload bytes unacknowledged per connection.
+        #[arg(long, default_value_t = 8 * MIB)]
+        window: u64,
+        /// Most payload bytes per frame.
+        #[arg(long, default_value_t = MIB as usize)]
+        chunk: usize,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let (role, bytes, seconds) = match args.command {
+        Command::Receive {
+            listen,
+            dest,
+            tls_dir,
+            ack_every,
+            direct,
+            connections,
+        } => {
+            ensure!(ack_every > 0, "--ack-every must be positive");
+            ensure!(connections > 0, "--connections must be positive");
+            let (bytes, seconds) = runtime.block_on(receive(
+                listen,
+                dest,
+                tls_dir.as_deref(),
+                ack_every,
+                direct,
+                connections,
+            ))?;
+            ("receive", bytes, seconds)
+        }
+        Command::Send {
+            to,
+            connections,
+            tls_dir,
+            window,
+            chunk,
+            files,
+        } => {
+            ensure!(window > 0, "--window must be positive");
+            ensure!(connections > 0, "--connections must be positive");
+            ensure!(
+                chunk > 0 && chunk <= MAX_PAYLOAD,
+                "--chunk must be between 1 and {MAX_PAYLOAD}"
+            );
+            let (bytes, seconds) = runtime.block_on(send(
+                to,
+                connections,
+                tls_dir.as_deref(),
+                window,
+                chunk,
+                &files,
+            ))?;
+            ("send", bytes, seconds)
+        }
+    };
+    drop(runtime);
+    let (user_s, sys_s) = cpu_times()?;
+    println!(
+        r#"{{"role":"{role}","bytes":{bytes},"seconds":{seconds:.6},"user_s":{user_s:.6},"sys_s":{sys_s:.6}}}"#
+    );
+    Ok(())
+}
+
+/// User and system CPU seconds of this process so far.
+fn cpu_times() -> Result<(f64, f64)> {
+    // SAFETY: getrusage only writes the rusage struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("getrusage(RUSAGE_SELF)");
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok((seconds(usage.ru_utime), seconds(usage.ru_stime)))
+}
+
+/// aws-lc-rs with TLS13_AES_128_GCM_SHA256 as its only cipher suite.
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(CryptoProvider {
+        cipher_suites: vec![cipher_suite::TLS13_AES_128_GCM_SHA256],
+        ..default_provider()
+    })
+}
+
+// ---------------------------------------------------------------- receive
+
+/// Files of DEST opened so far, shared by the connections: each is created
+/// (and truncated) once per run.
+struct Dest {
+    dir: PathBuf,
+    /// Write the aligned middle of each payload with O_DIRECT.
+    direct: bool,
+    files: Mutex<HashMap<String, Arc<DestFile>>>,
+}
+
+/// A destination file: written through the page cache, and with `--direct`
+/// also through a second descriptor opened with O_DIRECT.
+struct DestFile {
+    cached: File,
+    direct: Option<File>,
+}
+
+/// The block size O_DIRECT writes are aligned to.
+const BLOCK: u64 = 4096;
+
+impl DestFile {
+    /// Writes `bytes` at `offset`: the blocks wholly inside it directly
+    /// (their address in memory is as aligned as their offset in the file,
+    /// see `receive_stream`), the partial blocks at its ends through the
+    /// page cache.
+    fn write_at(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+        let end = offset + bytes.len() as u64;
+        let (start_block, end_block) = (offset.div_ceil(BLOCK) * BLOCK, end / BLOCK * BLOCK);
+        let Some(direct) = self.direct.as_ref().filter(|_| end_block > start_block) else {
+            return self.cached.write_all_at(bytes, offset);
+        };
+        let at = |o: u64| (o - offset) as usize;
+        self.cached
+            .write_all_at(&bytes[..at(start_block)], offset)?;
+        direct.write_all_at(&bytes[at(start_block)..at(end_block)], start_block)?;
+        self.cached.write_all_at(&bytes[at(end_block)..], end_block)
+    }
+}
+
+impl Dest {
+    fn open(&self, name: &str) -> Result<Arc<DestFile>> {
+        let mut files = self
+            .files
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the file cache's lock is poisoned"))?;
+        if let Some(file) = files.get(name) {
+            return Ok(file.clone());
+        }
+        let path = self.dir.join(name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let direct = match self.direct {
+            false => None,
+            true => Some(
+                OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&path)
+                    .with_context(|| format!("cannot open {} with O_DIRECT", path.display()))?,
+            ),
+        };
+        let file = Arc::new(DestFile {
+            cached: file,
+            direct,
+        });
+        files.insert(name.to_owned(), file.clone());
+        Ok(file)
+    }
+}
+
+/// Makes the self-signed certificate, writes `cert.pem` into `dir` (whole,
+/// by a rename) and returns the acceptor that serves it.
+fn tls_acceptor(dir: &Path) -> Result<TlsAcceptor> {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+        .context("cannot make a self-signed certificate")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let temp = dir.join(format!("{CERT_FILE}.{}.tmp", std::process::id()));
+    std::fs::write(&temp, certified.cert.pem())
+        .with_context(|| format!("cannot write {}", temp.display()))?;
+    let path = dir.join(CERT_FILE);
+    std::fs::rename(&temp, &path)
+        .with_context(|| format!("cannot rename {} to {}", temp.display(), path.display()))?;
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        certified.signing_key.serialize_der(),
+    ));
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("TLS 1.3 with AES-128-GCM")?
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)
+        .context("the self-signed certificate")?;
+    // No session resumption here: no tickets to send.
+    config.send_tls13_tickets = 0;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn receive(
+    listen: SocketAddr,
+    dest: PathBuf,
+    tls_dir: Option<&Path>,
+    ack_every: u64,
+    direct: bool,
+    connections: usize,
+) -> Result<(u64, f64)> {
+    std::fs::create_dir_all(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
+    let acceptor = tls_dir.map(tls_acceptor).transpose()?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    eprintln!("listening on {listen}");
+    let dest = Arc::new(Dest {
+        dir: dest,
+        direct,
+        files: Mutex::new(HashMap::new()),
+    });
+
+    let mut start = None;
+    let mut tasks = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let (tcp, peer) = listener
+            .accept()
+            .await
+            .with_context(|| format!("accept on {listen}"))?;
+        start.get_or_insert_with(Instant::now);
+        tcp.set_nodelay(true)
+            .with_context(|| format!("TCP_NODELAY for {peer}"))?;
+        let dest = dest.clone();
+        let acceptor = acceptor.clone();
+        tasks.push(tokio::spawn(async move {
+            match acceptor {
+                None => receive_stream(tcp, peer, &dest, ack_every).await,
+                Some(acceptor) => {
+                    let tls = acceptor
+                        .accept(tcp)
+                        .await
+                        .with_context(|| format!("TLS handshake with {peer}"))?;
+                    receive_stream(tls, peer, &dest, ack_every).await
+                }
+            }
+        }));
+    }
+    let mut bytes = 0;
+    for task in tasks {
+        bytes += task.await.context("a connection's task failed")??;
+    }
+    let seconds = start.map_or(0.0, |s| s.elapsed().as_secs_f64());
+    Ok((bytes, seconds))
+}
+
+/// Reads exactly `buf.len()` bytes, or none at a clean end of stream:
+/// returns whether it read them.
+async fn read_exact_or_eof<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut [u8]) -> Result<bool> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = stream.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            if filled == 0 {
+                return Ok(false);
+            }
+            bail!("stream ended inside a {}-byte field", buf.len());
+        }
+        filled += n;
+    }
+    Ok(true)
+}
+
+/// Files to flush, and the bytes durable on the connection once they are.
+type AckRequest = (Vec<(String, Arc<DestFile>)>, u64);
+
+/// Flushes what each request names, then acknowledges its total, in order;
+/// shuts the writing half down once the reader has sent its last request.
+async fn acker<W: AsyncWrite + Unpin>(
+    mut out: W,
+    peer: SocketAddr,
+    mut requests: tokio::sync::mpsc::Receiver<AckRequest>,
+) -> Result<()> {
+    while let Some((files, total)) = requests.recv().await {
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            for (name, file) in &files {
+                file.cached
+                    .sync_data()
+                    .with_context(|| format!("fdatasync of {name} (from {peer})"))?;
+            }
+            Ok(())
+        })
+        .await
+        .context("the fdatasync task failed")??;
+        out.write_all(&total.to_le_bytes())
+            .await
+            .with_context(|| format!("ack {total} to {peer}"))?;
+        out.flush()
+            .await
+            .with_context(|| format!("ack {total} to {peer}"))?;
+    }
+    out.shutdown()
+        .await
+        .with_context(|| format!("closing the connection from {peer}"))
+}
+
+/// One connection's frames, written into `dest`; returns its payload bytes.
+async fn receive_stream<S>(stream: S, peer: SocketAddr, dest: &Dest, ack_every: u64) -> Result<u64>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    // Frames are read on while the files of the last ack are flushed.
+    let (mut stream, out) = tokio::io::split(stream);
+    let (requests, pending) = tokio::sync::mpsc::channel::<AckRequest>(2);
+    let acks = tokio::spawn(acker(out, peer, pending));
+    let mut head = Vec::with_capacity(MAX_NAME + 12);
+    let mut payload: Vec<u8> = Vec::new();
+    // This connection's own view of the cache, and the files it wrote
+    // since its last ack.
+    let mut files: HashMap<String, Arc<DestFile>> = HashMap::new();
+    let mut dirty: Vec<(String, Arc<DestFile>)> = Vec::new();
+    let mut total = 0u64;
+    let mut since_ack = 0u64;
+    loop {
+        let mut name_len = [0u8; 4];
+        let more = read_exact_or_eof(&mut stream, &mut name_len)
+            .await
+            .with_context(|| format!("frame header from {peer} after {total} bytes"))?;
+        if !more {
+            break;
+        }
+        let name_len = u32::from_le_bytes(name_len) as usize;
+        ensure!(
+            (1..=MAX_NAME).contains(&name_len),
+            "{peer} sent a name of {name_len} bytes"
+        );
+        head.resize(name_len + 12, 0);
+        stream
+            .read_exact(&mut head)
+            .await
+            .with_context(|| format!("frame header from {peer} after {total} bytes"))?;
+        let (name, rest) = head.split_at(name_len);
+        let offset = u64::from_le_bytes(rest[..8].try_into()?);
+        let len = u32::from_le_bytes(rest[8..].try_into()?) as usize;
+        let name = std::str::from_utf8(name)
+            .with_context(|| format!("{peer} sent a file name that is not UTF-8"))?;
+        ensure!(
+            name != "." && name != ".." && !name.contains(['/', '\0']),
+            "{peer} sent the file name {name:?}, not a plain name"
+        );
+        ensure!(
+            len <= MAX_PAYLOAD,
+            "{peer} sent a frame of {len} bytes for {name}"
+        );
+        let file = match files.get(name) {
+            Some(file) => file.clone(),
+            None => {
+                let file = dest.open(name)?;
+                files.insert(name.to_owned(), file.clone());
+                file
+            }
+        };
+        // Placed so that its address is as aligned as its offset in the
+        // file: O_DIRECT takes whole blocks from block-aligned memory.
+        if payload.len() < len + 2 * BLOCK as usize {
+            payload.resize(len + 2 * BLOCK as usize, 0);
+        }
+        let start = payload.as_ptr().align_offset(BLOCK as usize) + (offset % BLOCK) as usize;
+        let payload = &mut payload[start..start + len];
+        stream
+            .read_exact(payload)
+            .await
+            .with_context(|| format!("{len} bytes of {name} at {offset} from {peer}"))?;
+        file.write_at(payload, offset)
+            .with_context(|| format!("pwrite of {len} bytes to {name} at {offset}"))?;
+        if !dirty.iter().any(|(_, f)| Arc::ptr_eq(f, &file)) {
+            dirty.push((name.to_owned(), file));
+        }
+        total += len as u64;
+        since_ack += len as u64;
+        if since_ack >= ack_every {
+            // Gone only if the acker failed: its error is the one to tell.
+            if requests
+                .send((std::mem::take(&mut dirty), total))
+                .await
+                .is_err()
+            {
+                break;
+            }
+            since_ack = 0;
+        }
+    }
+    // The final ack: everything this connection carried is durable.
+    let _ = requests.send((dirty, total)).await;
+    drop(requests);
+    acks.await.context("the acker task failed")??;
+    Ok(total)
+}
+
+// ------------------------------------------------------------------- send
+
+struct Source {
+    path: PathBuf,
+    name: String,
+    file: File,
+    size: u64,
+}
+
+fn open_sources(paths: &[PathBuf]) -> Result<Vec<Source>> {
+    let mut names = HashMap::new();
+    paths
+        .iter()
+        .map(|path| {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .with_context(|| format!("{} has no UTF-8 file name", path.display()))?
+                .to_owned();
+            ensure!(name.len() <= MAX_NAME, "{name} is too long a name");
+            if let Some(other) = names.insert(name.clone(), path) {
+                bail!(
+                    "{} and {} have the same name",
+                    other.display(),
+                    path.display()
+                );
+            }
+            let file =
+                File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            let size = file
+                .metadata()
+                .with_context(|| format!("cannot stat {}", path.display()))?
+                .len();
+            Ok(Source {
+                path: path.clone(),
+                name,
+                file,
+                size,
+            })
+        })
+        .collect()
+}
+
+/// Connects to `to`, retrying while the receiver is not listening yet.
+async fn connect(to: SocketAddr) -> Result<TcpStream> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match TcpStream::connect(to).await {
+            Ok(tcp) => {
+                tcp.set_nodelay(true)
+                    .with_context(|| format!("TCP_NODELAY to {to}"))?;
+                return Ok(tcp);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                if Instant::now() >= deadline {
+                    return Err(e).with_context(|| format!("nothing listens on {to}"));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot connect to {to}")),
+        }
+    }
+}
+
+fn tls_connector(dir: &Path) -> Result<TlsConnector> {
+    let path = dir.join(CERT_FILE);
+    let pem = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let cert = CertificateDer::from_pem_slice(&pem)
+        .with_context(|| format!("no certificate in {}", path.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(cert)
+        .with_context(|| format!("the certificate in {}", path.display()))?;
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("TLS 1.3 with AES-128-GCM")?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+async fn send(
+    to: SocketAddr,
+    connections: usize,
+    tls_dir: Option<&Path>,
+    window: u64,
+    chunk: usize,
+    paths: &[PathBuf],
+) -> Result<(u64, f64)> {
+    let mut shares: Vec<Vec<Source>> = (0..connections).map(|_| Vec::new()).collect();
+    for (i, source) in open_sources(paths)?.into_iter().enumerate() {
+        shares[i % connections].push(source);
+    }
+    let mut tcps = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        tcps.push(connect(to).await?);
+    }
+    // The receiver wrote its certificate before listening.
+    let connector = tls_dir.map(tls_connector).transpose()?;
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(connections);
+    for (i, (tcp, sources)) in tcps.into_iter().zip(shares).enumerate() {
+        let connector = connector.clone();
+        let peer = format!("connection {i} to {to}");
+        tasks.push(tokio::spawn(async move {
+            match connector {
+                None => send_stream(tcp, &peer, sources, window, chunk).await,
+                Some(connector) => {
+                    let server = ServerName::try_from("localhost")?;
+                    let tls = connector
+                        .connect(server, tcp)
+                        .await
+                        .with_context(|| format!("TLS handshake on {peer}"))?;
+                    send_stream(tls, &peer, sources, window, chunk).await
+                }
+            }
+        }));
+    }
+    let mut bytes = 0;
+    for task in tasks {
+        bytes += task.await.context("a connection's task failed")??;
+    }
+    Ok((bytes, start.elapsed().as_secs_f64()))
+}
+
+/// Reads one ack; `None` once the receiver has closed the stream.
+async fn read_ack<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    peer: &str,
+    acked: u64,
+    sent: u64,
+) -> Result<Option<u64>> {
+    let mut ack = [0u8; 8];
+    if !read_exact_or_eof(stream, &mut ack)
+        .await
+        .with_context(|| format!("ack on {peer}"))?
+    {
+        return Ok(None);
+    }
+    let ack = u64::from_le_bytes(ack);
+    ensure!(
+        (acked..=sent).contains(&ack),
+        "{peer} acked {ack} bytes, after {acked} of {sent} sent"
+    );
+    Ok(Some(ack))
+}
+
+/// Sends `sources` over one connection; returns the payload bytes once the
+/// receiver has acked them all.
+async fn send_stream<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    peer: &str,
+    sources: Vec<Source>,
+    window: u64,
+    chunk: usize,
+) -> Result<u64> {
+    let longest = sources.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    // Header and payload of a frame, contiguous, so one write sends both.
+    let mut buf = vec![0u8; 4 + longest + 12 + chunk];
+    let mut sent = 0u64;
+    let mut acked = 0u64;
+    for source in &sources {
+        let name = source.name.as_bytes();
+        let head = 4 + name.len() + 12;
+        buf[..4].copy_from_slice(&(name.len() as u32).to_le_bytes());
+        buf[4..4 + name.len()].copy_from_slice(name);
+        let mut offset = 0u64;
+        // One frame even for an empty file, so that it is created.
+        loop {
+            let remaining = source.size - offset;
+            if remaining > 0 && sent - acked >= window {
+                // Whatever TLS still buffers must leave before an ack can come.
+                stream
+                    .flush()
+                    .await
+                    .with_context(|| format!("flush on {peer}"))?;
+                while sent - acked >= window {
+                    acked = read_ack(&mut stream, peer, acked, sent)
+                        .await?
+                        .with_context(|| format!("{peer} closed with {sent} bytes sent"))?;
+                }
+            }
+            let len = remaining.min(chunk as u64).min(window - (sent - acked)) as usize;
+            let frame = &mut buf[..head + len];
+            frame[head - 12..head - 4].copy_from_slice(&offset.to_le_bytes());
+            frame[head - 4..head].copy_from_slice(&(len as u32).to_le_bytes());
+            source
+                .file
+                .read_exact_at(&mut frame[head..], offset)
+                .with_context(|| {
+                    format!(
+                        "pread of {len} bytes from {} at {offset}",
+                        source.path.display()
+                    )
+                })?;
+            stream
+                .write_all(frame)
+                .await
+                .with_context(|| format!("{len} bytes of {} at {offset} on {peer}", source.name))?;
+            sent += len as u64;
+            offset += len as u64;
+            if offset >= source.size {
+                break;
+            }
+        }
+    }
+    stream
+        .shutdown()
+        .await
+        .with_context(|| format!("shutdown of {peer} after {sent} bytes"))?;
+    while let Some(ack) = read_ack(&mut stream, peer, acked, sent).await? {
+        acked = ack;
+    }
+    ensure!(
+        acked == sent,
+        "{peer} closed with {acked} of {sent} bytes acked"
+    );
+    Ok(sent)
+}
