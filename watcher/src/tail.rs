@@ -199,10 +199,10 @@ impl Tailer {
     /// Writes acknowledged offsets and forgets sealed files once recorded
     /// (until then they stay tracked); publishes the progress either way.
     fn checkpoint(&mut self) {
-        let now = Instant::now();
-        if self.checkpoints.write(&self.files, now) {
+        if self.checkpoints.write(&self.files) {
             self.files.forget_sealed();
         }
+        let now = Instant::now();
         let snapshot =
             checkpoint::progress_of(&mut self.files, now, &self.config.lag, &self.sink_last_ack);
         self.progress

@@ -74,7 +74,8 @@ pub(crate) struct Placer {
     pub superseded: SupersededPolicy,
     /// The sources served, loaded on first use.
     sources: Sources,
-    /// Destination files kept open between batches.
+    /// Destination files kept open between batches, within the process's
+    /// descriptor budget, and the new files whose flush is pending.
     open_files: OpenFiles,
     commit_gate: CommitGate,
     pub journal: Journal,

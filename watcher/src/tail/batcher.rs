@@ -33,7 +33,7 @@ pub(super) struct OpenBatch {
 }
 
 impl OpenBatch {
-    pub(super) fn new(config: &WatchConfig) -> Self {
+    fn new(config: &WatchConfig) -> Self {
         Self {
             builder: BatchBuilder::with_capacity(64, config.batch_bytes + config.max_row_bytes),
             rows: Vec::new(),
@@ -160,7 +160,7 @@ impl Outbound {
     }
 }
 
-pub(super) enum NotSent {
+enum NotSent {
     Stopping,
     PoolGone,
 }
@@ -169,11 +169,7 @@ pub(super) enum NotSent {
 /// is the backpressure that bounds memory, but the room comes from the sink
 /// acknowledging: a stop must end that wait, or an unresponsive sink holds
 /// the watcher forever.
-pub(super) fn hand_over(
-    outbox: &mpsc::Sender<Outgoing>,
-    out: Outgoing,
-    stop: &Stop,
-) -> Result<(), NotSent> {
+fn hand_over(outbox: &mpsc::Sender<Outgoing>, out: Outgoing, stop: &Stop) -> Result<(), NotSent> {
     let out = match outbox.try_send(out) {
         Ok(()) => return Ok(()),
         Err(TrySendError::Closed(_)) => return Err(NotSent::PoolGone),

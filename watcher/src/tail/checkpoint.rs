@@ -58,7 +58,7 @@ impl Checkpoints {
     /// [`CHECKPOINT_WARN_EVERY`]), and the next checkpoint tries again. A
     /// restart meanwhile resumes from the last checkpoint written, or
     /// reconciles with the sinks.
-    pub(super) fn write(&mut self, files: &FileTable, now: Instant) -> bool {
+    pub(super) fn write(&mut self, files: &FileTable) -> bool {
         let records: Vec<WatchedFile> = self
             .dirty
             .iter()
@@ -69,6 +69,7 @@ impl Checkpoints {
             true => Ok(()),
             false => self.state.save(&records, false),
         };
+        let now = Instant::now();
         match saved {
             Ok(()) => {
                 if let Some((since, _)) = self.failing.take() {

@@ -264,8 +264,9 @@ impl FileTable {
         Some(old)
     }
 
-    /// Stops tracking a sealed, recorded file. Its path and inode stay with
-    /// whatever holds them now (a newer generation of the same inode may).
+    /// Stops tracking every sealed file: call it only once a checkpoint has
+    /// recorded them. Their paths and inodes stay with whatever holds them
+    /// now (a newer generation of the same inode may).
     pub(super) fn forget_sealed(&mut self) {
         let done: Vec<FileKey> = self
             .tracked

@@ -1,6 +1,7 @@
 //! File identity: what a path found by a walk or an event is (a new file,
 //! a rename, a new generation, a file resumed from the checkpoint or from a
-//! sink's watermark, a sealed file seen again), and the maps that say so.
+//! sink's watermark, a sealed file seen again), told to the file table
+//! (`files`), which keeps the maps that say so.
 
 use std::collections::VecDeque;
 use std::fs::File;
