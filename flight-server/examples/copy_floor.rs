@@ -53,6 +53,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+mod floor;
+
 const MIB: u64 = 1 << 20;
 /// Longest file name a frame may carry.
 const MAX_NAME: usize = 4096;
@@ -113,11 +115,7 @@ enum Command {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
+    let runtime = floor::runtime()?;
     let (role, bytes, seconds) = match args.command {
         Command::Receive {
             listen,
@@ -165,23 +163,7 @@ fn main() -> Result<()> {
         }
     };
     drop(runtime);
-    let (user_s, sys_s) = cpu_times()?;
-    println!(
-        r#"{{"role":"{role}","bytes":{bytes},"seconds":{seconds:.6},"user_s":{user_s:.6},"sys_s":{sys_s:.6}}}"#
-    );
-    Ok(())
-}
-
-/// User and system CPU seconds of this process so far.
-fn cpu_times() -> Result<(f64, f64)> {
-    // SAFETY: getrusage only writes the rusage struct it is given.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("getrusage(RUSAGE_SELF)");
-    }
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok((seconds(usage.ru_utime), seconds(usage.ru_stime)))
+    floor::report(role, bytes, seconds)
 }
 
 /// aws-lc-rs with TLS13_AES_128_GCM_SHA256 as its only cipher suite.

@@ -63,6 +63,8 @@ use tonic::transport::{
     Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig,
 };
 
+mod floor;
+
 const MIB: u64 = 1 << 20;
 const CERT_FILE: &str = "cert.pem";
 const SERVICE: &str = "floor.Floor";
@@ -130,11 +132,7 @@ enum Command {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
+    let runtime = floor::runtime()?;
     let (role, bytes, seconds) = match args.command {
         Command::Serve {
             listen,
@@ -175,23 +173,7 @@ fn main() -> Result<()> {
     };
     // Calls' tasks and connections end before the CPU is read.
     runtime.shutdown_timeout(Duration::from_secs(1));
-    let (user_s, sys_s) = cpu_times()?;
-    println!(
-        r#"{{"role":"{role}","bytes":{bytes},"seconds":{seconds:.6},"user_s":{user_s:.6},"sys_s":{sys_s:.6}}}"#
-    );
-    Ok(())
-}
-
-/// User and system CPU seconds of this process so far.
-fn cpu_times() -> Result<(f64, f64)> {
-    // SAFETY: getrusage only writes the rusage struct it is given.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("getrusage(RUSAGE_SELF)");
-    }
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok((seconds(usage.ru_utime), seconds(usage.ru_stime)))
+    floor::report(role, bytes, seconds)
 }
 
 // ------------------------------------------------------------- messages
