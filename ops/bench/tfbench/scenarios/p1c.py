@@ -104,6 +104,28 @@ def run_pipeline(b: Bench, src: Path, total: int, tls: bool, tag: str) -> dict:
             "watcher_cpu_s": m.get("watcher_cpu_s"), "sink_cpu_s": m.get("sink_cpu_s")}
 
 
+def run_floor_pair(server: Proc, client_argv: list, what: str) -> tuple[float, float, dict, dict]:
+    """Runs a floor example's client against its server (already started) until both end: (seconds, the
+    machine's busy CPU seconds over the client's run, the client's JSON line, the server's)."""
+    try:
+        wait_log(server, "listening", 30)
+        machine = MachineCpu().start()
+        cp = subprocess.run([str(a) for a in client_argv], capture_output=True, text=True, timeout=900)
+        busy, seconds = machine.stop()
+        if cp.returncode != 0:
+            raise BenchError(f"{what} failed: {(cp.stdout + cp.stderr)[-1500:]}")
+        server.wait(60)
+    finally:
+        server.kill9()
+    client = json_line(cp.stdout, f"{what} (client)")
+    served = json_line(server.log_path.read_text(errors="replace"), f"{what} (server)")
+    return seconds, busy, client, served
+
+
+def process_cpu(*lines: dict) -> float:
+    return sum(line["user_s"] + line["sys_s"] for line in lines)
+
+
 def run_copy_floor(b: Bench, src: Path, total: int, tls: bool, direct: bool, tag: str) -> dict:
     tool = example(b, "copy_floor")
     d = b.fresh("p1c", tag)
@@ -112,24 +134,13 @@ def run_copy_floor(b: Bench, src: Path, total: int, tls: bool, direct: bool, tag
     tls_args = ["--tls-dir", d] if tls else []
     receiver = Proc("copy-receive", [tool, "receive", "--listen", f"127.0.0.1:{port}", "--dest", dest,
                                      "--connections", CONNECTIONS, *tls_args, *(["--direct"] if direct else [])], d)
-    try:
-        wait_log(receiver, "listening", 30)
-        machine = MachineCpu().start()
-        files = sorted(str(p) for p in src.iterdir())
-        cp = subprocess.run([str(tool), "send", "--to", f"127.0.0.1:{port}", "--connections", str(CONNECTIONS),
-                             *[str(a) for a in tls_args], *files], capture_output=True, text=True, timeout=900)
-        busy, seconds = machine.stop()
-        if cp.returncode != 0:
-            raise BenchError(f"copy_floor send failed: {(cp.stdout + cp.stderr)[-1500:]}")
-        receiver.wait(60)
-    finally:
-        receiver.kill9()
-    sent = json_line(cp.stdout, "copy_floor send")
-    got = json_line(receiver.log_path.read_text(errors="replace"), "copy_floor receive")
+    files = sorted(src.iterdir())
+    seconds, busy, sent, got = run_floor_pair(
+        receiver, [tool, "send", "--to", f"127.0.0.1:{port}", "--connections", CONNECTIONS, *tls_args, *files],
+        "copy_floor")
     ok, _ = b.verify(src, dest)
     rmtree(dest)
-    return {"seconds": seconds, "machine_cpu_s": busy, "verified": ok,
-            "process_cpu_s": sent["user_s"] + sent["sys_s"] + got["user_s"] + got["sys_s"]}
+    return {"seconds": seconds, "machine_cpu_s": busy, "verified": ok, "process_cpu_s": process_cpu(sent, got)}
 
 
 def run_iperf(b: Bench, total: int, tag: str) -> dict:
@@ -177,22 +188,11 @@ def run_tonic(b: Bench, total: int, tls: bool, tag: str) -> dict:
     tls_args = ["--tls-dir", d] if tls else []
     server = Proc("tonic-serve", [tool, "serve", "--listen", f"127.0.0.1:{port}", "--streams", CONNECTIONS,
                                   *tls_args], d)
-    try:
-        wait_log(server, "listening", 30)
-        machine = MachineCpu().start()
-        cp = subprocess.run([str(tool), "push", "--to", f"{'https' if tls else 'http'}://127.0.0.1:{port}",
-                             "--streams", str(CONNECTIONS), "--total", str(total), *[str(a) for a in tls_args]],
-                            capture_output=True, text=True, timeout=300)
-        busy, seconds = machine.stop()
-        if cp.returncode != 0:
-            raise BenchError(f"tonic_floor push failed: {(cp.stdout + cp.stderr)[-1500:]}")
-        server.wait(60)
-    finally:
-        server.kill9()
-    pushed = json_line(cp.stdout, "tonic_floor push")
-    served = json_line(server.log_path.read_text(errors="replace"), "tonic_floor serve")
+    seconds, busy, pushed, served = run_floor_pair(
+        server, [tool, "push", "--to", f"{'https' if tls else 'http'}://127.0.0.1:{port}", "--streams",
+                 CONNECTIONS, "--total", total, *tls_args], "tonic_floor")
     return {"seconds": seconds, "machine_cpu_s": busy, "verified": served["bytes"] == pushed["bytes"],
-            "process_cpu_s": pushed["user_s"] + pushed["sys_s"] + served["user_s"] + served["sys_s"]}
+            "process_cpu_s": process_cpu(pushed, served)}
 
 
 def movers(b: Bench, src: Path, total: int) -> list[tuple[str, callable]]:
