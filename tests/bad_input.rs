@@ -899,3 +899,46 @@ fn size_and_count_flags_out_of_bounds_are_refused_at_startup() {
         "nothing was opened: {text}"
     );
 }
+
+/// A writer with pyarrow alone (ops/examples/put_file.py, no tailflight
+/// code) lays its batches out as Arrow's own IPC writer does, rows at
+/// offsets no block boundary matches: the sink places the file byte for
+/// byte and accepts its seal.
+#[test]
+fn a_pyarrow_writer_is_placed_byte_for_byte() {
+    let python = std::env::var_os("TAILFLIGHT_PYTHON").expect(
+        "TAILFLIGHT_PYTHON names no Python with pyarrow: run the suite with ops/test.sh, which \
+         makes one",
+    );
+    let mut sink = SinkUnderTest::start("bad-input-pyarrow");
+    let content = pattern((5 << 19) + 777, 11);
+    let file = sink.dir.join("from-pyarrow.bin");
+    std::fs::write(&file, &content).unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/examples/put_file.py");
+    let endpoint = sink.endpoint.replace("http://", "grpc://");
+    let sent = std::process::Command::new(python)
+        .arg(example)
+        .arg(&endpoint)
+        .arg(SOURCE)
+        .arg(&file)
+        .arg("py/a.bin")
+        // Rows over the sink's direct-write minimum, in messages under its limit.
+        .args(["--chunk", "700013", "--rows-per-batch", "1"])
+        .output()
+        .expect("run the pyarrow writer");
+    assert!(
+        sent.status.success(),
+        "the pyarrow writer failed:\n{}{}",
+        String::from_utf8_lossy(&sent.stdout),
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    std::fs::remove_file(&file).unwrap();
+    assert!(std::fs::read(sink.dest("py/a.bin")).unwrap() == content);
+    let status = common::sink_status(&sink.endpoint, &[]).expect("sink status");
+    assert_eq!(
+        common::status_u64(&status, "placed_bytes"),
+        content.len() as u64,
+        "{status}"
+    );
+    sink.assert_unharmed("a pyarrow writer");
+}

@@ -7,6 +7,8 @@
 //! - [`protocol`]: what travels beside the batches (stream hello, acks, actions);
 //! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
 //! - [`stall`]: ending a DoPut stream whose message stops arriving;
+//! - `put_receive`: DoPut messages read from the HTTP/2 frames with one copy,
+//!   and `put_route`, which serves DoPut with them ahead of tonic's router;
 //! - [`subscription`]: live-tail tickets, the consumer schema and cursors;
 //! - [`calls`]: one sink over a connection of its own: how to reach it, what
 //!   goes wrong, actions and live-tail subscriptions;
@@ -21,6 +23,8 @@ mod decode;
 pub mod encode;
 pub mod federation;
 pub mod protocol;
+mod put_receive;
+mod put_route;
 mod put_stream;
 mod read_access;
 pub mod schema;

@@ -25,6 +25,7 @@ use crate::connection::ServerConnection;
 use crate::decode;
 use crate::federation::{Asked, Federation};
 use crate::protocol::{self, Hello};
+use crate::put_route::{Acks, OpenPut, PutRequest, PutRouteLayer};
 use crate::read_access::{ReadAccess, ReadGate};
 use crate::tls::ServerTls;
 use crate::wire::RangeBatch;
@@ -159,13 +160,23 @@ pub async fn serve<I: Ingest>(
         .as_ref()
         .is_some_and(|tls| tls.client_ca.is_some());
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    let service = Service {
-        draining: Draining(drain_rx),
-        readers: Arc::new(ReadGate::new(config.read_access.clone(), mutual_tls)),
-        ingest,
+    let draining = Draining(drain_rx);
+    let readers = Arc::new(ReadGate::new(config.read_access.clone(), mutual_tls));
+    let puts = PutHandler {
+        draining: draining.clone(),
+        ingest: ingest.clone(),
+        readers: readers.clone(),
         pipeline_depth: config.pipeline_depth.max(1),
         streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
         per_peer: Default::default(),
+    };
+    let put_route =
+        PutRouteLayer::new(puts.clone(), config.max_message_bytes, config.message_stall);
+    let service = Service {
+        draining,
+        readers,
+        ingest,
+        puts,
         federation: config.federation.clone(),
     };
     let server = FlightServiceServer::new(service)
@@ -181,18 +192,8 @@ pub async fn serve<I: Ingest>(
     if let Some(tls) = &config.tls {
         builder = builder.tls_config(tls.load()?)?;
     }
-    // Each DoPut body is watched for a message that stops arriving.
-    let stall = config.message_stall;
-    let mut builder = builder.layer(tower::util::MapRequestLayer::new(
-        move |request: http::Request<tonic::body::Body>| {
-            if request.uri().path() == crate::put_stream::DO_PUT_PATH {
-                request
-                    .map(|body| tonic::body::Body::new(crate::stall::StallGuard::new(body, stall)))
-            } else {
-                request
-            }
-        },
-    ));
+    // DoPut bodies are read by a route of their own, ahead of tonic's.
+    let mut builder = builder.layer(put_route);
     let tls = config.tls.is_some();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
         .map(move |accepted| accepted.map(|stream| ServerConnection::new(stream, tls)));
@@ -252,12 +253,34 @@ struct Service<I> {
     draining: Draining,
     ingest: Arc<I>,
     readers: Arc<ReadGate>,
+    puts: PutHandler<I>,
+    federation: Option<Federation>,
+}
+
+/// What serves DoPut streams: shared by the route that reads their bodies
+/// (see [`crate::put_route`]) and by tonic's handler.
+struct PutHandler<I> {
+    draining: Draining,
+    ingest: Arc<I>,
+    readers: Arc<ReadGate>,
     pipeline_depth: usize,
     streams: Arc<tokio::sync::Semaphore>,
     /// DoPut streams open per peer address, so that one peer cannot hold
     /// every stream the sink serves.
     per_peer: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-    federation: Option<Federation>,
+}
+
+impl<I> Clone for PutHandler<I> {
+    fn clone(&self) -> Self {
+        Self {
+            draining: self.draining.clone(),
+            ingest: self.ingest.clone(),
+            readers: self.readers.clone(),
+            pipeline_depth: self.pipeline_depth,
+            streams: self.streams.clone(),
+            per_peer: self.per_peer.clone(),
+        }
+    }
 }
 
 /// Most DoPut streams one peer address may hold open at once (a watcher
@@ -307,6 +330,54 @@ impl Drop for PeerStream {
                 }
             }
         }
+    }
+}
+
+impl<I: Ingest> PutHandler<I> {
+    /// Takes a DoPut stream: checks the peer, then reads its messages and
+    /// answers with its acks.
+    fn open<S>(&self, request: Request<S>) -> Result<Response<Boxed<PutResult>>, Status>
+    where
+        S: Stream<Item = Result<FlightData, Status>> + Send + Unpin + 'static,
+    {
+        self.readers.refuse_readers(&request)?;
+        let peer = peer_name(&request);
+        let peer_stream =
+            PeerStream::take(&self.per_peer, request.remote_addr().map(|a| a.ip()), &peer)?;
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "peer {peer}: the sink serves its maximum number of streams; retry later"
+            ))
+        })?;
+        let (tx, rx) = mpsc::channel(self.pipeline_depth * 2);
+        let ingest = self.ingest.clone();
+        let depth = self.pipeline_depth;
+        let draining = self.draining.clone();
+        tokio::spawn(async move {
+            let _permit = (permit, peer_stream);
+            // `run_put` tells a panic decoding the peer's bytes (its fault)
+            // from one placing them (the sink's). Anything else that panics
+            // here is the sink's own bug too: it ends this stream, never the
+            // sink or other streams, and is never reported as bad input.
+            let outcome =
+                run_put_catching(ingest, &peer, request.into_inner(), &tx, depth, draining).await;
+            if let Err(status) = outcome {
+                if connection_lost(&status) {
+                    // A watcher stopping or crashing: nothing was refused.
+                    tracing::info!(%peer, error = %status.message(), "DoPut stream ended: the peer's connection closed");
+                } else {
+                    tracing::warn!(%peer, error = %status.message(), "DoPut stream refused");
+                }
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+impl<I: Ingest> OpenPut for PutHandler<I> {
+    fn open_put(&self, request: PutRequest) -> Result<Acks, Status> {
+        self.open(request).map(Response::into_inner)
     }
 }
 
@@ -431,38 +502,7 @@ impl<I: Ingest> FlightService for Service<I> {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        self.readers.refuse_readers(&request)?;
-        let peer = peer_name(&request);
-        let peer_stream =
-            PeerStream::take(&self.per_peer, request.remote_addr().map(|a| a.ip()), &peer)?;
-        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "peer {peer}: the sink serves its maximum number of streams; retry later"
-            ))
-        })?;
-        let (tx, rx) = mpsc::channel(self.pipeline_depth * 2);
-        let ingest = self.ingest.clone();
-        let depth = self.pipeline_depth;
-        let draining = self.draining.clone();
-        tokio::spawn(async move {
-            let _permit = (permit, peer_stream);
-            // `run_put` tells a panic decoding the peer's bytes (its fault)
-            // from one placing them (the sink's). Anything else that panics
-            // here is the sink's own bug too: it ends this stream, never the
-            // sink or other streams, and is never reported as bad input.
-            let outcome =
-                run_put_catching(ingest, &peer, request.into_inner(), &tx, depth, draining).await;
-            if let Err(status) = outcome {
-                if connection_lost(&status) {
-                    // A watcher stopping or crashing: nothing was refused.
-                    tracing::info!(%peer, error = %status.message(), "DoPut stream ended: the peer's connection closed");
-                } else {
-                    tracing::warn!(%peer, error = %status.message(), "DoPut stream refused");
-                }
-                let _ = tx.send(Err(status)).await;
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        self.puts.open(request)
     }
 
     async fn do_exchange(

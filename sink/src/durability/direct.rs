@@ -7,7 +7,8 @@
 //! both rates) that copy, not the disk, bounds bulk throughput, and it
 //! costs CPU everywhere. A range's unaligned head and tail still go
 //! through the page cache; only whole blocks in between are written
-//! directly, from a reused aligned buffer. Pages written one way are never
+//! directly: from where they are received when the receive path laid them
+//! out aligned, else through a reused aligned buffer. Pages written one way are never
 //! written the other way: a range's middle blocks belong to it alone, and
 //! the blocks it shares with its neighbours are its head and tail.
 //!
@@ -210,8 +211,10 @@ impl Buffers {
     }
 
     /// Writes `bytes` at `offset` (both aligned) with the direct
-    /// descriptor, a chunk at a time through an aligned buffer, so the
-    /// memory the kernel reads is the same few pages every time. Ok(false):
+    /// descriptor: from where they are if their memory is aligned too (the
+    /// DoPut receive path lays ranges out so), else a chunk at a time
+    /// through an aligned buffer, so the memory the kernel reads is the
+    /// same few pages every time. Ok(false): the bytes needed a buffer and
     /// every buffer is in use; nothing was written.
     pub(crate) fn write(
         &self,
@@ -222,26 +225,46 @@ impl Buffers {
         debug_assert!(
             offset.is_multiple_of(alignment()) && (bytes.len() as u64).is_multiple_of(alignment())
         );
+        if (bytes.as_ptr() as u64).is_multiple_of(alignment()) {
+            write_chunks(direct, bytes, offset, None)?;
+            return Ok(true);
+        }
         let Some(mut buffer) = self.take() else {
             return Ok(false);
         };
-        let mut result = Ok(true);
-        for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
-            let slice = &mut buffer.as_mut_slice()[..chunk.len()];
-            slice.copy_from_slice(chunk);
-            let at = offset + (i * CHUNK) as u64;
-            if let Err(error) = direct.write_all_at(slice, at) {
-                result = Err(DirectWriteError {
-                    offset: at,
-                    len: chunk.len(),
-                    error,
-                });
-                break;
-            }
-        }
+        let result = write_chunks(direct, bytes, offset, Some(&mut buffer));
         self.give_back(buffer);
-        result
+        result.map(|()| true)
     }
+}
+
+/// Writes `bytes` at `offset` a chunk at a time, each copied into `staging`
+/// first if there is one.
+fn write_chunks(
+    direct: &File,
+    bytes: &[u8],
+    offset: u64,
+    mut staging: Option<&mut AlignedBuffer>,
+) -> Result<(), DirectWriteError> {
+    for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
+        let memory = match staging.as_mut() {
+            Some(buffer) => {
+                let slice = &mut buffer.as_mut_slice()[..chunk.len()];
+                slice.copy_from_slice(chunk);
+                &*slice
+            }
+            None => chunk,
+        };
+        let at = offset + (i * CHUNK) as u64;
+        direct
+            .write_all_at(memory, at)
+            .map_err(|error| DirectWriteError {
+                offset: at,
+                len: chunk.len(),
+                error,
+            })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -275,6 +298,41 @@ mod tests {
 
     fn lock_pool(buffers: &Buffers) -> std::sync::MutexGuard<'_, BufferPool> {
         buffers.0.lock().unwrap()
+    }
+
+    /// Bytes already aligned in memory need no buffer: they are written
+    /// even while every buffer is taken.
+    #[test]
+    fn aligned_memory_is_written_without_a_buffer() {
+        let dir = crate::test_support::scratch("direct-aligned");
+        let file = File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(dir.join("f"))
+            .unwrap();
+        let a = alignment() as usize;
+        let mut memory = vec![0u8; 4 * a];
+        let skip = memory.as_ptr().align_offset(a);
+        let len = 2 * a;
+        for (i, byte) in memory[skip..skip + len].iter_mut().enumerate() {
+            *byte = (i % 253) as u8;
+        }
+        let bytes = &memory[skip..skip + len];
+        let buffers = Buffers::default();
+        let _taken: Vec<_> = (0..MAX_BUFFERS).map(|_| buffers.take().unwrap()).collect();
+        match reopen_direct(&file, "f") {
+            Reopened::Open(direct) => {
+                assert!(matches!(buffers.write(&direct, bytes, a as u64), Ok(true)));
+                let mut back = vec![0u8; len];
+                file.read_exact_at(&mut back, a as u64).unwrap();
+                assert!(back == bytes);
+            }
+            // This temp directory's filesystem refuses O_DIRECT.
+            Reopened::Refused | Reopened::NotNow => {}
+        }
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
