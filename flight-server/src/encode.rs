@@ -75,6 +75,9 @@ impl EncodedBatch {
 pub(crate) struct BodyWriter {
     body: Vec<u8>,
     payload_len: usize,
+    /// The rows' bytes in the payload (all of it but a lead before the
+    /// first row, see `wire::DataColumn::fill_next`).
+    row_bytes: usize,
     nodes: Vec<arrow_ipc::FieldNode>,
     buffers: Vec<arrow_ipc::Buffer>,
 }
@@ -88,6 +91,7 @@ impl BodyWriter {
         Self {
             body,
             payload_len,
+            row_bytes: payload_len,
             nodes: Vec::with_capacity(8),
             buffers: Vec::with_capacity(24),
         }
@@ -108,6 +112,9 @@ impl BodyWriter {
     /// the start of the body, with these offsets (no nulls).
     pub(crate) fn payload_column(&mut self, offsets: &[i32]) {
         let rows = offsets.len().saturating_sub(1);
+        if let (Some(first), Some(last)) = (offsets.first(), offsets.last()) {
+            self.row_bytes = (last - first) as usize;
+        }
         self.nodes.push(arrow_ipc::FieldNode::new(rows as i64, 0));
         self.buffers
             .push(arrow_ipc::Buffer::new(self.body.len() as i64, 0));
@@ -171,7 +178,7 @@ impl BodyWriter {
             header,
             body: Bytes::from(self.body),
             rows,
-            data_bytes: self.payload_len as u64,
+            data_bytes: self.row_bytes as u64,
             memory,
         }
     }

@@ -159,7 +159,11 @@ impl RangeBatch {
 
     /// Bytes of range payload carried by this batch.
     pub fn data_bytes(&self) -> u64 {
-        self.data.value_data().len() as u64
+        let offsets = self.data.value_offsets();
+        match (offsets.first(), offsets.last()) {
+            (Some(&first), Some(&last)) => (last - first) as u64,
+            _ => 0,
+        }
     }
 }
 
@@ -174,6 +178,13 @@ fn downcast<T: Array + Clone + 'static>(array: ArrayRef) -> Result<T, WireError>
         .cloned()
         .ok_or_else(|| WireError::Schema(format!("column has type {}", array.data_type())))
 }
+
+/// The alignment the first row of a batch is read at (see
+/// [`DataColumn::fill_next`]): a page, as direct writes need.
+const ROW_ALIGNMENT: usize = 4096;
+/// Rows shorter than this are not given a lead: their aligned middle is
+/// below any sink's direct-write minimum.
+const MIN_ALIGNED_ROW: usize = 64 << 10;
 
 /// The `data` column under construction: one contiguous values buffer that
 /// becomes the Arrow buffer, or the start of the IPC body, without a copy.
@@ -212,8 +223,49 @@ impl DataColumn {
         self.offsets.push(self.end_offset());
     }
 
-    /// Lets `fill` write up to `max_len` bytes at the end; returns how many it wrote.
+    /// Lets `fill` write up to `max_len` bytes at the end; returns how many
+    /// it wrote. The first row of a batch, if it may be large, is read at a
+    /// lead of `file_offset` modulo [`ROW_ALIGNMENT`] into the values: the
+    /// sink receives the values on a page boundary (`put_receive`), so
+    /// the row lies there aligned like its file offset and its middle is
+    /// written with O_DIRECT from where it is. The lead is bytes of no row:
+    /// the column's first offset skips it.
     fn fill_next<E>(
+        &mut self,
+        file_offset: u64,
+        max_len: usize,
+        trailer: usize,
+        fill: impl for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], E>,
+    ) -> Result<usize, E> {
+        if self.values.is_empty() && max_len >= MIN_ALIGNED_ROW {
+            let lead = (file_offset % ROW_ALIGNMENT as u64) as usize;
+            self.values.reserve(lead + max_len + trailer);
+            self.values.resize(lead, 0);
+            self.offsets[0] = self.end_offset();
+        }
+        let filled = self.fill_at_end(max_len, trailer, fill);
+        let lead = self.offsets[0] as usize;
+        let Ok(filled) = filled else {
+            if self.offsets.len() == 1 {
+                self.values.clear();
+                self.offsets[0] = 0;
+            }
+            return filled;
+        };
+        if lead > 0 && self.offsets.len() == 2 && filled < MIN_ALIGNED_ROW {
+            // A short read: the row is not worth its lead.
+            self.values.copy_within(lead.., 0);
+            self.values.truncate(filled);
+            self.offsets = vec![0, self.end_offset()];
+        } else if lead > 0 && self.offsets.len() == 1 {
+            // Nothing was read: no lead without a row.
+            self.values.clear();
+            self.offsets[0] = 0;
+        }
+        Ok(filled)
+    }
+
+    fn fill_at_end<E>(
         &mut self,
         max_len: usize,
         trailer: usize,
@@ -320,9 +372,12 @@ impl BatchBuilder {
         self.data_bytes
     }
 
-    /// Upper bound of the encoded body's size: payload plus the other columns.
+    /// Upper bound of the encoded body's size: payload (with its lead)
+    /// plus the other columns.
     pub fn encoded_bytes(&self) -> usize {
-        self.data_bytes + trailer_bound(self.rows, self.string_bytes)
+        self.data_bytes
+            + self.data.offsets[0] as usize
+            + trailer_bound(self.rows, self.string_bytes)
     }
 
     pub fn push_data(&mut self, file_key: &str, generation: u64, offset: u64, data: &[u8]) {
@@ -352,7 +407,7 @@ impl BatchBuilder {
         fill: impl for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], E>,
     ) -> Result<&[u8], E> {
         let trailer = self.trailer_with(file_key.len());
-        let written = self.data.fill_next(max_len, trailer, fill)?;
+        let written = self.data.fill_next(offset, max_len, trailer, fill)?;
         if written == 0 {
             return Ok(&[]);
         }
@@ -489,6 +544,38 @@ mod tests {
         let (filled, _) = room.split_at_mut(n);
         // SAFETY: the first `n` slots were written just above.
         unsafe { &mut *(filled as *mut [MaybeUninit<u8>] as *mut [u8]) }
+    }
+
+    /// A large first row is read at a lead that matches its file offset's
+    /// phase; a short one, an empty read or a failed one leaves no lead.
+    #[test]
+    fn a_large_first_row_gets_a_lead_in_its_files_phase() {
+        let row: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut b = BatchBuilder::with_capacity(2, 1 << 20);
+        b.push_data_in_place::<()>("f", 1, 5000, 1 << 20, |room| Ok(write_into(room, &row)))
+            .unwrap();
+        b.push_seal("f", 1, 305_000, "crc64nvme:0000000000000000");
+        assert_eq!(b.data_bytes(), row.len());
+        let encoded = b.finish_encoded();
+        assert_eq!(encoded.data_bytes(), row.len() as u64);
+        let decoded = RangeBatch::validate(encoded.decode().unwrap()).unwrap();
+        assert_eq!(decoded.row(0).data, &row[..]);
+        assert_eq!(decoded.data_bytes(), row.len() as u64);
+        let lead = decoded.row(0).data.as_ptr() as usize - encoded.body.as_ptr() as usize;
+        assert_eq!(lead, 5000 % ROW_ALIGNMENT);
+
+        for (fill, expected) in [(&row[..1000], 1000usize), (&row[..0], 0)] {
+            let mut b = BatchBuilder::with_capacity(1, 1 << 20);
+            b.push_data_in_place::<()>("f", 1, 5000, 1 << 20, |room| Ok(write_into(room, fill)))
+                .unwrap();
+            assert_eq!(b.data.offsets[0], 0, "no lead for a {expected}-byte row");
+            assert_eq!(b.data.values.len(), expected);
+        }
+        let mut b = BatchBuilder::with_capacity(1, 1 << 20);
+        let failed: Result<&[u8], &str> =
+            b.push_data_in_place("f", 1, 5000, 1 << 20, |_| Err("eio"));
+        assert!(failed.is_err());
+        assert!(b.data.values.is_empty() && b.data.offsets == [0]);
     }
 
     #[test]

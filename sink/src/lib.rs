@@ -234,6 +234,13 @@ pub struct SinkStatus {
     /// cache): bounded by its options, not by the traffic.
     #[serde(default)]
     pub manifest_memory_bytes: u64,
+    /// Bytes written past the page cache (O_DIRECT) since the start, and
+    /// those of them copied into an aligned buffer first because they were
+    /// not received aligned like their file offset.
+    #[serde(default)]
+    pub direct_written_bytes: u64,
+    #[serde(default)]
+    pub direct_staged_bytes: u64,
     /// Live-tail subscriptions, with how far behind each is.
     #[serde(default)]
     pub subscriptions: Vec<subscribe::SubscriptionStatus>,
@@ -548,6 +555,7 @@ impl Sink {
             .counters()
             .map_err(|e| SinkError::Storage(format!("reading the manifest's counters: {e}")))?;
         let count = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        let direct = self.placer.direct_figures();
         Ok(SinkStatus {
             placed_bytes: counters.placed_bytes,
             duplicate_bytes: counters.duplicate_bytes,
@@ -561,6 +569,8 @@ impl Sink {
             placements_waiting: self.placing.waiting.load(Ordering::Relaxed),
             held_bytes: self.placer.held_bytes(),
             manifest_memory_bytes: self.placer.manifest.memory_bytes(),
+            direct_written_bytes: direct.written_bytes,
+            direct_staged_bytes: direct.staged_bytes,
             subscriptions: self.subscribers.status(),
             poisoned: self.health.reason().map(|reason| reason.to_string()),
             events: self.outbox.as_ref().map(|outbox| outbox.status()),

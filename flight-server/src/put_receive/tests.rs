@@ -195,6 +195,38 @@ fn the_largest_range_lies_aligned_like_its_file_offset() {
     );
 }
 
+/// The watcher reads a batch's first large row at a lead in its file
+/// offset's phase: received, the row lies aligned like its file offset.
+#[test]
+fn a_watcher_row_at_an_unaligned_offset_is_received_in_phase() {
+    let row = vec![7u8; 300_000];
+    let mut builder = BatchBuilder::with_capacity(1, 1 << 20);
+    builder
+        .push_data_in_place::<()>("f", 1, 12_345, 1 << 20, |room| {
+            for (slot, byte) in room.iter_mut().zip(&row) {
+                slot.write(*byte);
+            }
+            let (filled, _) = room.split_at_mut(row.len());
+            // SAFETY: the first `row.len()` slots were written just above.
+            Ok(unsafe { &mut *(filled as *mut [std::mem::MaybeUninit<u8>] as *mut [u8]) })
+        })
+        .unwrap();
+    let batch = builder.finish_encoded();
+    let message = FlightData {
+        data_header: batch.header.clone(),
+        data_body: batch.body.clone(),
+        app_metadata: Bytes::from_static(&[0; 8]),
+        flight_descriptor: None,
+    };
+    let wire = framed(&message);
+    let read = read_all(body_of(&wire, vec![65_536; wire.len()]), 64 << 20);
+    let read = read[0].as_ref().unwrap();
+    assert_eq!(
+        data_row_address(read, 0) % BODY_ALIGNMENT,
+        12_345 % BODY_ALIGNMENT
+    );
+}
+
 fn refusal(wire: &[u8], max: usize) -> Status {
     let read = read_all(body_of(wire, vec![3; wire.len()]), max);
     let last = read.into_iter().last().expect("something was read");

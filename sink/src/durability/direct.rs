@@ -21,7 +21,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Size of one direct write, and of each aligned buffer.
@@ -175,9 +175,22 @@ impl Drop for AlignedBuffer {
 }
 
 /// The aligned buffers of one sink: made on demand, kept for reuse (new
-/// memory is what direct writes avoid), at most [`MAX_BUFFERS`].
+/// memory is what direct writes avoid), at most [`MAX_BUFFERS`]; and the
+/// bytes written directly, with those of them that needed a buffer.
 #[derive(Default)]
-pub(crate) struct Buffers(Mutex<BufferPool>);
+pub(crate) struct Buffers {
+    pool: Mutex<BufferPool>,
+    written: AtomicU64,
+    staged: AtomicU64,
+}
+
+/// Bytes written with O_DIRECT since the start, and those of them copied
+/// into an aligned buffer first (their memory was not aligned).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DirectFigures {
+    pub written_bytes: u64,
+    pub staged_bytes: u64,
+}
 
 #[derive(Default)]
 struct BufferPool {
@@ -194,7 +207,7 @@ pub(crate) struct DirectWriteError {
 
 impl Buffers {
     fn take(&self) -> Option<AlignedBuffer> {
-        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(buffer) = pool.free.pop() {
             return Some(buffer);
         }
@@ -206,7 +219,7 @@ impl Buffers {
     }
 
     fn give_back(&self, buffer: AlignedBuffer) {
-        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         pool.free.push(buffer);
     }
 
@@ -227,6 +240,8 @@ impl Buffers {
         );
         if (bytes.as_ptr() as u64).is_multiple_of(alignment()) {
             write_chunks(direct, bytes, offset, None)?;
+            self.written
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             return Ok(true);
         }
         let Some(mut buffer) = self.take() else {
@@ -234,7 +249,18 @@ impl Buffers {
         };
         let result = write_chunks(direct, bytes, offset, Some(&mut buffer));
         self.give_back(buffer);
-        result.map(|()| true)
+        result?;
+        self.written
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.staged.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    pub(crate) fn figures(&self) -> DirectFigures {
+        DirectFigures {
+            written_bytes: self.written.load(Ordering::Relaxed),
+            staged_bytes: self.staged.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -297,7 +323,7 @@ mod tests {
     }
 
     fn lock_pool(buffers: &Buffers) -> std::sync::MutexGuard<'_, BufferPool> {
-        buffers.0.lock().unwrap()
+        buffers.pool.lock().unwrap()
     }
 
     /// Bytes already aligned in memory need no buffer: they are written
@@ -325,6 +351,11 @@ mod tests {
         match reopen_direct(&file, "f") {
             Reopened::Open(direct) => {
                 assert!(matches!(buffers.write(&direct, bytes, a as u64), Ok(true)));
+                let figures = buffers.figures();
+                assert_eq!(
+                    (figures.written_bytes, figures.staged_bytes),
+                    (len as u64, 0)
+                );
                 let mut back = vec![0u8; len];
                 file.read_exact_at(&mut back, a as u64).unwrap();
                 assert!(back == bytes);

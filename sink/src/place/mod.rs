@@ -199,6 +199,11 @@ impl Placer {
         self.holds.held_bytes()
     }
 
+    /// Bytes written with O_DIRECT, and those of them staged first.
+    pub(crate) fn direct_figures(&self) -> crate::durability::direct::DirectFigures {
+        self.direct.figures()
+    }
+
     /// From now on, records written ahead of a batch's round go through
     /// `committer`'s rounds. Called once, after the startup replay.
     pub fn attach_committer(&self, committer: Committer) {

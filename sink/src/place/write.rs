@@ -47,6 +47,10 @@ impl DirectWrites {
         }
     }
 
+    pub(super) fn figures(&self) -> direct::DirectFigures {
+        self.buffers.figures()
+    }
+
     /// Writes a range in place: its aligned middle directly when it is
     /// large enough and the filesystem allows, the rest through the page
     /// cache. An error names the destination and offset.
