@@ -8,7 +8,8 @@
 //! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
 //! - [`stall`]: ending a DoPut stream whose message stops arriving;
 //! - `put_receive`: DoPut messages read from the HTTP/2 frames with one copy,
-//!   and `put_route`, which serves DoPut with them ahead of tonic's router;
+//!   and `route`, which serves DoPut with them, and DoGet without copying its
+//!   batches, ahead of tonic's router;
 //! - [`subscription`]: live-tail tickets, the consumer schema and cursors;
 //! - [`calls`]: one sink over a connection of its own: how to reach it, what
 //!   goes wrong, actions and live-tail subscriptions;
@@ -24,9 +25,9 @@ pub mod encode;
 pub mod federation;
 pub mod protocol;
 mod put_receive;
-mod put_route;
 mod put_stream;
 mod read_access;
+mod route;
 pub mod schema;
 pub mod service;
 pub mod stall;

@@ -15,6 +15,7 @@ use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
 };
+use futures::future::BoxFuture;
 use futures::stream::{BoxStream, FuturesUnordered};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -25,8 +26,8 @@ use crate::connection::ServerConnection;
 use crate::decode;
 use crate::federation::{Asked, Federation};
 use crate::protocol::{self, Hello};
-use crate::put_route::{Acks, OpenPut, PutRequest, PutRouteLayer};
 use crate::read_access::{ReadAccess, ReadGate};
+use crate::route::{Acks, Messages, PutRequest, RoutedStreams, RoutesLayer};
 use crate::tls::ServerTls;
 use crate::wire::RangeBatch;
 
@@ -162,21 +163,23 @@ pub async fn serve<I: Ingest>(
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     let draining = Draining(drain_rx);
     let readers = Arc::new(ReadGate::new(config.read_access.clone(), mutual_tls));
-    let puts = PutHandler {
+    let streams = Streams {
         draining: draining.clone(),
         ingest: ingest.clone(),
         readers: readers.clone(),
         pipeline_depth: config.pipeline_depth.max(1),
-        streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
+        put_permits: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
         per_peer: Default::default(),
     };
-    let put_route =
-        PutRouteLayer::new(puts.clone(), config.max_message_bytes, config.message_stall);
+    let routes = RoutesLayer::new(
+        streams.clone(),
+        config.max_message_bytes,
+        config.message_stall,
+    );
     let service = Service {
-        draining,
         readers,
         ingest,
-        puts,
+        streams,
         federation: config.federation.clone(),
     };
     let server = FlightServiceServer::new(service)
@@ -192,8 +195,8 @@ pub async fn serve<I: Ingest>(
     if let Some(tls) = &config.tls {
         builder = builder.tls_config(tls.load()?)?;
     }
-    // DoPut bodies are read by a route of their own, ahead of tonic's.
-    let mut builder = builder.layer(put_route);
+    // DoPut and DoGet are served by routes of their own, ahead of tonic's.
+    let mut builder = builder.layer(routes);
     let tls = config.tls.is_some();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener)
         .map(move |accepted| accepted.map(|stream| ServerConnection::new(stream, tls)));
@@ -250,34 +253,35 @@ impl Draining {
 }
 
 struct Service<I> {
-    draining: Draining,
     ingest: Arc<I>,
     readers: Arc<ReadGate>,
-    puts: PutHandler<I>,
+    streams: Streams<I>,
     federation: Option<Federation>,
 }
 
-/// What serves DoPut streams: shared by the route that reads their bodies
-/// (see [`crate::put_route`]) and by tonic's handler.
-struct PutHandler<I> {
+/// What serves DoPut and DoGet streams: shared by the route that serves
+/// them ahead of tonic's router (see [`crate::route`]) and by tonic's
+/// handlers.
+struct Streams<I> {
     draining: Draining,
     ingest: Arc<I>,
     readers: Arc<ReadGate>,
     pipeline_depth: usize,
-    streams: Arc<tokio::sync::Semaphore>,
+    /// DoPut streams served at once, at most.
+    put_permits: Arc<tokio::sync::Semaphore>,
     /// DoPut streams open per peer address, so that one peer cannot hold
     /// every stream the sink serves.
     per_peer: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
 }
 
-impl<I> Clone for PutHandler<I> {
+impl<I> Clone for Streams<I> {
     fn clone(&self) -> Self {
         Self {
             draining: self.draining.clone(),
             ingest: self.ingest.clone(),
             readers: self.readers.clone(),
             pipeline_depth: self.pipeline_depth,
-            streams: self.streams.clone(),
+            put_permits: self.put_permits.clone(),
             per_peer: self.per_peer.clone(),
         }
     }
@@ -333,7 +337,38 @@ impl Drop for PeerStream {
     }
 }
 
-impl<I: Ingest> PutHandler<I> {
+impl<I: Ingest> Streams<I> {
+    /// Serves a DoGet ticket; a subscription ends, saying why, when the
+    /// server drains.
+    async fn get(&self, request: Request<Ticket>) -> Result<Boxed<FlightData>, Status> {
+        self.readers.check(&request)?;
+        let peer = peer_name(&request);
+        let stream = self.ingest.get(request.into_inner(), peer).await?;
+        // A subscription ends when the server drains, saying why: its
+        // consumer resumes from its cursor at the identity's next process.
+        let mut draining = self.draining.clone();
+        // Set only when the drain cut the stream, not when it ended itself.
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cutting = cut.clone();
+        let stream = stream
+            .take_until(async move {
+                draining.started().await;
+                cutting.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+            .chain(
+                futures::stream::once(async move { cut.load(std::sync::atomic::Ordering::SeqCst) })
+                    .filter_map(|drained| {
+                        std::future::ready(drained.then(|| {
+                            Err(Status::unavailable(
+                                "the sink is stopping (a handover or a restart): resume from \
+                                 your cursor",
+                            ))
+                        }))
+                    }),
+            );
+        Ok(Box::pin(stream))
+    }
+
     /// Takes a DoPut stream: checks the peer, then reads its messages and
     /// answers with its acks.
     fn open<S>(&self, request: Request<S>) -> Result<Response<Boxed<PutResult>>, Status>
@@ -344,7 +379,7 @@ impl<I: Ingest> PutHandler<I> {
         let peer = peer_name(&request);
         let peer_stream =
             PeerStream::take(&self.per_peer, request.remote_addr().map(|a| a.ip()), &peer)?;
-        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+        let permit = self.put_permits.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "peer {peer}: the sink serves its maximum number of streams; retry later"
             ))
@@ -375,9 +410,14 @@ impl<I: Ingest> PutHandler<I> {
     }
 }
 
-impl<I: Ingest> OpenPut for PutHandler<I> {
+impl<I: Ingest> RoutedStreams for Streams<I> {
     fn open_put(&self, request: PutRequest) -> Result<Acks, Status> {
         self.open(request).map(Response::into_inner)
+    }
+
+    fn open_get(&self, request: Request<Ticket>) -> BoxFuture<'static, Result<Messages, Status>> {
+        let streams = self.clone();
+        Box::pin(async move { streams.get(request).await })
     }
 }
 
@@ -470,39 +510,14 @@ impl<I: Ingest> FlightService for Service<I> {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        self.readers.check(&request)?;
-        let peer = peer_name(&request);
-        let stream = self.ingest.get(request.into_inner(), peer).await?;
-        // A subscription ends when the server drains, saying why: its
-        // consumer resumes from its cursor at the identity's next process.
-        let mut draining = self.draining.clone();
-        // Set only when the drain cut the stream, not when it ended itself.
-        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let cutting = cut.clone();
-        let stream = stream
-            .take_until(async move {
-                draining.started().await;
-                cutting.store(true, std::sync::atomic::Ordering::SeqCst);
-            })
-            .chain(
-                futures::stream::once(async move { cut.load(std::sync::atomic::Ordering::SeqCst) })
-                    .filter_map(|drained| {
-                        std::future::ready(drained.then(|| {
-                            Err(Status::unavailable(
-                                "the sink is stopping (a handover or a restart): resume from \
-                                 your cursor",
-                            ))
-                        }))
-                    }),
-            );
-        Ok(Response::new(Box::pin(stream)))
+        self.streams.get(request).await.map(Response::new)
     }
 
     async fn do_put(
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        self.puts.open(request)
+        self.streams.open(request)
     }
 
     async fn do_exchange(

@@ -108,5 +108,11 @@ def scenario_p10(b: Bench):
     b.row(id="P10", scenario=f"… the most this machine allows with consumers that keep up: the run alone over "
           f"the unavoidable CPU of the fanned-out run (simulator, watcher and sink for ingest, consumers) on "
           f"{ncpu} cores", figure=f"{fmt(ceiling, '.2f')}×", peer="—", ratio=None, target="(ceiling)", met="—")
+    served_gb = median([r8["total_bytes"] * r8["consumers"] for r8 in fanned]) / 1e9
+    per_gb_served = serving_cpu / served_gb if served_gb else None
+    b.results["scenarios"]["P10"]["sink_serving_cpu_s_per_gb_served"] = per_gb_served
+    b.row(id="P10", scenario="… the sink's own CPU per GB it served to the consumers (its CPU with 8 consumers "
+          "less its CPU alone, over the bytes all 8 received)",
+          figure=f"{fmt(per_gb_served, '.2f')} s/GB", peer="—", ratio=None, target="(info)", met="—")
     b.row(id="P10", scenario="… the slowest consumer had every byte this long after ingest ended",
           figure=f"{fmt(lag, '.2f')} s", peer="—", ratio=None, target="(keeps up)", met="—")
