@@ -279,3 +279,41 @@ fn a_body_error_passes_through_and_ends_the_stream() {
     assert_eq!(read.len(), 1);
     assert_eq!(read[0].as_ref().unwrap_err().code(), Code::Cancelled);
 }
+
+/// Random bytes, and valid streams with bytes changed or cut, never panic:
+/// they end in messages and at most one error, after which nothing more
+/// is read.
+#[test]
+fn damaged_streams_end_in_an_error_never_a_panic() {
+    let mut noise = Noise(0xbad5eed);
+    let valid: Vec<u8> = sample_messages(&mut noise)
+        .iter()
+        .flat_map(framed)
+        .collect();
+    for case in 0..200 {
+        let mut wire = if case % 3 == 0 {
+            let len = 1 + noise.below(3000) as usize;
+            noise.bytes(len).to_vec()
+        } else {
+            valid.clone()
+        };
+        if case % 3 != 0 {
+            for _ in 0..1 + noise.below(8) {
+                let at = noise.below(wire.len() as u64) as usize;
+                wire[at] = noise.next() as u8;
+            }
+            if case % 3 == 2 {
+                wire.truncate(noise.below(wire.len() as u64) as usize);
+            }
+        }
+        let cuts: Vec<usize> = (0..wire.len())
+            .map(|_| 1 + noise.below(5000) as usize)
+            .collect();
+        let read = read_all(body_of(&wire, cuts), 1 << 20);
+        let errors = read.iter().filter(|m| m.is_err()).count();
+        assert!(errors <= 1, "case {case}: {errors} errors");
+        if errors == 1 {
+            assert!(read.last().is_some_and(Result::is_err), "case {case}");
+        }
+    }
+}
