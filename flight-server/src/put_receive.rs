@@ -23,8 +23,8 @@ use prost::Message;
 use tonic::Status;
 
 /// The alignment a range's bytes are given in memory: that of direct writes
-/// on 4 KiB pages. Where the sink's direct writes need more, it stages them
-/// as it did before.
+/// on 4 KiB pages. On a host with larger pages the sink's direct writes
+/// need more, and it stages them through its aligned buffers instead.
 pub(crate) const BODY_ALIGNMENT: usize = 4096;
 
 /// `FlightData.data_body`.
@@ -32,6 +32,9 @@ const DATA_BODY_FIELD: u64 = 1000;
 const PREFIX_BYTES: usize = 5;
 /// A protobuf key and a length: two varints of at most 10 bytes each.
 const MAX_FIELD_HEADER: usize = 20;
+/// Bodies shorter than this are not laid out: no range in them reaches a
+/// sink's direct-write minimum.
+const MIN_ALIGNED_BODY: usize = 64 << 10;
 /// The body's bytes before the data values kept aside to choose the layout:
 /// the small columns of a batch of many thousand rows. A body whose values
 /// begin later is laid out at once.
@@ -199,10 +202,17 @@ impl Assembly {
                     bytes[*len] = frame[0];
                     *len += 1;
                     frame.advance(1);
-                    let header = parse_field_header(&bytes[..*len], length)?;
+                    // This byte is the header's; what follows it must hold the value.
+                    let room = left - 1;
+                    let header = parse_field_header(&bytes[..*len], room)?;
                     if let Some(header) = header {
                         let encoded = &bytes[..*len];
                         self.field = match header {
+                            FieldHeader::Body(_) if self.body.is_some() => {
+                                return Err(malformed(
+                                    "a message with two bodies (FlightData.data_body repeated)",
+                                ));
+                            }
                             FieldHeader::Body(body_len) => {
                                 Field::Body(BodyBuffer::new(body_len, &self.head))
                             }
@@ -284,8 +294,9 @@ enum FieldHeader {
     Small(u64),
 }
 
-/// Decodes a field's key (and length), once `bytes` holds all of it.
-fn parse_field_header(bytes: &[u8], message_len: u64) -> Result<Option<FieldHeader>, Status> {
+/// Decodes a field's key (and length), once `bytes` holds all of it;
+/// `room` is what the message has left after it.
+fn parse_field_header(bytes: &[u8], room: u64) -> Result<Option<FieldHeader>, Status> {
     let Some((key, key_len)) = varint(bytes)? else {
         return Ok(None);
     };
@@ -303,9 +314,9 @@ fn parse_field_header(bytes: &[u8], message_len: u64) -> Result<Option<FieldHead
             let Some((len, _)) = varint(rest)? else {
                 return Ok(None);
             };
-            if len > message_len {
+            if len > room {
                 return Err(malformed(format!(
-                    "a field of {len} bytes in a message of {message_len}"
+                    "a field of {len} bytes where the message has {room} left"
                 )));
             }
             if tag == DATA_BODY_FIELD {
@@ -355,6 +366,14 @@ struct BodyBuffer {
 
 impl BodyBuffer {
     fn new(len: usize, head: &[u8]) -> Self {
+        if len < MIN_ALIGNED_BODY {
+            return Self {
+                len,
+                layout: None,
+                prelude: Vec::new(),
+                buffer: Some((Vec::with_capacity(len), 0)),
+            };
+        }
         let layout = BatchLayout::of(head).filter(|layout| layout.values_at <= len);
         let mut body = Self {
             len,

@@ -237,32 +237,34 @@ impl DataColumn {
         trailer: usize,
         fill: impl for<'b> FnOnce(&'b mut [MaybeUninit<u8>]) -> Result<&'b mut [u8], E>,
     ) -> Result<usize, E> {
-        if self.values.is_empty() && max_len >= MIN_ALIGNED_ROW {
-            let lead = (file_offset % ROW_ALIGNMENT as u64) as usize;
+        let first_row = self.offsets.len() == 1;
+        let lead = match first_row && max_len >= MIN_ALIGNED_ROW {
+            true => (file_offset % ROW_ALIGNMENT as u64) as usize,
+            false => 0,
+        };
+        if lead > 0 {
             self.values.reserve(lead + max_len + trailer);
             self.values.resize(lead, 0);
             self.offsets[0] = self.end_offset();
         }
         let filled = self.fill_at_end(max_len, trailer, fill);
-        let lead = self.offsets[0] as usize;
-        let Ok(filled) = filled else {
-            if self.offsets.len() == 1 {
-                self.values.clear();
-                self.offsets[0] = 0;
+        if lead > 0 {
+            match filled {
+                // A short read: the row is not worth its lead.
+                Ok(filled) if filled > 0 && filled < MIN_ALIGNED_ROW => {
+                    self.values.copy_within(lead.., 0);
+                    self.values.truncate(filled);
+                    self.offsets = vec![0, self.end_offset()];
+                }
+                Ok(filled) if filled > 0 => {}
+                // Nothing read: no lead without a row.
+                _ => {
+                    self.values.clear();
+                    self.offsets[0] = 0;
+                }
             }
-            return filled;
-        };
-        if lead > 0 && self.offsets.len() == 2 && filled < MIN_ALIGNED_ROW {
-            // A short read: the row is not worth its lead.
-            self.values.copy_within(lead.., 0);
-            self.values.truncate(filled);
-            self.offsets = vec![0, self.end_offset()];
-        } else if lead > 0 && self.offsets.len() == 1 {
-            // Nothing was read: no lead without a row.
-            self.values.clear();
-            self.offsets[0] = 0;
         }
-        Ok(filled)
+        filled
     }
 
     fn fill_at_end<E>(
@@ -571,6 +573,17 @@ mod tests {
             assert_eq!(b.data.offsets[0], 0, "no lead for a {expected}-byte row");
             assert_eq!(b.data.values.len(), expected);
         }
+        // A later read that finds nothing leaves the first row and its lead.
+        let mut b = BatchBuilder::with_capacity(2, 1 << 20);
+        b.push_data_in_place::<()>("f", 1, 5000, 1 << 20, |room| Ok(write_into(room, &row)))
+            .unwrap();
+        b.push_data_in_place::<()>("g", 1, 9000, 1 << 20, |room| Ok(write_into(room, &[])))
+            .unwrap();
+        b.push_seal("f", 1, 305_000, "crc64nvme:0000000000000000");
+        let decoded = RangeBatch::validate(b.finish()).unwrap();
+        assert_eq!(decoded.row(0).data, &row[..]);
+        assert_eq!(decoded.len(), 2);
+
         let mut b = BatchBuilder::with_capacity(1, 1 << 20);
         let failed: Result<&[u8], &str> =
             b.push_data_in_place("f", 1, 5000, 1 << 20, |_| Err("eio"));

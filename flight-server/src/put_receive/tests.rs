@@ -121,37 +121,45 @@ fn messages_survive_any_framing() {
     }
 }
 
-/// Fields in an order prost never writes, unknown fields and a repeated
-/// body decode as prost decodes them.
+/// Fields in an order prost never writes and unknown fields decode as
+/// prost decodes them; a repeated body is refused (no encoder writes one,
+/// and each would be a buffer to allocate).
 #[test]
 fn field_order_and_unknown_fields_follow_protobuf() {
     use prost::encoding::{WireType, encode_key, encode_varint};
     let mut encoded = Vec::new();
-    encode_key(1000, WireType::LengthDelimited, &mut encoded);
-    encode_varint(3, &mut encoded);
-    encoded.extend_from_slice(b"old");
     encode_key(7, WireType::Varint, &mut encoded);
     encode_varint(300, &mut encoded);
+    encode_key(1000, WireType::LengthDelimited, &mut encoded);
+    encode_varint(5, &mut encoded);
+    encoded.extend_from_slice(b"final");
     encode_key(8, WireType::ThirtyTwoBit, &mut encoded);
     encoded.extend_from_slice(&[1, 2, 3, 4]);
     encode_key(9, WireType::SixtyFourBit, &mut encoded);
     encoded.extend_from_slice(&[1; 8]);
-    encode_key(1000, WireType::LengthDelimited, &mut encoded);
-    encode_varint(5, &mut encoded);
-    encoded.extend_from_slice(b"final");
     encode_key(2, WireType::LengthDelimited, &mut encoded);
     encode_varint(6, &mut encoded);
     encoded.extend_from_slice(b"header");
     let expected = FlightData::decode(&encoded[..]).unwrap();
     assert_eq!(&expected.data_body[..], b"final");
-    let mut wire = vec![0u8];
-    wire.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
-    wire.extend_from_slice(&encoded);
+    let framed = |encoded: &[u8]| {
+        let mut wire = vec![0u8];
+        wire.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+        wire.extend_from_slice(encoded);
+        wire
+    };
+    let wire = framed(&encoded);
     for step in [1, 2, 3, 7, 1000] {
         let read = read_all(body_of(&wire, vec![step; wire.len()]), 1 << 20);
         assert_eq!(read.len(), 1);
         assert_eq!(read[0].as_ref().unwrap(), &expected, "frames of {step}");
     }
+
+    encode_key(1000, WireType::LengthDelimited, &mut encoded);
+    encode_varint(3, &mut encoded);
+    encoded.extend_from_slice(b"two");
+    let status = refusal(&framed(&encoded), 1 << 20);
+    assert!(status.message().contains("two bodies"), "{status:?}");
 }
 
 fn data_row_address(message: &FlightData, row: usize) -> usize {

@@ -21,7 +21,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Size of one direct write, and of each aligned buffer.
@@ -180,6 +180,10 @@ impl Drop for AlignedBuffer {
 #[derive(Default)]
 pub(crate) struct Buffers {
     pool: Mutex<BufferPool>,
+    /// Direct writes from received memory under way: as many at most as
+    /// staged ones may be (one per buffer), so that placement threads do
+    /// not all wait on the device at once.
+    unstaged: AtomicUsize,
     written: AtomicU64,
     staged: AtomicU64,
 }
@@ -227,8 +231,8 @@ impl Buffers {
     /// descriptor: from where they are if their memory is aligned too (the
     /// DoPut receive path lays ranges out so), else a chunk at a time
     /// through an aligned buffer, so the memory the kernel reads is the
-    /// same few pages every time. Ok(false): the bytes needed a buffer and
-    /// every buffer is in use; nothing was written.
+    /// same few pages every time. Ok(false): as many direct writes as there
+    /// are buffers are under way; nothing was written.
     pub(crate) fn write(
         &self,
         direct: &File,
@@ -239,7 +243,17 @@ impl Buffers {
             offset.is_multiple_of(alignment()) && (bytes.len() as u64).is_multiple_of(alignment())
         );
         if (bytes.as_ptr() as u64).is_multiple_of(alignment()) {
-            write_chunks(direct, bytes, offset, None)?;
+            let taken =
+                self.unstaged
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |running| {
+                        (running < MAX_BUFFERS).then_some(running + 1)
+                    });
+            if taken.is_err() {
+                return Ok(false);
+            }
+            let result = write_chunks(direct, bytes, offset, None);
+            self.unstaged.fetch_sub(1, Ordering::AcqRel);
+            result?;
             self.written
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             return Ok(true);

@@ -92,7 +92,8 @@ impl DirectWrites {
         let middle_bytes = &bytes[at(start)..at(end)];
         match self.buffers.write(&direct, middle_bytes, start) {
             Ok(true) => {}
-            // Every aligned buffer is busy: this once, the usual way.
+            // As many direct writes as there are buffers are under way:
+            // this once, the usual way.
             Ok(false) => write_range(file, middle_bytes, start, dest)?,
             // An alignment this device does not take after all. Chunks
             // before the failed one are in the file; writing them again
