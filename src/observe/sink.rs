@@ -296,6 +296,17 @@ impl SinkObserved {
             "Bytes that arrived ahead of the bytes before them in their file, waiting in memory.",
             s.held_bytes as f64,
         );
+        m.counter(
+            "sink_direct_written_bytes_total",
+            "Bytes written past the page cache (O_DIRECT) since the start.",
+            s.direct_written_bytes as f64,
+        );
+        m.counter(
+            "sink_direct_staged_bytes_total",
+            "Of the bytes written past the page cache, those copied into an aligned buffer first \
+             (not received aligned like their file offset).",
+            s.direct_staged_bytes as f64,
+        );
         let placements = m.gauges(
             "sink_placements",
             "Batches being placed (running) and waiting for a placement thread (waiting).",
