@@ -922,8 +922,17 @@ fn a_pyarrow_writer_is_placed_byte_for_byte() {
         .arg(SOURCE)
         .arg(&file)
         .arg("py/a.bin")
-        // Rows over the sink's direct-write minimum, in messages under its limit.
-        .args(["--chunk", "700013", "--rows-per-batch", "1"])
+        // Rows over the sink's direct-write minimum, in messages under its
+        // limit, one batch at a time: a range that arrived ahead of the
+        // bytes before it would be held, and a held range is copied.
+        .args([
+            "--chunk",
+            "700013",
+            "--rows-per-batch",
+            "1",
+            "--window",
+            "1",
+        ])
         .output()
         .expect("run the pyarrow writer");
     assert!(

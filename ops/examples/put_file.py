@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Send one file to a tailflight sink with pyarrow alone (no tailflight code).
 
-    python3 put_file.py grpc://sink:50051 SOURCE FILE KEY [--chunk BYTES]
+    python3 put_file.py grpc://sink:50051 SOURCE FILE KEY [--chunk BYTES] [--window N]
 
 Opens a DoPut stream with the tailflight hello, sends FILE's bytes as data
 rows of the range schema (at most --chunk bytes each, several rows to a
@@ -73,6 +73,7 @@ def main():
     parser.add_argument("key", help="where the file lands under the source")
     parser.add_argument("--chunk", type=int, default=1 << 20, help="bytes per data row")
     parser.add_argument("--rows-per-batch", type=int, default=3)
+    parser.add_argument("--window", type=int, default=8, help="batches sent and not yet acknowledged, at most")
     args = parser.parse_args()
 
     with open(args.file, "rb") as f:
@@ -92,17 +93,22 @@ def main():
     batches = [data[i : i + args.rows_per_batch] for i in range(0, len(data), args.rows_per_batch)]
     # A seal is checked against the bytes placed before it: it goes once
     # every data row is acknowledged.
+    acked = set()
+
+    def read_ack():
+        ack = json.loads(acks.read().to_pybytes())
+        if ack.get("rejected"):
+            sys.exit(f"the sink rejected rows: {ack['rejected']}")
+        acked.add(ack["seq"])
+
     for stage in (batches, [seal]):
-        first = sent
         for batch in stage:
+            while sent - len(acked) >= args.window:
+                read_ack()
             writer.write_with_metadata(rows_batch(batch), sent.to_bytes(8, "big"))
             sent += 1
-        acked = set()
-        while len(acked) < sent - first:
-            ack = json.loads(acks.read().to_pybytes())
-            if ack.get("rejected"):
-                sys.exit(f"the sink rejected rows: {ack['rejected']}")
-            acked.add(ack["seq"])
+        while len(acked) < sent:
+            read_ack()
     writer.done_writing()
     writer.close()
     print(f"sent {len(content)} bytes in {sent} batches, all acknowledged")
