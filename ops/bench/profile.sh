@@ -62,11 +62,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ "$how" = strace-sink ]; then
-    strace -f -c -o "$out/strace-sink-$mode.txt" "${sink[@]}" 2>"$work/sink.log" &
-else
-    "${sink[@]}" 2>"$work/sink.log" &
-fi
+# Starts ROLE's command in the background, under strace -c when HOW asks
+# for that role's syscall counts.
+launch() {
+    local role=$1
+    shift
+    if [ "$how" = "strace-$role" ]; then
+        strace -f -c -o "$out/strace-$role-$mode.txt" "$@" 2>"$work/$role.log" &
+    else
+        "$@" 2>"$work/$role.log" &
+    fi
+}
+
+launch sink "${sink[@]}"
 sink_pid=$!
 pids+=("$sink_pid")
 sleep 1.5
@@ -77,11 +85,7 @@ case "$how" in
 esac
 [ -n "$recorder" ] && sleep 0.3
 started=$(date +%s.%N)
-if [ "$how" = strace-watch ]; then
-    strace -f -c -o "$out/strace-watch-$mode.txt" "${watch[@]}" 2>"$work/watch.log" &
-else
-    "${watch[@]}" 2>"$work/watch.log" &
-fi
+launch watch "${watch[@]}"
 watch_pid=$!
 pids+=("$watch_pid")
 for _ in $(seq 1 2400); do
