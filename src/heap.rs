@@ -129,6 +129,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn huge_pages_once_refused_stay_refused() {
+        refuse_transparent_huge_pages().unwrap();
+        // SAFETY: PR_GET_THP_DISABLE takes integers only.
+        let refused = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        assert_eq!(refused, 1);
+    }
+
+    #[test]
     fn the_kernel_counts_this_process_resident() {
         let figures = resident_figures();
         assert!(figures.anonymous_bytes > 0);
@@ -145,6 +153,21 @@ static ALLOCATOR: Counting<mimalloc::MiMalloc> = Counting::new(mimalloc::MiMallo
 #[cfg(feature = "system-allocator")]
 #[global_allocator]
 static ALLOCATOR: Counting<std::alloc::System> = Counting::new(std::alloc::System);
+
+/// Keeps the kernel from backing this process's memory with transparent
+/// huge pages from now on (pages it has already are left as they are).
+/// mimalloc asks for them (`MADV_HUGEPAGE`) on its segments, and a fault on
+/// one zeroes 2 MiB at once: a sink that started as a hundred files
+/// appeared spent most of its CPU in that zeroing, and the writes of its
+/// first second waited up to 200 ms for their commits.
+pub fn refuse_transparent_huge_pages() -> std::io::Result<()> {
+    // SAFETY: PR_SET_THP_DISABLE takes integers only and touches no memory.
+    let answer = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    match answer {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
 
 /// The heap's figures by the global allocator's count.
 pub fn figures() -> HeapFigures {

@@ -168,6 +168,11 @@ fn run(
 /// `tailflight sink`: serves until stopped, as a fleet identity if given one.
 fn run_sink(args: SinkArgs, problems: observe::RecentProblems) -> anyhow::Result<ExitCode> {
     limits::check_sink(&args)?;
+    if !args.transparent_huge_pages
+        && let Err(error) = heap::refuse_transparent_huge_pages()
+    {
+        tracing::warn!(%error, "transparent huge pages stay allowed for the sink's heap");
+    }
     raise_fd_limit();
     let config = sink_config(&args);
     runtime()?.block_on(async {

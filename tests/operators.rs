@@ -82,6 +82,16 @@ fn metrics_and_status_follow_a_run() {
         let page = get_ok(port, "/");
         assert!(page.contains("<title>tailflight</title>") && page.contains("api/status"));
     }
+    // The sink keeps transparent huge pages from its heap unless told
+    // otherwise (`--transparent-huge-pages`).
+    let sink_pid = pipeline.sink.pid().expect("the sink runs");
+    let process_status = std::fs::read_to_string(format!("/proc/{sink_pid}/status")).unwrap();
+    assert!(
+        process_status
+            .lines()
+            .any(|line| line.split_whitespace().eq(["THP_enabled:", "0"])),
+        "huge pages allowed: {process_status}"
+    );
     common::simulate(&pipeline.source, &workload("r1", "3", "256KiB", "3s"));
     pipeline.wait_identical(Duration::from_secs(120));
     let total = common::tree_bytes(&pipeline.source);
