@@ -176,10 +176,10 @@ pub struct SinkArgs {
     #[cfg(feature = "bench")]
     #[arg(long)]
     pub(crate) commit_log: Option<PathBuf>,
-    /// Let the kernel back the sink's heap with transparent huge pages.
+    /// Let the kernel back the sink's memory with transparent huge pages.
     /// Refused by default: a fault on one zeroes 2 MiB at once, and a burst
     /// of new files at the start held the first second's writes up to
-    /// 200 ms. Allowed, a large transfer costs the sink about a tenth less
+    /// 300 ms. Allowed, a large transfer costs the sink about a tenth less
     /// CPU per byte (fewer page faults).
     #[arg(long)]
     pub(crate) transparent_huge_pages: bool,

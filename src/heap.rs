@@ -5,7 +5,8 @@
 //! (RSS). Memory allocated in C and C++ (RocksDB, librdkafka) is not
 //! counted here; the sink reports RocksDB's own in `manifest_memory_bytes`.
 //! Beside it, the resident memory the kernel counts for the process, which
-//! is what an allocator that keeps pages makes grow.
+//! is what an allocator that keeps pages makes grow. And the sink's refusal
+//! of transparent huge pages (`refuse_transparent_huge_pages`).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -129,10 +130,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn huge_pages_once_refused_stay_refused() {
+    fn refusing_huge_pages_turns_them_off_for_the_process() {
         refuse_transparent_huge_pages().unwrap();
+        let unused: libc::c_ulong = 0;
         // SAFETY: PR_GET_THP_DISABLE takes integers only.
-        let refused = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        let refused =
+            unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, unused, unused, unused, unused) };
         assert_eq!(refused, 1);
     }
 
@@ -156,13 +159,16 @@ static ALLOCATOR: Counting<std::alloc::System> = Counting::new(std::alloc::Syste
 
 /// Keeps the kernel from backing this process's memory with transparent
 /// huge pages from now on (pages it has already are left as they are).
-/// mimalloc asks for them (`MADV_HUGEPAGE`) on its segments, and a fault on
-/// one zeroes 2 MiB at once: a sink that started as a hundred files
-/// appeared spent most of its CPU in that zeroing, and the writes of its
-/// first second waited up to 200 ms for their commits.
+/// mimalloc asks for them (`MADV_HUGEPAGE`) on its memory, and a fault on
+/// one zeroes 2 MiB at once: when a hundred new files reached a sink that
+/// had just started, that zeroing took nearly half its CPU, and the writes
+/// of its first second waited up to 300 ms for their commits.
 pub fn refuse_transparent_huge_pages() -> std::io::Result<()> {
+    // prctl is variadic and the kernel reads unsigned longs, refusing
+    // non-zero garbage in the unused ones: pass them at that width.
+    let (refuse, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
     // SAFETY: PR_SET_THP_DISABLE takes integers only and touches no memory.
-    let answer = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    let answer = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, refuse, unused, unused, unused) };
     match answer {
         0 => Ok(()),
         _ => Err(std::io::Error::last_os_error()),

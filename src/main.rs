@@ -171,7 +171,10 @@ fn run_sink(args: SinkArgs, problems: observe::RecentProblems) -> anyhow::Result
     if !args.transparent_huge_pages
         && let Err(error) = heap::refuse_transparent_huge_pages()
     {
-        tracing::warn!(%error, "transparent huge pages stay allowed for the sink's heap");
+        tracing::warn!(
+            %error,
+            "cannot refuse transparent huge pages (prctl PR_SET_THP_DISABLE): they stay allowed"
+        );
     }
     raise_fd_limit();
     let config = sink_config(&args);

@@ -85,7 +85,8 @@ fn metrics_and_status_follow_a_run() {
     // The sink keeps transparent huge pages from its heap unless told
     // otherwise (`--transparent-huge-pages`).
     let sink_pid = pipeline.sink.pid().expect("the sink runs");
-    let process_status = std::fs::read_to_string(format!("/proc/{sink_pid}/status")).unwrap();
+    let process_status = std::fs::read_to_string(format!("/proc/{sink_pid}/status"))
+        .expect("the kernel shows the sink's status");
     assert!(
         process_status
             .lines()

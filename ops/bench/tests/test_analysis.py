@@ -142,6 +142,13 @@ class Bursts(unittest.TestCase):
         self.assertEqual(out[0]["p99_ms"], 3.0)
         self.assertEqual(a.latency_windows({}, []), [])
 
+    def test_tenths_start_on_their_edges(self):
+        tenth = 100_000_000
+        pairs = [(k * tenth, float(k)) for k in range(10)]
+        out = a.latency_windows({}, pairs, window_s=0.1)
+        self.assertEqual([w["n"] for w in out], [1] * 10)
+        self.assertEqual([w["from_s"] for w in out][:4], [0.0, 0.1, 0.2, 0.3])
+
 
 class TailflightLatencies(unittest.TestCase):
     def test_a_write_is_durable_when_its_last_range_commits(self):

@@ -111,13 +111,16 @@ def latency_windows(writes, lat_by_write, window_s=10.0):
     if not pairs:
         return []
     t0 = pairs[0][0]
+    # In whole nanoseconds: a write on a window's edge starts the next one.
+    window_ns = round(window_s * 1e9)
     buckets: dict[int, list[float]] = {}
     for t, lat in pairs:
-        buckets.setdefault(int((t - t0) / 1e9 / window_s), []).append(lat)
+        buckets.setdefault((t - t0) // window_ns, []).append(lat)
     out = []
     for k in sorted(buckets):
         v = sorted(buckets[k])
-        out.append({"from_s": k * window_s, "n": len(v), "p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99)})
+        out.append({"from_s": round(k * window_ns / 1e9, 9), "n": len(v), "p50_ms": percentile(v, 50),
+                    "p99_ms": percentile(v, 99)})
     return out
 
 
