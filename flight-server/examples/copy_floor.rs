@@ -29,6 +29,15 @@
 //! last frame the sender shuts
 //! down its writing half and reads acks until the receiver closes.
 //!
+//! With `--http2` on both sides, the same frames travel in one HTTP/2
+//! stream per connection (the request body; acks come back in the response
+//! body), through the h2 crate as hyper and tonic use it, with the sink's
+//! flow-control windows and frame size. The sender hands each frame to h2
+//! as its own buffer (no copy); the receiver copies each payload once out
+//! of h2's read buffer into aligned memory, as the sink must. That is the
+//! least an HTTP/2 mover (Arrow Flight's transport) pays beyond the bare
+//! copy: P1c reports it beside the bare floor.
+//!
 //! With `--tls-dir`: TLS 1.3 with the one cipher suite
 //! TLS13_AES_128_GCM_SHA256, through tokio-rustls (as tonic uses it). The
 //! receiver makes a self-signed certificate for "localhost" at start; the
@@ -44,12 +53,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use bytes::{Buf, Bytes};
 use clap::{Parser, Subcommand};
 use rustls::crypto::CryptoProvider;
 use rustls::crypto::aws_lc_rs::{cipher_suite, default_provider};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::pin::Pin;
+use std::task::{Poll, ready};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -61,6 +73,10 @@ const MAX_NAME: usize = 4096;
 /// Largest payload a frame may carry (the receiver's buffer grows to it).
 const MAX_PAYLOAD: usize = 256 << 20;
 const CERT_FILE: &str = "cert.pem";
+/// HTTP/2 flow-control windows, stream and connection, both ways: the sink's.
+const H2_WINDOW: u32 = 64 << 20;
+/// Largest HTTP/2 frame the receiver takes: the sink's.
+const H2_MAX_FRAME: u32 = 256 << 10;
 
 #[derive(Parser)]
 #[command(about = "Bare file copy over TCP or TLS: the floor a mover's CPU is compared with")]
@@ -92,6 +108,9 @@ enum Command {
         /// Connections to accept before exiting once they all end.
         #[arg(long, default_value_t = 1)]
         connections: usize,
+        /// Take the frames from one HTTP/2 stream per connection.
+        #[arg(long)]
+        http2: bool,
     },
     /// Send FILEs over N connections and wait until every byte is durable.
     Send {
@@ -108,6 +127,9 @@ enum Command {
         /// Most payload bytes per frame.
         #[arg(long, default_value_t = MIB as usize)]
         chunk: usize,
+        /// Send the frames in one HTTP/2 stream per connection.
+        #[arg(long)]
+        http2: bool,
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -124,6 +146,7 @@ fn main() -> Result<()> {
             ack_every,
             direct,
             connections,
+            http2,
         } => {
             ensure!(ack_every > 0, "--ack-every must be positive");
             ensure!(connections > 0, "--connections must be positive");
@@ -134,6 +157,7 @@ fn main() -> Result<()> {
                 ack_every,
                 direct,
                 connections,
+                http2,
             ))?;
             ("receive", bytes, seconds)
         }
@@ -143,6 +167,7 @@ fn main() -> Result<()> {
             tls_dir,
             window,
             chunk,
+            http2,
             files,
         } => {
             ensure!(window > 0, "--window must be positive");
@@ -157,6 +182,7 @@ fn main() -> Result<()> {
                 tls_dir.as_deref(),
                 window,
                 chunk,
+                http2,
                 &files,
             ))?;
             ("send", bytes, seconds)
@@ -282,6 +308,7 @@ async fn receive(
     ack_every: u64,
     direct: bool,
     connections: usize,
+    http2: bool,
 ) -> Result<(u64, f64)> {
     std::fs::create_dir_all(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
     let acceptor = tls_dir.map(tls_acceptor).transpose()?;
@@ -309,13 +336,13 @@ async fn receive(
         let acceptor = acceptor.clone();
         tasks.push(tokio::spawn(async move {
             match acceptor {
-                None => receive_stream(tcp, peer, &dest, ack_every).await,
+                None => receive_on(tcp, peer, &dest, ack_every, http2).await,
                 Some(acceptor) => {
                     let tls = acceptor
                         .accept(tcp)
                         .await
                         .with_context(|| format!("TLS handshake with {peer}"))?;
-                    receive_stream(tls, peer, &dest, ack_every).await
+                    receive_on(tls, peer, &dest, ack_every, http2).await
                 }
             }
         }));
@@ -350,7 +377,7 @@ type AckRequest = (Vec<(String, Arc<DestFile>)>, u64);
 
 /// Flushes what each request names, then acknowledges its total, in order;
 /// shuts the writing half down once the reader has sent its last request.
-async fn acker<W: AsyncWrite + Unpin>(
+async fn acker<W: AsyncWrite + Unpin + Send>(
     mut out: W,
     peer: SocketAddr,
     mut requests: tokio::sync::mpsc::Receiver<AckRequest>,
@@ -378,13 +405,72 @@ async fn acker<W: AsyncWrite + Unpin>(
         .with_context(|| format!("closing the connection from {peer}"))
 }
 
-/// One connection's frames, written into `dest`; returns its payload bytes.
-async fn receive_stream<S>(stream: S, peer: SocketAddr, dest: &Dest, ack_every: u64) -> Result<u64>
+/// One connection's frames, bare on the stream or inside HTTP/2, written
+/// into `dest`; returns its payload bytes.
+async fn receive_on<S>(
+    stream: S,
+    peer: SocketAddr,
+    dest: &Dest,
+    ack_every: u64,
+    http2: bool,
+) -> Result<u64>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    // Frames are read on while the files of the last ack are flushed.
-    let (mut stream, out) = tokio::io::split(stream);
+    if !http2 {
+        // Frames are read on while the files of the last ack are flushed.
+        let (frames, out) = tokio::io::split(stream);
+        return receive_frames(frames, out, peer, dest, ack_every).await;
+    }
+    let mut connection = h2::server::Builder::new()
+        .initial_window_size(H2_WINDOW)
+        .initial_connection_window_size(H2_WINDOW)
+        .max_frame_size(H2_MAX_FRAME)
+        .handshake::<_, Bytes>(stream)
+        .await
+        .with_context(|| format!("HTTP/2 handshake with {peer}"))?;
+    let (request, mut respond) = connection
+        .accept()
+        .await
+        .with_context(|| format!("{peer} closed before its request"))?
+        .with_context(|| format!("the request from {peer}"))?;
+    let out = respond
+        .send_response(http::Response::new(()), false)
+        .with_context(|| format!("the response to {peer}"))?;
+    // Accepting drives the connection; a second stream is not expected.
+    let driver = tokio::spawn(async move {
+        match connection.accept().await {
+            None => Ok(()),
+            Some(Err(e)) => Err(e).with_context(|| format!("the HTTP/2 connection from {peer}")),
+            Some(Ok(_)) => bail!("{peer} opened a second stream"),
+        }
+    });
+    let frames = H2Reader::new(request.into_body());
+    let out = H2Writer {
+        body: out,
+        ended: false,
+    };
+    let total = receive_frames(frames, out, peer, dest, ack_every).await?;
+    // Done once the sender, with every ack read, closes the connection.
+    driver
+        .await
+        .context("the HTTP/2 connection's task failed")??;
+    Ok(total)
+}
+
+/// The frames read from `frames`, written into `dest`, acks written to
+/// `out`; returns the payload bytes.
+async fn receive_frames<R, W>(
+    mut stream: R,
+    out: W,
+    peer: SocketAddr,
+    dest: &Dest,
+    ack_every: u64,
+) -> Result<u64>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (requests, pending) = tokio::sync::mpsc::channel::<AckRequest>(2);
     let acks = tokio::spawn(acker(out, peer, pending));
     let mut head = Vec::with_capacity(MAX_NAME + 12);
@@ -558,6 +644,7 @@ async fn send(
     tls_dir: Option<&Path>,
     window: u64,
     chunk: usize,
+    http2: bool,
     paths: &[PathBuf],
 ) -> Result<(u64, f64)> {
     let mut shares: Vec<Vec<Source>> = (0..connections).map(|_| Vec::new()).collect();
@@ -576,15 +663,19 @@ async fn send(
         let connector = connector.clone();
         let peer = format!("connection {i} to {to}");
         tasks.push(tokio::spawn(async move {
-            match connector {
-                None => send_stream(tcp, &peer, sources, window, chunk).await,
-                Some(connector) => {
+            match (connector, http2) {
+                (None, false) => send_stream(tcp, &peer, sources, window, chunk).await,
+                (None, true) => send_h2(tcp, &peer, sources, window, chunk).await,
+                (Some(connector), http2) => {
                     let server = ServerName::try_from("localhost")?;
                     let tls = connector
                         .connect(server, tcp)
                         .await
                         .with_context(|| format!("TLS handshake on {peer}"))?;
-                    send_stream(tls, &peer, sources, window, chunk).await
+                    match http2 {
+                        false => send_stream(tls, &peer, sources, window, chunk).await,
+                        true => send_h2(tls, &peer, sources, window, chunk).await,
+                    }
                 }
             }
         }));
@@ -689,4 +780,206 @@ async fn send_stream<S: AsyncRead + AsyncWrite + Unpin>(
         "{peer} closed with {acked} of {sent} bytes acked"
     );
     Ok(sent)
+}
+
+/// Sends `sources` in one HTTP/2 stream over `io`, each frame handed to h2
+/// as its own buffer; returns the payload bytes once all are acked.
+async fn send_h2<S>(
+    io: S,
+    peer: &str,
+    sources: Vec<Source>,
+    window: u64,
+    chunk: usize,
+) -> Result<u64>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(H2_WINDOW)
+        .initial_connection_window_size(H2_WINDOW)
+        .handshake::<_, Bytes>(io)
+        .await
+        .with_context(|| format!("HTTP/2 handshake on {peer}"))?;
+    let driver = tokio::spawn(connection);
+    let mut client = client
+        .ready()
+        .await
+        .with_context(|| format!("HTTP/2 connection on {peer}"))?;
+    let request = http::Request::post("http://localhost/copy")
+        .body(())
+        .context("the request")?;
+    let (response, mut body) = client
+        .send_request(request, false)
+        .with_context(|| format!("the request on {peer}"))?;
+    let response = response
+        .await
+        .with_context(|| format!("the response on {peer}"))?;
+    let mut acks = H2Reader::new(response.into_body());
+    let mut sent = 0u64;
+    let mut acked = 0u64;
+    for source in &sources {
+        let name = source.name.as_bytes();
+        let mut offset = 0u64;
+        // One frame even for an empty file, so that it is created.
+        loop {
+            let remaining = source.size - offset;
+            while remaining > 0 && sent - acked >= window {
+                acked = read_ack(&mut acks, peer, acked, sent)
+                    .await?
+                    .with_context(|| format!("{peer} closed with {sent} bytes sent"))?;
+            }
+            let len = remaining.min(chunk as u64).min(window - (sent - acked)) as usize;
+            let mut frame = Vec::with_capacity(4 + name.len() + 12 + len);
+            frame.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            frame.extend_from_slice(name);
+            frame.extend_from_slice(&offset.to_le_bytes());
+            frame.extend_from_slice(&(len as u32).to_le_bytes());
+            pread_append(&source.file, &mut frame, len, offset).with_context(|| {
+                format!(
+                    "pread of {len} bytes from {} at {offset}",
+                    source.path.display()
+                )
+            })?;
+            body.send_data(Bytes::from(frame), false)
+                .with_context(|| format!("{len} bytes of {} at {offset} on {peer}", source.name))?;
+            sent += len as u64;
+            offset += len as u64;
+            if offset >= source.size {
+                break;
+            }
+        }
+    }
+    body.send_data(Bytes::new(), true)
+        .with_context(|| format!("the end of the request on {peer}"))?;
+    while let Some(ack) = read_ack(&mut acks, peer, acked, sent).await? {
+        acked = ack;
+    }
+    ensure!(
+        acked == sent,
+        "{peer} closed with {acked} of {sent} bytes acked"
+    );
+    // With every handle gone the connection says goodbye and ends.
+    drop((client, body, acks));
+    driver
+        .await
+        .context("the HTTP/2 connection's task failed")?
+        .with_context(|| format!("the HTTP/2 connection on {peer}"))?;
+    Ok(sent)
+}
+
+/// Appends `len` bytes of `file` at `offset` to `buf`, read straight into
+/// its spare capacity (as the watcher reads, without zeroing it first).
+fn pread_append(file: &File, buf: &mut Vec<u8>, len: usize, offset: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(len);
+    let mut done = 0;
+    while done < len {
+        let spare = buf.spare_capacity_mut();
+        let at = (offset + done as u64) as libc::off_t;
+        // SAFETY: pread writes at most `len - done` bytes, within the spare
+        // capacity reserved above, and the length grows only by what it wrote.
+        let n = unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), len - done, at) };
+        match n {
+            n if n > 0 => {
+                unsafe { buf.set_len(buf.len() + n as usize) };
+                done += n as usize;
+            }
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+// ----------------------------------------------------------------- HTTP/2
+
+/// An HTTP/2 body read as a byte stream, its flow-control window given back
+/// as each DATA frame arrives (the frames' own protocol bounds what is in
+/// flight).
+struct H2Reader {
+    body: h2::RecvStream,
+    chunk: Bytes,
+}
+
+impl H2Reader {
+    fn new(body: h2::RecvStream) -> Self {
+        H2Reader {
+            body,
+            chunk: Bytes::new(),
+        }
+    }
+}
+
+impl AsyncRead for H2Reader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        while this.chunk.is_empty() {
+            match ready!(this.body.poll_data(cx)) {
+                None => return Poll::Ready(Ok(())),
+                Some(Err(e)) => return Poll::Ready(Err(std::io::Error::other(e))),
+                Some(Ok(data)) => {
+                    this.body
+                        .flow_control()
+                        .release_capacity(data.len())
+                        .map_err(std::io::Error::other)?;
+                    this.chunk = data;
+                }
+            }
+        }
+        let n = this.chunk.len().min(buf.remaining());
+        buf.put_slice(&this.chunk[..n]);
+        this.chunk.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// An HTTP/2 body written as a byte stream: each write a DATA frame (only
+/// acks go this way), shutdown its end.
+struct H2Writer {
+    body: h2::SendStream<Bytes>,
+    ended: bool,
+}
+
+impl AsyncWrite for H2Writer {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.get_mut()
+            .body
+            .send_data(Bytes::copy_from_slice(buf), false)
+            .map_err(std::io::Error::other)?;
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.ended {
+            this.ended = true;
+            this.body
+                .send_data(Bytes::new(), true)
+                .map_err(std::io::Error::other)?;
+        }
+        Poll::Ready(Ok(()))
+    }
 }

@@ -46,8 +46,8 @@ if [ "$mode" = tls ]; then
     watch_tls=(--tls-ca "$certs/ca.pem" --tls-cert "$certs/client.pem" --tls-key "$certs/client.key")
     scheme=https
 fi
-sink=("$bin" sink --listen "127.0.0.1:$port" --root "$work/dest" --state "$work/sink-state" "${sink_tls[@]}")
-watch=("$bin" watch --dir "$src" --source profile --to "$scheme://127.0.0.1:$port" --state "$work/watch-state" "${watch_tls[@]}")
+sink=("$bin" sink --listen "127.0.0.1:$port" --root "$work/dest" --state "$work/sink-state" "${sink_tls[@]}" ${SINK_EXTRA:-})
+watch=("$bin" watch --dir "$src" --source profile --to "$scheme://127.0.0.1:$port" --state "$work/watch-state" "${watch_tls[@]}" ${WATCH_EXTRA:-})
 
 sync
 pids=()

@@ -6,7 +6,10 @@ rotated each round, by the floors any mover pays for the same bytes:
   pwrite and an fdatasync per acknowledgement window; and its TLS 1.3 twin (AES-128-GCM); each
   with the block-aligned middle of every payload written with O_DIRECT, as the sink writes large
   ranges on a local filesystem (the floor the pipeline is held to), and through the page cache
-  (for information);
+  (for information); and the same frames inside one HTTP/2 stream per connection (`--http2`: the
+  h2 crate as hyper and tonic use it, each frame handed to h2 without a copy, each payload copied
+  once out of h2's read buffer), plaintext and TLS: the least a mover pays on Arrow Flight's
+  transport (for information, with the pipeline's ratio to it);
 - `iperf3 -P N -Z` (sendfile), memory to memory;
 - `fio`: the same bytes written with an fdatasync every 8 MiB by N jobs, on the sink's filesystem;
 - `tonic_floor` (flight-server's example): a tonic client-streaming call of `bytes` messages per
@@ -126,12 +129,13 @@ def process_cpu(*lines: dict) -> float:
     return sum(line["user_s"] + line["sys_s"] for line in lines)
 
 
-def run_copy_floor(b: Bench, src: Path, total: int, tls: bool, direct: bool, tag: str) -> dict:
+def run_copy_floor(b: Bench, src: Path, total: int, tls: bool, direct: bool, tag: str,
+                   http2: bool = False) -> dict:
     tool = example(b, "copy_floor")
     d = b.fresh("p1c", tag)
     dest = d / "dest"
     port = free_port()
-    tls_args = ["--tls-dir", d] if tls else []
+    tls_args = (["--tls-dir", d] if tls else []) + (["--http2"] if http2 else [])
     receiver = Proc("copy-receive", [tool, "receive", "--listen", f"127.0.0.1:{port}", "--dest", dest,
                                      "--connections", CONNECTIONS, *tls_args, *(["--direct"] if direct else [])], d)
     files = sorted(src.iterdir())
@@ -202,7 +206,9 @@ def movers(b: Bench, src: Path, total: int) -> list[tuple[str, callable]]:
     if example(b, "copy_floor"):
         out += [("copy floor", lambda tag: run_copy_floor(b, src, total, False, True, tag)),
                 ("copy floor TLS", lambda tag: run_copy_floor(b, src, total, True, True, tag)),
-                ("copy floor, page cache", lambda tag: run_copy_floor(b, src, total, False, False, tag))]
+                ("copy floor, page cache", lambda tag: run_copy_floor(b, src, total, False, False, tag)),
+                ("HTTP/2 copy floor", lambda tag: run_copy_floor(b, src, total, False, True, tag, http2=True)),
+                ("HTTP/2 copy floor TLS", lambda tag: run_copy_floor(b, src, total, True, True, tag, http2=True))]
     else:
         b.notes.append("P1c: flight-server's copy_floor example is not built (ops/bench/run.sh builds it): "
                        "no ratio to the floor in this run.")
@@ -261,6 +267,20 @@ def scenario_p1c(b: Bench):
             b.row(id="P1c", scenario=f"CPU per GB ({kind}{'es' if kind == 'process' else ''}): {ours} vs the "
                   f"minimal {floor}", figure=f"{fmt(mine, '.2f')} s/GB", peer=f"{fmt(theirs, '.2f')} s/GB",
                   ratio=r, target=f"≤{TARGET}×", met=met_le(r, TARGET))
+    for ours, floor in (("pipeline", "HTTP/2 copy floor"), ("pipeline TLS", "HTTP/2 copy floor TLS")):
+        if floor not in summary:
+            continue
+        mine, theirs = summary[ours]["process_cpu_s_per_gb"], summary[floor]["process_cpu_s_per_gb"]
+        b.row(id="P1c", scenario=f"CPU per GB (processes): {ours} vs the {floor} (the same copy on Arrow "
+              f"Flight's transport)", figure=f"{fmt(mine, '.2f')} s/GB", peer=f"{fmt(theirs, '.2f')} s/GB",
+              ratio=ratio(mine, theirs), target="(info)", met="—")
+    for floor in ("HTTP/2 copy floor", "HTTP/2 copy floor TLS"):
+        bare = floor.replace("HTTP/2 ", "")
+        if floor in summary and bare in summary:
+            mine, theirs = summary[floor]["process_cpu_s_per_gb"], summary[bare]["process_cpu_s_per_gb"]
+            b.row(id="P1c", scenario=f"CPU per GB (processes): the {floor} vs the {bare} (what HTTP/2 "
+                  f"alone adds)", figure=f"{fmt(mine, '.2f')} s/GB", peer=f"{fmt(theirs, '.2f')} s/GB",
+                  ratio=ratio(mine, theirs), target="(info)", met="—")
     b.notes.append("P1c CPU s/GB (processes / machine), MB/s: " + "; ".join(
         f"{name} {fmt(s['process_cpu_s_per_gb'], '.2f')} / {fmt(s['machine_cpu_s_per_gb'], '.2f')}, "
         f"{fmt(s['median_bytes_per_s'] / 1e6 if s['median_bytes_per_s'] else None, '.0f')}"
