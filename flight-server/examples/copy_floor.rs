@@ -6,8 +6,8 @@
 //! Two processes:
 //!
 //! ```text
-//! copy_floor receive --listen 127.0.0.1:PORT --dest DIR [--tls-dir DIR] [--ack-every BYTES] [--direct] [--connections N]
-//! copy_floor send --to 127.0.0.1:PORT --connections N [--tls-dir DIR] [--window BYTES] [--chunk BYTES] FILE...
+//! copy_floor receive --listen 127.0.0.1:PORT --dest DIR [--tls-dir DIR] [--ack-every BYTES] [--direct] [--connections N] [--http2 [--h2-max-frame BYTES]]
+//! copy_floor send --to 127.0.0.1:PORT --connections N [--tls-dir DIR] [--window BYTES] [--chunk BYTES] [--http2] FILE...
 //! ```
 //!
 //! Start `receive` first; it prints `listening on ADDR` to stderr once it
@@ -32,7 +32,8 @@
 //! With `--http2` on both sides, the same frames travel in one HTTP/2
 //! stream per connection (the request body; acks come back in the response
 //! body), through the h2 crate as hyper and tonic use it, with the sink's
-//! flow-control windows and frame size. The sender hands each frame to h2
+//! flow-control windows and, by default, its largest frame (1 MiB;
+//! `--h2-max-frame` on the receiver sets another). The sender hands each frame to h2
 //! as its own buffer (no copy); the receiver copies each payload once out
 //! of h2's read buffer into aligned memory, as the sink must. That is the
 //! least an HTTP/2 mover (Arrow Flight's transport) pays beyond the bare
@@ -67,6 +68,11 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 mod floor;
 
+/// tailflight's allocator: a buffer per HTTP/2 frame costs what it costs
+/// there, not the C library's trips to the kernel for large blocks.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const MIB: u64 = 1 << 20;
 /// Longest file name a frame may carry.
 const MAX_NAME: usize = 4096;
@@ -75,8 +81,6 @@ const MAX_PAYLOAD: usize = 256 << 20;
 const CERT_FILE: &str = "cert.pem";
 /// HTTP/2 flow-control windows, stream and connection, both ways: the sink's.
 const H2_WINDOW: u32 = 64 << 20;
-/// Largest HTTP/2 frame the receiver takes: the sink's.
-const H2_MAX_FRAME: u32 = 256 << 10;
 
 #[derive(Parser)]
 #[command(about = "Bare file copy over TCP or TLS: the floor a mover's CPU is compared with")]
@@ -111,6 +115,10 @@ enum Command {
         /// Take the frames from one HTTP/2 stream per connection.
         #[arg(long)]
         http2: bool,
+        /// With --http2: the largest HTTP/2 frame the receiver takes
+        /// (16 KiB to 16 MiB - 1; the sink's is 1 MiB).
+        #[arg(long, default_value_t = 1 << 20)]
+        h2_max_frame: u32,
     },
     /// Send FILEs over N connections and wait until every byte is durable.
     Send {
@@ -147,8 +155,13 @@ fn main() -> Result<()> {
             direct,
             connections,
             http2,
+            h2_max_frame,
         } => {
             ensure!(ack_every > 0, "--ack-every must be positive");
+            ensure!(
+                ((16 << 10)..(16 << 20)).contains(&h2_max_frame),
+                "--h2-max-frame must be at least 16 KiB and below 16 MiB"
+            );
             ensure!(connections > 0, "--connections must be positive");
             let (bytes, seconds) = runtime.block_on(receive(
                 listen,
@@ -157,7 +170,7 @@ fn main() -> Result<()> {
                 ack_every,
                 direct,
                 connections,
-                http2,
+                http2.then_some(h2_max_frame),
             ))?;
             ("receive", bytes, seconds)
         }
@@ -308,7 +321,7 @@ async fn receive(
     ack_every: u64,
     direct: bool,
     connections: usize,
-    http2: bool,
+    http2: Option<u32>,
 ) -> Result<(u64, f64)> {
     std::fs::create_dir_all(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
     let acceptor = tls_dir.map(tls_acceptor).transpose()?;
@@ -412,20 +425,20 @@ async fn receive_on<S>(
     peer: SocketAddr,
     dest: &Dest,
     ack_every: u64,
-    http2: bool,
+    http2: Option<u32>,
 ) -> Result<u64>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    if !http2 {
+    let Some(max_frame) = http2 else {
         // Frames are read on while the files of the last ack are flushed.
         let (frames, out) = tokio::io::split(stream);
         return receive_frames(frames, out, peer, dest, ack_every).await;
-    }
+    };
     let mut connection = h2::server::Builder::new()
         .initial_window_size(H2_WINDOW)
         .initial_connection_window_size(H2_WINDOW)
-        .max_frame_size(H2_MAX_FRAME)
+        .max_frame_size(max_frame)
         .handshake::<_, Bytes>(stream)
         .await
         .with_context(|| format!("HTTP/2 handshake with {peer}"))?;

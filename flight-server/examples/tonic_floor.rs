@@ -31,7 +31,7 @@
 //!
 //! The HTTP/2 settings default to production's (the sink's server and the
 //! watcher's endpoint): 8 MiB stream and 16 MiB connection windows on both
-//! ends, 256 KiB frames towards the server, TCP_NODELAY, and a 64 MiB
+//! ends, 1 MiB frames towards the server, TCP_NODELAY, and a 64 MiB
 //! message limit. With `--tls-dir` the server makes a self-signed
 //! certificate for "localhost" and the pusher trusts exactly that one; both
 //! ends use the provider of `flight_server::tls` (aws-lc-rs, AES-128-GCM
@@ -104,7 +104,7 @@ enum Command {
         #[arg(long)]
         tls_dir: Option<PathBuf>,
         /// Largest HTTP/2 frame the server accepts (SETTINGS_MAX_FRAME_SIZE).
-        #[arg(long, default_value_t = 256 << 10)]
+        #[arg(long, default_value_t = 1 << 20)]
         max_frame: u32,
         #[command(flatten)]
         http2: Http2,

@@ -126,11 +126,13 @@ pub struct ServerConfig {
     pub federation: Option<Federation>,
 }
 
-/// Largest HTTP/2 frame peers may send. At HTTP/2's default of 16 KiB a
-/// gigabyte arrives in 65,000 DATA frames, each handled on its own by h2 and
-/// tonic; a larger frame only needs that much more of the connection's read
-/// buffer.
-const HTTP2_MAX_FRAME_BYTES: u32 = 256 << 10;
+/// Largest HTTP/2 frame peers may send. Every DATA frame is handled on its
+/// own by h2 and by the DoPut route, and the watcher writes one per
+/// `writev`: at HTTP/2's default of 16 KiB a gigabyte is 65,000 of them. A
+/// larger frame only needs that much more of the connection's read buffer;
+/// 1 MiB is the watcher's largest row, and the cost per byte measured at
+/// 4 MiB was no lower (docs/measurements.md).
+const HTTP2_MAX_FRAME_BYTES: u32 = 1 << 20;
 
 impl Default for ServerConfig {
     fn default() -> Self {
