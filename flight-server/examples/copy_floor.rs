@@ -785,14 +785,26 @@ async fn send_stream<S: AsyncRead + AsyncWrite + Unpin>(
         .shutdown()
         .await
         .with_context(|| format!("shutdown of {peer} after {sent} bytes"))?;
-    while let Some(ack) = read_ack(&mut stream, peer, acked, sent).await? {
+    read_last_acks(&mut stream, peer, acked, sent).await?;
+    Ok(sent)
+}
+
+/// Reads acks until the receiver closes; an error unless the last one
+/// covers all `sent` bytes.
+async fn read_last_acks<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    peer: &str,
+    mut acked: u64,
+    sent: u64,
+) -> Result<()> {
+    while let Some(ack) = read_ack(stream, peer, acked, sent).await? {
         acked = ack;
     }
     ensure!(
         acked == sent,
         "{peer} closed with {acked} of {sent} bytes acked"
     );
-    Ok(sent)
+    Ok(())
 }
 
 /// Sends `sources` in one HTTP/2 stream over `io`, each frame handed to h2
@@ -864,13 +876,7 @@ where
     }
     body.send_data(Bytes::new(), true)
         .with_context(|| format!("the end of the request on {peer}"))?;
-    while let Some(ack) = read_ack(&mut acks, peer, acked, sent).await? {
-        acked = ack;
-    }
-    ensure!(
-        acked == sent,
-        "{peer} closed with {acked} of {sent} bytes acked"
-    );
+    read_last_acks(&mut acks, peer, acked, sent).await?;
     // With every handle gone the connection says goodbye and ends.
     drop((client, body, acks));
     driver
