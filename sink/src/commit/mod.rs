@@ -72,7 +72,13 @@ pub(crate) struct Committer {
     queue: mpsc::Sender<Queued>,
     health: Health,
     stopping: Arc<tokio::sync::Notify>,
-    task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    thread: Arc<Mutex<Option<CommitThread>>>,
+}
+
+/// The committer's own thread, and word of its end for an async joiner.
+struct CommitThread {
+    ended: oneshot::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 /// Requests queued for rounds at most. Fewer are ever in flight (batches
@@ -96,7 +102,6 @@ pub(crate) struct CommitterParts {
 
 impl Committer {
     pub fn start(parts: CommitterParts) -> Self {
-        use futures::FutureExt;
         let CommitterParts {
             manifest,
             gate,
@@ -124,24 +129,40 @@ impl Committer {
             draining: false,
         };
         let watched = health.clone();
-        let task = tokio::spawn(async move {
-            // A committer that dies takes every later ack with it: the sink
-            // must say so instead of looking healthy while nothing commits.
-            let ended = std::panic::AssertUnwindSafe(run(rounds))
-                .catch_unwind()
-                .await;
-            if let Err(panic) = ended {
-                watched.poison(format!(
-                    "the committer task panicked: {}",
-                    panic_message(panic.as_ref())
-                ));
+        let runtime = tokio::runtime::Handle::current();
+        let (ended_tx, ended) = oneshot::channel();
+        // Rounds run on a thread of their own, which drives the committer's
+        // future and records each round in place: a round costs no hand-off
+        // to the blocking pool and back, and no async worker ever blocks.
+        let spawned = std::thread::Builder::new()
+            .name("tailflight-commit".into())
+            .spawn(move || {
+                // A committer that dies takes every later ack with it: the
+                // sink must say so instead of looking healthy while nothing
+                // commits.
+                let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    runtime.block_on(run(rounds))
+                }));
+                if let Err(panic) = ended {
+                    watched.poison(format!(
+                        "the committer panicked: {}",
+                        panic_message(panic.as_ref())
+                    ));
+                }
+                let _ = ended_tx.send(());
+            });
+        let thread = match spawned {
+            Ok(thread) => Some(CommitThread { ended, thread }),
+            Err(error) => {
+                health.poison(format!("cannot start the committer's thread: {error}"));
+                None
             }
-        });
+        };
         Self {
             queue,
             health,
             stopping,
-            task: Arc::new(Mutex::new(Some(task))),
+            thread: Arc::new(Mutex::new(thread)),
         }
     }
 
@@ -150,9 +171,11 @@ impl Committer {
     /// joins the committer and its journal thread. Idempotent.
     pub async fn stop(&self) {
         self.stopping.notify_one();
-        let task = lock(&self.task).take();
-        if let Some(task) = task {
-            let _ = task.await;
+        let thread = lock(&self.thread).take();
+        if let Some(CommitThread { ended, thread }) = thread {
+            let _ = ended.await;
+            // It has sent its last word: the join is immediate.
+            let _ = run_blocking(move || thread.join()).await;
         }
     }
 
@@ -373,10 +396,7 @@ impl Rounds {
                     _ => Ok(JournalRound::default()),
                 },
             );
-        let Some((round, result)) = self
-            .record(round, journal, times.stages(synced_after))
-            .await
-        else {
+        let Some((round, result)) = self.record(round, journal, times.stages(synced_after)) else {
             return;
         };
         trace_round(&round, &times, flushed, synced_after, &result);
@@ -396,10 +416,11 @@ impl Rounds {
         }
     }
 
-    /// Records the round on a blocking thread (see [`record_round`]). A
-    /// panic there poisons the sink and fails what waits: then there is
-    /// nothing to return (the round's requests went with the thread).
-    async fn record(
+    /// Records the round in place, on the committer's own thread (see
+    /// [`record_round`]). A panic there poisons the sink and fails what
+    /// waits: then there is nothing to return (the round's requests went
+    /// with the unwinding).
+    fn record(
         &mut self,
         round: Vec<Queued>,
         journal: Result<JournalRound, SinkError>,
@@ -413,7 +434,7 @@ impl Rounds {
         let outbox = self.outbox.clone();
         let complete = self.backlog.complete;
         let handed = Instant::now();
-        let outcome = run_blocking(move || {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let _guard = health.guard_thread();
             let blocking_us = handed.elapsed().as_micros() as u64;
             let _timer = StageTimer::start(Stage::Round);
@@ -433,12 +454,14 @@ impl Rounds {
                 })
             });
             (round, result)
-        })
-        .await;
+        }));
         match outcome {
             Ok(done) => Some(done),
             Err(panic) => {
-                let reason = format!("the commit round panicked: {}", panic.into_detail());
+                let reason = format!(
+                    "the commit round panicked: {}",
+                    panic_message(panic.as_ref())
+                );
                 self.health.poison(reason.clone());
                 fail_all(
                     std::mem::take(&mut self.waiting),
