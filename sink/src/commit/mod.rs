@@ -1,7 +1,7 @@
 //! Group commit: makes placed ranges durable, then records them, then lets
 //! their acks go.
 //!
-//! One task drains every request queued since its last round, makes the
+//! One thread drains every request queued since its last round, makes the
 //! files they touched and the directories whose entries changed durable (one
 //! `syncfs` or a flush each, see [`crate::durability::flush`]), then writes all their
 //! records in one synced RocksDB WriteBatch. Only after that does any of them
@@ -30,7 +30,7 @@
 //! sink refuses further work until it is restarted and recovers from its
 //! manifest.
 //!
-//! Here: the [`Committer`] handle and the task's loop. Beside it: `round`
+//! Here: the [`Committer`] handle and its thread's loop. Beside it: `round`
 //! (a round's flush targets, records and feed), `journal_round` (its
 //! journal write), `backlog` (the background flush of journaled files),
 //! and `deps` (answers that wait for other batches' ranges).
@@ -65,7 +65,7 @@ pub(crate) use queued::Queued;
 use round::{Recorded, RoundSink, record_round};
 pub(crate) use round::{forget_flushed, sync_targets};
 
-/// Handle to the committer task. Clones share the task; [`Self::stop`]
+/// Handle to the committer. Clones share its thread; [`Self::stop`]
 /// drains what is queued and joins it.
 #[derive(Clone)]
 pub(crate) struct Committer {
@@ -87,7 +87,7 @@ struct CommitThread {
 /// it full waits.
 const QUEUE_DEPTH: usize = 4 * MAX_ROUND;
 
-/// What the committer task is given to own or share.
+/// What the committer is given to own or share.
 pub(crate) struct CommitterParts {
     pub manifest: SinkManifest,
     pub gate: CommitGate,
@@ -230,7 +230,7 @@ fn committer_gone() -> SinkError {
 /// Most requests merged into one round, so one round's latency stays bounded.
 const MAX_ROUND: usize = 1024;
 
-/// What the committer task owns.
+/// What the committer's thread owns.
 struct Rounds {
     manifest: SinkManifest,
     receiver: mpsc::Receiver<Queued>,
