@@ -54,19 +54,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use bytes::{Buf, Bytes};
 use clap::{Parser, Subcommand};
-use rustls::crypto::CryptoProvider;
-use rustls::crypto::aws_lc_rs::{cipher_suite, default_provider};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-use std::pin::Pin;
-use std::task::{Poll, ready};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+#[path = "../floor/mod.rs"]
 mod floor;
+mod http2;
+mod tls;
 
 /// tailflight's allocator: a buffer per HTTP/2 frame costs what it costs
 /// there, not the C library's trips to the kernel for large blocks.
@@ -78,9 +74,6 @@ const MIB: u64 = 1 << 20;
 const MAX_NAME: usize = 4096;
 /// Largest payload a frame may carry (the receiver's buffer grows to it).
 const MAX_PAYLOAD: usize = 256 << 20;
-const CERT_FILE: &str = "cert.pem";
-/// HTTP/2 flow-control windows, stream and connection, both ways: the sink's.
-const H2_WINDOW: u32 = 64 << 20;
 
 #[derive(Parser)]
 #[command(about = "Bare file copy over TCP or TLS: the floor a mover's CPU is compared with")]
@@ -205,14 +198,6 @@ fn main() -> Result<()> {
     floor::report(role, bytes, seconds)
 }
 
-/// aws-lc-rs with TLS13_AES_128_GCM_SHA256 as its only cipher suite.
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(CryptoProvider {
-        cipher_suites: vec![cipher_suite::TLS13_AES_128_GCM_SHA256],
-        ..default_provider()
-    })
-}
-
 // ---------------------------------------------------------------- receive
 
 /// Files of DEST opened so far, shared by the connections: each is created
@@ -288,32 +273,6 @@ impl Dest {
     }
 }
 
-/// Makes the self-signed certificate, writes `cert.pem` into `dir` (whole,
-/// by a rename) and returns the acceptor that serves it.
-fn tls_acceptor(dir: &Path) -> Result<TlsAcceptor> {
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
-        .context("cannot make a self-signed certificate")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let temp = dir.join(format!("{CERT_FILE}.{}.tmp", std::process::id()));
-    std::fs::write(&temp, certified.cert.pem())
-        .with_context(|| format!("cannot write {}", temp.display()))?;
-    let path = dir.join(CERT_FILE);
-    std::fs::rename(&temp, &path)
-        .with_context(|| format!("cannot rename {} to {}", temp.display(), path.display()))?;
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
-        certified.signing_key.serialize_der(),
-    ));
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .context("TLS 1.3 with AES-128-GCM")?
-        .with_no_client_auth()
-        .with_single_cert(vec![certified.cert.der().clone()], key)
-        .context("the self-signed certificate")?;
-    // No session resumption here: no tickets to send.
-    config.send_tls13_tickets = 0;
-    Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
 async fn receive(
     listen: SocketAddr,
     dest: PathBuf,
@@ -324,7 +283,7 @@ async fn receive(
     http2: Option<u32>,
 ) -> Result<(u64, f64)> {
     std::fs::create_dir_all(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    let acceptor = tls_dir.map(tls_acceptor).transpose()?;
+    let acceptor = tls_dir.map(tls::acceptor).transpose()?;
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -435,34 +394,7 @@ where
         let (frames, out) = tokio::io::split(stream);
         return receive_frames(frames, out, peer, dest, ack_every).await;
     };
-    let mut connection = h2::server::Builder::new()
-        .initial_window_size(H2_WINDOW)
-        .initial_connection_window_size(H2_WINDOW)
-        .max_frame_size(max_frame)
-        .handshake::<_, Bytes>(stream)
-        .await
-        .with_context(|| format!("HTTP/2 handshake with {peer}"))?;
-    let (request, mut respond) = connection
-        .accept()
-        .await
-        .with_context(|| format!("{peer} closed before its request"))?
-        .with_context(|| format!("the request from {peer}"))?;
-    let out = respond
-        .send_response(http::Response::new(()), false)
-        .with_context(|| format!("the response to {peer}"))?;
-    // Accepting drives the connection; a second stream is not expected.
-    let driver = tokio::spawn(async move {
-        match connection.accept().await {
-            None => Ok(()),
-            Some(Err(e)) => Err(e).with_context(|| format!("the HTTP/2 connection from {peer}")),
-            Some(Ok(_)) => bail!("{peer} opened a second stream"),
-        }
-    });
-    let frames = H2Reader::new(request.into_body());
-    let out = H2Writer {
-        body: out,
-        ended: false,
-    };
+    let (frames, out, driver) = http2::accept(stream, peer, max_frame).await?;
     let total = receive_frames(frames, out, peer, dest, ack_every).await?;
     // Done once the sender, with every ack read, closes the connection.
     driver
@@ -634,23 +566,6 @@ async fn connect(to: SocketAddr) -> Result<TcpStream> {
     }
 }
 
-fn tls_connector(dir: &Path) -> Result<TlsConnector> {
-    let path = dir.join(CERT_FILE);
-    let pem = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let cert = CertificateDer::from_pem_slice(&pem)
-        .with_context(|| format!("no certificate in {}", path.display()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(cert)
-        .with_context(|| format!("the certificate in {}", path.display()))?;
-    let config = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .context("TLS 1.3 with AES-128-GCM")?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(TlsConnector::from(Arc::new(config)))
-}
-
 async fn send(
     to: SocketAddr,
     connections: usize,
@@ -669,7 +584,7 @@ async fn send(
         tcps.push(connect(to).await?);
     }
     // The receiver wrote its certificate before listening.
-    let connector = tls_dir.map(tls_connector).transpose()?;
+    let connector = tls_dir.map(tls::connector).transpose()?;
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(connections);
     for (i, (tcp, sources)) in tcps.into_iter().zip(shares).enumerate() {
@@ -678,7 +593,7 @@ async fn send(
         tasks.push(tokio::spawn(async move {
             match (connector, http2) {
                 (None, false) => send_stream(tcp, &peer, sources, window, chunk).await,
-                (None, true) => send_h2(tcp, &peer, sources, window, chunk).await,
+                (None, true) => http2::send(tcp, &peer, sources, window, chunk).await,
                 (Some(connector), http2) => {
                     let server = ServerName::try_from("localhost")?;
                     let tls = connector
@@ -687,7 +602,7 @@ async fn send(
                         .with_context(|| format!("TLS handshake on {peer}"))?;
                     match http2 {
                         false => send_stream(tls, &peer, sources, window, chunk).await,
-                        true => send_h2(tls, &peer, sources, window, chunk).await,
+                        true => http2::send(tls, &peer, sources, window, chunk).await,
                     }
                 }
             }
@@ -805,200 +720,4 @@ async fn read_last_acks<S: AsyncRead + Unpin>(
         "{peer} closed with {acked} of {sent} bytes acked"
     );
     Ok(())
-}
-
-/// Sends `sources` in one HTTP/2 stream over `io`, each frame handed to h2
-/// as its own buffer; returns the payload bytes once all are acked.
-async fn send_h2<S>(
-    io: S,
-    peer: &str,
-    sources: Vec<Source>,
-    window: u64,
-    chunk: usize,
-) -> Result<u64>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (client, connection) = h2::client::Builder::new()
-        .initial_window_size(H2_WINDOW)
-        .initial_connection_window_size(H2_WINDOW)
-        .handshake::<_, Bytes>(io)
-        .await
-        .with_context(|| format!("HTTP/2 handshake on {peer}"))?;
-    let driver = tokio::spawn(connection);
-    let mut client = client
-        .ready()
-        .await
-        .with_context(|| format!("HTTP/2 connection on {peer}"))?;
-    let request = http::Request::post("http://localhost/copy")
-        .body(())
-        .context("the request")?;
-    let (response, mut body) = client
-        .send_request(request, false)
-        .with_context(|| format!("the request on {peer}"))?;
-    let response = response
-        .await
-        .with_context(|| format!("the response on {peer}"))?;
-    let mut acks = H2Reader::new(response.into_body());
-    let mut sent = 0u64;
-    let mut acked = 0u64;
-    for source in &sources {
-        let name = source.name.as_bytes();
-        let mut offset = 0u64;
-        // One frame even for an empty file, so that it is created.
-        loop {
-            let remaining = source.size - offset;
-            while remaining > 0 && sent - acked >= window {
-                acked = read_ack(&mut acks, peer, acked, sent)
-                    .await?
-                    .with_context(|| format!("{peer} closed with {sent} bytes sent"))?;
-            }
-            let len = remaining.min(chunk as u64).min(window - (sent - acked)) as usize;
-            let mut frame = Vec::with_capacity(4 + name.len() + 12 + len);
-            frame.extend_from_slice(&(name.len() as u32).to_le_bytes());
-            frame.extend_from_slice(name);
-            frame.extend_from_slice(&offset.to_le_bytes());
-            frame.extend_from_slice(&(len as u32).to_le_bytes());
-            pread_append(&source.file, &mut frame, len, offset).with_context(|| {
-                format!(
-                    "pread of {len} bytes from {} at {offset}",
-                    source.path.display()
-                )
-            })?;
-            body.send_data(Bytes::from(frame), false)
-                .with_context(|| format!("{len} bytes of {} at {offset} on {peer}", source.name))?;
-            sent += len as u64;
-            offset += len as u64;
-            if offset >= source.size {
-                break;
-            }
-        }
-    }
-    body.send_data(Bytes::new(), true)
-        .with_context(|| format!("the end of the request on {peer}"))?;
-    read_last_acks(&mut acks, peer, acked, sent).await?;
-    // With every handle gone the connection says goodbye and ends.
-    drop((client, body, acks));
-    driver
-        .await
-        .context("the HTTP/2 connection's task failed")?
-        .with_context(|| format!("the HTTP/2 connection on {peer}"))?;
-    Ok(sent)
-}
-
-/// Appends `len` bytes of `file` at `offset` to `buf`, read straight into
-/// its spare capacity (as the watcher reads, without zeroing it first).
-fn pread_append(file: &File, buf: &mut Vec<u8>, len: usize, offset: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    buf.reserve(len);
-    let mut done = 0;
-    while done < len {
-        let spare = buf.spare_capacity_mut();
-        let at = (offset + done as u64) as libc::off_t;
-        // SAFETY: pread writes at most `len - done` bytes, within the spare
-        // capacity reserved above, and the length grows only by what it wrote.
-        let n = unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), len - done, at) };
-        match n {
-            n if n > 0 => {
-                unsafe { buf.set_len(buf.len() + n as usize) };
-                done += n as usize;
-            }
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-// ----------------------------------------------------------------- HTTP/2
-
-/// An HTTP/2 body read as a byte stream, its flow-control window given back
-/// as each DATA frame arrives (the frames' own protocol bounds what is in
-/// flight).
-struct H2Reader {
-    body: h2::RecvStream,
-    chunk: Bytes,
-}
-
-impl H2Reader {
-    fn new(body: h2::RecvStream) -> Self {
-        H2Reader {
-            body,
-            chunk: Bytes::new(),
-        }
-    }
-}
-
-impl AsyncRead for H2Reader {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        while this.chunk.is_empty() {
-            match ready!(this.body.poll_data(cx)) {
-                None => return Poll::Ready(Ok(())),
-                Some(Err(e)) => return Poll::Ready(Err(std::io::Error::other(e))),
-                Some(Ok(data)) => {
-                    this.body
-                        .flow_control()
-                        .release_capacity(data.len())
-                        .map_err(std::io::Error::other)?;
-                    this.chunk = data;
-                }
-            }
-        }
-        let n = this.chunk.len().min(buf.remaining());
-        buf.put_slice(&this.chunk[..n]);
-        this.chunk.advance(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-/// An HTTP/2 body written as a byte stream: each write a DATA frame (only
-/// acks go this way), shutdown its end.
-struct H2Writer {
-    body: h2::SendStream<Bytes>,
-    ended: bool,
-}
-
-impl AsyncWrite for H2Writer {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.get_mut()
-            .body
-            .send_data(Bytes::copy_from_slice(buf), false)
-            .map_err(std::io::Error::other)?;
-        Poll::Ready(Ok(buf.len()))
-    }
-
-    fn poll_flush(
-        self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(
-        self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if !this.ended {
-            this.ended = true;
-            this.body
-                .send_data(Bytes::new(), true)
-                .map_err(std::io::Error::other)?;
-        }
-        Poll::Ready(Ok(()))
-    }
 }
