@@ -61,7 +61,7 @@ pub(crate) mod fault {
         /// In a placement thread, after the batch was placed and before its
         /// commit request was submitted.
         AfterPlacement,
-        /// In the committer's task, outside the parts that catch panics.
+        /// On the committer's thread, outside the parts that catch panics.
         CommitterLoop,
         /// In a placement thread making a rename, once the intent is in
         /// memory and before it is recorded (the gate was held here once).

@@ -112,7 +112,7 @@ async fn a_panic_while_placing_poisons_the_sink_and_strands_no_batch() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A committer task that dies poisons the sink, visibly in `status`,
+/// A committer thread that dies poisons the sink, visibly in `status`,
 /// instead of leaving it healthy while nothing commits; shutdown still
 /// joins everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -220,9 +220,9 @@ impl CommitAnswer {
     }
 }
 
-/// A request the committer dropped unanswered: the runtime dropped its
-/// task (the sink is stopping), or the task panicked, which poisons the
-/// sink (and the caller then says so).
+/// A request the committer dropped unanswered: its thread ended (the sink
+/// is stopping), or its loop panicked, which poisons the sink (and the
+/// caller then says so).
 fn committer_gone() -> SinkError {
     SinkError::Shutdown
 }
