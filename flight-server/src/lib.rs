@@ -16,7 +16,6 @@
 //! - [`client`]: the multi-connection DoPut client with a bounded in-flight window;
 //! - [`tls`]: rustls configuration from PEM files.
 
-mod body_pool;
 pub mod calls;
 pub mod checksum;
 pub mod client;

@@ -22,8 +22,6 @@ use http_body::Body;
 use prost::Message;
 use tonic::Status;
 
-use crate::body_pool::BodyPool;
-
 /// The alignment a range's bytes are given in memory: that of direct writes
 /// on 4 KiB pages. On a host with larger pages the sink's direct writes
 /// need more, and it stages them through its aligned buffers instead.
@@ -54,15 +52,14 @@ pub(crate) struct PutMessages<B> {
 }
 
 impl<B> PutMessages<B> {
-    /// Reads `body`, copying large message bodies into buffers from `pool`.
-    pub(crate) fn new(body: B, max_message_bytes: usize, pool: BodyPool) -> Self {
+    pub(crate) fn new(body: B, max_message_bytes: usize) -> Self {
         Self {
             body,
             frame: Bytes::new(),
             ended: false,
             failed: false,
             max_message_bytes,
-            message: Assembly::new(pool),
+            message: Assembly::default(),
         }
     }
 }
@@ -118,6 +115,7 @@ where
 }
 
 /// One message while it arrives.
+#[derive(Default)]
 struct Assembly {
     prefix: [u8; PREFIX_BYTES],
     prefix_len: usize,
@@ -128,7 +126,6 @@ struct Assembly {
     head: BytesMut,
     field: Field,
     body: Option<Bytes>,
-    pool: BodyPool,
 }
 
 /// Where a message's reading stands within its fields.
@@ -158,18 +155,6 @@ fn malformed(detail: impl std::fmt::Display) -> Status {
 }
 
 impl Assembly {
-    fn new(pool: BodyPool) -> Self {
-        Self {
-            prefix: [0; PREFIX_BYTES],
-            prefix_len: 0,
-            length: None,
-            head: BytesMut::new(),
-            field: Field::default(),
-            body: None,
-            pool,
-        }
-    }
-
     /// Reads from `frame` until a message is complete (returned) or the
     /// frame is used up.
     fn advance(
@@ -229,7 +214,7 @@ impl Assembly {
                                 ));
                             }
                             FieldHeader::Body(body_len) => {
-                                Field::Body(BodyBuffer::new(body_len, &self.head, &self.pool))
+                                Field::Body(BodyBuffer::new(body_len, &self.head))
                             }
                             FieldHeader::Small(value_len) => {
                                 self.head.extend_from_slice(encoded);
@@ -377,19 +362,16 @@ struct BodyBuffer {
     prelude: Vec<u8>,
     /// The buffer and the padding before the body in it, once laid out.
     buffer: Option<(Vec<u8>, usize)>,
-    /// Where a laid-out buffer comes from; small bodies are not pooled.
-    pool: Option<BodyPool>,
 }
 
 impl BodyBuffer {
-    fn new(len: usize, head: &[u8], pool: &BodyPool) -> Self {
+    fn new(len: usize, head: &[u8]) -> Self {
         if len < MIN_ALIGNED_BODY {
             return Self {
                 len,
                 layout: None,
                 prelude: Vec::new(),
                 buffer: Some((Vec::with_capacity(len), 0)),
-                pool: None,
             };
         }
         let layout = BatchLayout::of(head).filter(|layout| layout.values_at <= len);
@@ -398,7 +380,6 @@ impl BodyBuffer {
             layout,
             prelude: Vec::new(),
             buffer: None,
-            pool: Some(pool.clone()),
         };
         if !body.layout.as_ref().is_some_and(|l| l.columns_first) {
             body.lay_out();
@@ -445,11 +426,7 @@ impl BodyBuffer {
             .filter(|layout| layout.columns_first)
             .and_then(|layout| layout.largest_range_phase(&self.prelude))
             .unwrap_or(0);
-        let capacity = self.len + 2 * BODY_ALIGNMENT;
-        let mut buffer = match &self.pool {
-            Some(pool) => pool.take(capacity),
-            None => Vec::with_capacity(capacity),
-        };
+        let mut buffer = Vec::with_capacity(self.len + 2 * BODY_ALIGNMENT);
         // The padding that puts the values at `phase`, from the address the
         // allocation got.
         let values_address = buffer.as_ptr() as usize + values_at;
@@ -464,10 +441,9 @@ impl BodyBuffer {
         if self.buffer.is_none() {
             self.lay_out();
         }
-        match (self.buffer, self.pool) {
-            (Some((buffer, pad)), Some(pool)) => pool.freeze(buffer, pad),
-            (Some((buffer, pad)), None) => Bytes::from(buffer).slice(pad..),
-            (None, _) => Bytes::new(),
+        match self.buffer {
+            Some((buffer, pad)) => Bytes::from(buffer).slice(pad..),
+            None => Bytes::new(),
         }
     }
 }

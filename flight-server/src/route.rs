@@ -29,15 +29,11 @@ use tonic::body::Body;
 use tonic::codec::{Codec, EncodeBody, SingleMessageCompressionOverride};
 use tonic::{Code, Status};
 
-use crate::body_pool::BodyPool;
 use crate::put_receive::PutMessages;
 use crate::put_stream::{DO_PUT_PATH, frames};
 use crate::stall::StallGuard;
 
 const DO_GET_PATH: &str = "/arrow.flight.protocol.FlightService/DoGet";
-/// The most a server keeps of DoPut body buffers between bodies: one
-/// connection's flow-control window.
-const SPARE_BODY_BYTES: usize = 64 << 20;
 /// The most a DoGet request (one ticket) may hold.
 const MAX_TICKET_BYTES: usize = 1 << 20;
 
@@ -67,7 +63,6 @@ pub(crate) struct RoutesLayer<I> {
     streams: I,
     max_message_bytes: usize,
     stall: Duration,
-    bodies: BodyPool,
 }
 
 impl<I> RoutesLayer<I> {
@@ -76,7 +71,6 @@ impl<I> RoutesLayer<I> {
             streams,
             max_message_bytes,
             stall,
-            bodies: BodyPool::new(SPARE_BODY_BYTES),
         }
     }
 }
@@ -87,7 +81,6 @@ impl<I: Clone> Clone for RoutesLayer<I> {
             streams: self.streams.clone(),
             max_message_bytes: self.max_message_bytes,
             stall: self.stall,
-            bodies: self.bodies.clone(),
         }
     }
 }
@@ -175,11 +168,7 @@ impl<I: RoutedStreams> RoutesLayer<I> {
         }
         let (parts, body) = request.into_parts();
         // Each body is watched for a message that stops arriving.
-        let messages = PutMessages::new(
-            StallGuard::new(body, self.stall),
-            self.max_message_bytes,
-            self.bodies.clone(),
-        );
+        let messages = PutMessages::new(StallGuard::new(body, self.stall), self.max_message_bytes);
         let request = tonic::Request::from_http(http::Request::from_parts(parts, messages));
         let acks = match self.streams.open_put(request) {
             Ok(acks) => acks,
@@ -359,12 +348,11 @@ mod tests {
         let stream = http_body_util::StreamBody::new(futures::stream::iter(
             frames.into_iter().map(|f| Ok::<_, Status>(Frame::data(f))),
         ));
-        let received: Vec<FlightData> = futures::executor::block_on(
-            PutMessages::new(stream, 1 << 20, BodyPool::new(0)).collect::<Vec<_>>(),
-        )
-        .into_iter()
-        .map(|m| m.expect("decodes"))
-        .collect();
+        let received: Vec<FlightData> =
+            futures::executor::block_on(PutMessages::new(stream, 1 << 20).collect::<Vec<_>>())
+                .into_iter()
+                .map(|m| m.expect("decodes"))
+                .collect();
         assert_eq!(received, sent);
     }
 

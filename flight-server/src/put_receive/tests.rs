@@ -59,7 +59,7 @@ fn read_all<B>(body: B, max: usize) -> Vec<Result<FlightData, Status>>
 where
     B: Body<Data = Bytes, Error = Status> + Unpin,
 {
-    futures::executor::block_on(PutMessages::new(body, max, BodyPool::new(8 << 20)).collect())
+    futures::executor::block_on(PutMessages::new(body, max).collect())
 }
 
 fn batch_message(rows: &[(u64, usize)], seq: u64) -> FlightData {
