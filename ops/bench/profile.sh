@@ -32,11 +32,14 @@ work=$here/work/profile
 certs=$here/work/certs
 mkdir -p "$out" "$src"
 
-if [ "$(find "$src" -type f | wc -l)" -ne "$files" ] || [ "$(du -sb "$src" | cut -f1)" -ne $((files * mib << 20)) ]; then
+# The files' sizes alone: du counts the directory's own size too, which
+# made every run write its sources anew.
+source_bytes() { find "$src" -type f -printf '%s\n' | awk '{ total += $1 } END { printf "%.0f\n", total }'; }
+if [ "$(find "$src" -type f | wc -l)" -ne "$files" ] || [ "$(source_bytes)" -ne $((files * mib << 20)) ]; then
     rm -rf "$src" && mkdir -p "$src"
     for i in $(seq 1 "$files"); do head -c $((mib << 20)) /dev/urandom > "$src/f$i"; done
 fi
-total=$(du -sb "$src" | cut -f1)
+total=$(source_bytes)
 
 rm -rf "$work" && mkdir -p "$work"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
