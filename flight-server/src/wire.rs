@@ -23,6 +23,9 @@ pub struct Row<'a> {
     pub generation: u64,
     pub offset: u64,
     pub data: &'a [u8],
+    /// The CRC-32C of `data`, as the batch claimed it and validation
+    /// checked it (0 for control rows).
+    pub crc32c: u32,
     pub path: Option<&'a str>,
     pub digest: Option<&'a str>,
 }
@@ -40,6 +43,7 @@ pub struct RangeBatch {
     generation: UInt64Array,
     offset: UInt64Array,
     data: BinaryArray,
+    crc: UInt32Array,
     path: StringArray,
     digest: StringArray,
 }
@@ -62,11 +66,11 @@ impl RangeBatch {
             generation: downcast::<UInt64Array>(column(2))?,
             offset: downcast::<UInt64Array>(column(3))?,
             data: downcast::<BinaryArray>(column(4))?,
+            crc: downcast::<UInt32Array>(column(5))?,
             path: downcast::<StringArray>(column(6))?,
             digest: downcast::<StringArray>(column(7))?,
             batch,
         };
-        let crcs = downcast::<UInt32Array>(view.batch.column(5).clone())?;
         // Non-nullable fields can still arrive with a validity bitmap from a
         // hand-made client; refuse nulls rather than read garbage behind them.
         for i in [0, 1, 2, 3, 4, 5] {
@@ -98,7 +102,7 @@ impl RangeBatch {
             let data = view.data.value(row);
             if kind == RowKind::Data {
                 let computed = crate::checksum::crc32c(data);
-                let claimed = crcs.value(row);
+                let claimed = view.crc.value(row);
                 if computed != claimed {
                     return Err(WireError::Row {
                         row,
@@ -148,6 +152,7 @@ impl RangeBatch {
             generation: self.generation.value(i),
             offset: self.offset.value(i),
             data: self.data.value(i),
+            crc32c: self.crc.value(i),
             path: optional_str(&self.path, i),
             digest: optional_str(&self.digest, i),
         }

@@ -270,8 +270,8 @@ pub(crate) struct CommitRequest {
     /// Their share of the sink's bound on dependencies waiting.
     pub dependency_charge: Option<DependencyCharge>,
     pub counters: SinkCounters,
-    /// Ranges to journal, (file, offset, bytes), if the round can...
-    pub journal: Vec<(FileId, u64, Vec<u8>)>,
+    /// Ranges to journal, if the round can...
+    pub journal: Vec<JournalRange>,
     pub journal_bytes: u64,
     /// ...so their files are flushed later, in the background.
     pub journaled_files: Vec<Arc<File>>,
@@ -283,6 +283,16 @@ pub(crate) struct CommitRequest {
     pub place_us: u64,
     /// The directories in `dirs_to_sync`, by (device, inode).
     dirs_seen: HashMap<(u64, u64), Arc<OwnedFd>>,
+}
+
+/// A small range to journal: its file, where it goes, its bytes, and
+/// their CRC-32C (the row's, checked on arrival, when the range is a whole
+/// row: not computed again).
+pub(crate) struct JournalRange {
+    pub id: FileId,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
+    pub crc32c: u32,
 }
 
 impl CommitRequest {

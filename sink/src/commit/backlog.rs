@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use manifest_db::{FileId, SinkManifest};
+use manifest_db::SinkManifest;
 
 use crate::blocking::run_blocking;
 use crate::durability::flush::{Flusher, SyncTarget};
@@ -85,7 +85,7 @@ pub(super) struct JournalWriter {
 
 pub(super) struct JournalJob {
     pub(super) write: RoundWrite,
-    pub(super) ranges: Vec<(FileId, u64, Vec<u8>)>,
+    pub(super) ranges: Vec<crate::state::JournalRange>,
     /// The round's manifest batch once it is built (empty if the manifest
     /// writes it synced): the ranges are written meanwhile.
     pub(super) batch: std::sync::mpsc::Receiver<Vec<u8>>,
@@ -99,7 +99,7 @@ pub(super) type JournalWritten = Result<(u64, u64), SinkError>;
 /// Writes a round's ranges, then, once the round sends it, its manifest
 /// batch and header, durably.
 pub(super) fn write_journal_round(job: &JournalJob) -> JournalWritten {
-    let pieces: Vec<&[u8]> = job.ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
+    let pieces: Vec<&[u8]> = job.ranges.iter().map(|r| r.bytes.as_slice()).collect();
     let failed = |e: std::io::Error| {
         SinkError::storage(
             format_args!(

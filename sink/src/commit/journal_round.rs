@@ -3,11 +3,12 @@
 
 use super::backlog::{JournalJob, JournalWriter, JournalWritten};
 
-use manifest_db::{FileId, JournalEntry};
+use manifest_db::JournalEntry;
 
 use super::queued::Queued;
 use crate::durability::journal::JournalFile;
 use crate::error::SinkError;
+use crate::state::JournalRange;
 
 /// Decides whether the round's small ranges go to the journal file: only if
 /// the round flushes nothing else (a flush it pays anyway covers them too)
@@ -70,21 +71,24 @@ pub(super) fn reserve_journal_round(
     writer: &JournalWriter,
     round: &mut [Queued],
 ) -> Result<JournalRound, SinkError> {
-    let ranges: Vec<(FileId, u64, Vec<u8>)> = round
+    let ranges: Vec<JournalRange> = round
         .iter_mut()
         .flat_map(|q| std::mem::take(&mut q.request.journal))
         .collect();
     if ranges.is_empty() {
         return Ok(JournalRound::default());
     }
-    let pieces: Vec<&[u8]> = ranges.iter().map(|(_, _, b)| b.as_slice()).collect();
+    let pieces: Vec<(&[u8], u32)> = ranges
+        .iter()
+        .map(|range| (range.bytes.as_slice(), range.crc32c))
+        .collect();
     let reservation = journal
         .reserve(&pieces)
         .map_err(|e| SinkError::storage(format_args!("journaling {} ranges", ranges.len()), e))?;
     let entries = ranges
         .iter()
         .zip(reservation.refs)
-        .map(|((id, offset, _), bytes)| (id.clone(), *offset, bytes))
+        .map(|(range, bytes)| (range.id.clone(), range.offset, bytes))
         .collect();
     let batch_room = reservation.write.batch_room();
     let (batch, batch_receiver) = std::sync::mpsc::sync_channel(1);

@@ -170,12 +170,13 @@ impl JournalFile {
         self.place(self.region_bound(len)).is_some()
     }
 
-    /// Reserves a region for `pieces`, back to back after the header, with
-    /// room for the round's manifest batch after them. Rounds reserve and
-    /// write one at a time: the next region follows this one's end, given to
-    /// [`Self::settle`] once the round is written.
-    pub fn reserve(&mut self, pieces: &[&[u8]]) -> io::Result<RoundReservation> {
-        let len: u64 = pieces.iter().map(|p| p.len() as u64).sum();
+    /// Reserves a region for `pieces` (bytes, and their CRC-32C), back to
+    /// back after the header, with room for the round's manifest batch
+    /// after them. Rounds reserve and write one at a time: the next region
+    /// follows this one's end, given to [`Self::settle`] once the round is
+    /// written.
+    pub fn reserve(&mut self, pieces: &[(&[u8], u32)]) -> io::Result<RoundReservation> {
+        let len: u64 = pieces.iter().map(|(p, _)| p.len() as u64).sum();
         let start = self.place(self.region_bound(len)).ok_or_else(|| {
             io::Error::other(format!(
                 "no room for {len} bytes in the journal file {}",
@@ -185,11 +186,11 @@ impl JournalFile {
         let offset = start % self.capacity;
         let mut refs = Vec::with_capacity(pieces.len());
         let mut position = offset + ROUND_HEADER_BYTES;
-        for piece in pieces {
+        for &(piece, crc32c) in pieces {
             refs.push(JournalBytes::InFile {
                 position,
                 len: piece.len() as u32,
-                crc32c: crc32c(piece),
+                crc32c,
             });
             position += piece.len() as u64;
         }
@@ -232,7 +233,8 @@ impl JournalFile {
     /// no manifest batch.
     #[cfg(test)]
     pub fn write(&mut self, pieces: &[&[u8]]) -> io::Result<(Vec<JournalBytes>, u64)> {
-        let reservation = self.reserve(pieces)?;
+        let with_crcs: Vec<(&[u8], u32)> = pieces.iter().map(|p| (*p, crc32c(p))).collect();
+        let reservation = self.reserve(&with_crcs)?;
         let end = reservation.write.write_durably(pieces, &[])?;
         self.settle(end);
         Ok((reservation.refs, end))
@@ -645,7 +647,7 @@ mod tests {
         // Round n places bytes 4n..4n+4; returns its batch and its region.
         let mut round = |n: u64| {
             let bytes = [b'a' + n as u8; 4];
-            let reservation = journal.reserve(&[&bytes]).unwrap();
+            let reservation = journal.reserve(&[(&bytes, crc32c(&bytes))]).unwrap();
             let commit = SinkCommit {
                 records: vec![(
                     id.clone(),

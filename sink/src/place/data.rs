@@ -21,7 +21,7 @@ use flight_server::Row;
 use super::sources::Source;
 use super::write::write_range;
 use super::{BatchWork, Placer, RowError};
-use crate::state::{Slot, SlotState, lock};
+use crate::state::{JournalRange, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
 
 /// Most bytes one batch puts in the journal.
@@ -95,10 +95,12 @@ impl Placer {
         let mut placed = Vec::with_capacity(to_write.len());
         for &(s, e) in &to_write {
             let bytes = &row.data[(s - start) as usize..(e - start) as usize];
+            let crc = ((s, e) == (start, end)).then_some(row.crc32c);
             let outcome = if self.holds.enabled() && !writable_at(&state, s) {
                 self.hold(&slot, &mut state, s, bytes, work)
             } else {
-                self.write_part(&slot, &mut state, &file, s, bytes, journal, work)
+                let journaled = journal.then_some(crc);
+                self.write_part(&slot, &mut state, &file, s, bytes, journaled, work)
                     .map(|()| placed.push((s, e)))
                     .and_then(|()| {
                         self.drain_held(&slot, &mut state, &file, journal, &mut placed, work)
@@ -128,8 +130,9 @@ impl Placer {
     }
 
     /// Writes one part at or below the file's end (so the file never grows
-    /// past a hole), journaling it too if `journal`, and advances the end.
-    /// A failed write leaves the end where the file now says it is.
+    /// past a hole), journaling it too if `journal` says so (with its
+    /// CRC-32C when it is known already), and advances the end. A failed
+    /// write leaves the end where the file now says it is.
     #[allow(clippy::too_many_arguments)]
     fn write_part(
         &self,
@@ -138,7 +141,7 @@ impl Placer {
         file: &Arc<File>,
         start: u64,
         bytes: &[u8],
-        journal: bool,
+        journal: Option<Option<u32>>,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         let end = start + bytes.len() as u64;
@@ -156,7 +159,7 @@ impl Placer {
                 state.record.dest_path
             )));
         }
-        let written = if journal {
+        let written = if journal.is_some() {
             write_range(file, bytes, start, || state.record.dest_path.clone())
         } else {
             self.direct.write_in_place(state, file, bytes, start)
@@ -180,10 +183,13 @@ impl Placer {
         if start < known {
             work.request.counters.rewritten_bytes += end.min(known) - start;
         }
-        if journal {
-            work.request
-                .journal
-                .push((slot.id.clone(), start, bytes.to_vec()));
+        if let Some(crc) = journal {
+            work.request.journal.push(JournalRange {
+                id: slot.id.clone(),
+                offset: start,
+                bytes: bytes.to_vec(),
+                crc32c: crc.unwrap_or_else(|| flight_server::checksum::crc32c(bytes)),
+            });
             work.request.journal_bytes += bytes.len() as u64;
         }
         state.pending.insert(start, end);
@@ -238,6 +244,7 @@ impl Placer {
             }
             // Pending already (the holder put it there): write_part adds it
             // again. Failing, it is no one's any more: its holder sends it again.
+            let journal = journal.then_some(None);
             if let Err(error) =
                 self.write_part(slot, state, file, start, &held.bytes, journal, work)
             {

@@ -139,6 +139,11 @@ fn journaled_ranges_are_in_their_file_once_placed() {
     let (request, ack) = placer.place(&source, 2, &second).unwrap();
     assert_eq!((ack.placed, request.journal_bytes), (4, 4));
     assert_eq!(request.journal.len(), 1);
+    assert_eq!(
+        request.journal[0].crc32c,
+        checksum::crc32c(b"tail"),
+        "the row's checked CRC goes to the journal with its bytes"
+    );
     assert_eq!(std::fs::read(&dest).unwrap(), b"headtail");
 
     let early_seal = batch(&|b| b.push_seal("a.dat", 1, 4, &digest(b"head")));

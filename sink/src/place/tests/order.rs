@@ -116,6 +116,19 @@ fn a_range_ahead_of_the_file_is_written_and_recorded_by_the_batch_filling_the_ga
         [(100, 200), (200, 300)],
         "the filler records what it drained"
     );
+    let journaled: Vec<(u64, u32)> = filler
+        .journal
+        .iter()
+        .map(|range| (range.offset, range.crc32c))
+        .collect();
+    assert_eq!(
+        journaled,
+        [
+            (100, checksum::crc32c(&bytes[100..200])),
+            (200, checksum::crc32c(&bytes[200..]))
+        ],
+        "both journaled with their CRC: the row's, and the drained range's computed"
+    );
     assert_eq!(placer.held_bytes(), 0);
     assert_eq!(std::fs::read(fixture.dest("s/a")).unwrap(), bytes);
 }
