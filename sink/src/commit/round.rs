@@ -258,7 +258,10 @@ pub(super) fn record_round_under_gate(
     let (journal_us, journal_end) = journal_written.map_or(Ok((0, None)), wait_for_journal)?;
     for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
         let mut state = lock(&slot.state);
-        state.recorded_path = Some(path_on_disk(record).to_owned());
+        let path = path_on_disk(record);
+        if state.recorded_path.as_deref() != Some(path) {
+            state.recorded_path = Some(path.to_owned());
+        }
         state.record.untold_from = None;
         state.recorded_superseded = record.superseded;
         sink.counts.committed(&mut state, sealed);

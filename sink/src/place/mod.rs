@@ -360,8 +360,7 @@ impl Placer {
         key: &str,
         generation: u64,
     ) -> Result<Option<Arc<Slot>>, RowError> {
-        let cache_key = (key.to_owned(), generation);
-        if let Some(slot) = files.slots.get(&cache_key) {
+        if let Some(slot) = files.slots.get(&sources::SlotLookup(key, generation)) {
             return Ok(Some(slot.clone()));
         }
         let id = FileId {
@@ -411,7 +410,7 @@ impl Placer {
             ),
             unsynced: Ranked::new(Rank::Unsynced, Vec::new()),
         });
-        files.cache(cache_key, slot.clone());
+        files.cache((key.to_owned(), generation), slot.clone());
         Ok(Some(slot))
     }
 }

@@ -22,11 +22,23 @@ const SLOT_CACHE: usize = 4096;
 /// the beamlines and hutches one sink serves.
 const MAX_SOURCES: usize = 4096;
 
+/// A slot's key and generation, looked up in [`SourceFiles::slots`]
+/// without a copy of the key: every data row looks its file up.
+#[derive(Hash)]
+pub(super) struct SlotLookup<'a>(pub &'a str, pub u64);
+
+impl hashbrown::Equivalent<(String, u64)> for SlotLookup<'_> {
+    fn equivalent(&self, key: &(String, u64)) -> bool {
+        self.0 == key.0 && self.1 == key.1
+    }
+}
+
 #[derive(Default)]
 pub(super) struct SourceFiles {
     /// Sweep the slot cache when it grows past this.
     sweep_above: usize,
-    pub(super) slots: HashMap<(String, u64), Arc<Slot>>,
+    /// Hashed as `(&str, u64)` is, so that [`SlotLookup`] finds them.
+    pub(super) slots: hashbrown::HashMap<(String, u64), Arc<Slot>>,
     /// Live (not superseded) generation at each destination path.
     pub(super) by_path: HashMap<String, (String, u64)>,
     /// Superseded generations kept aside (`--superseded keep`), by the
@@ -232,5 +244,21 @@ impl Sources {
             ))),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_found_by_its_borrowed_key() {
+        let mut slots: hashbrown::HashMap<(String, u64), u8> = hashbrown::HashMap::new();
+        slots.insert(("run7/a.xtc".to_owned(), 2), 1);
+        slots.insert(("run7/a.xtc".to_owned(), 3), 2);
+        assert_eq!(slots.get(&SlotLookup("run7/a.xtc", 2)), Some(&1));
+        assert_eq!(slots.get(&SlotLookup("run7/a.xtc", 3)), Some(&2));
+        assert_eq!(slots.get(&SlotLookup("run7/a.xtc", 4)), None);
+        assert_eq!(slots.get(&SlotLookup("run7/b.xtc", 2)), None);
     }
 }
