@@ -154,7 +154,7 @@ impl BodyWriter {
             .push(arrow_ipc::Buffer::new(start as i64, bytes.len() as i64));
     }
 
-    pub(crate) fn finish(self, rows: usize) -> EncodedBatch {
+    pub(crate) fn finish(mut self, rows: usize) -> EncodedBatch {
         let mut fbb = flatbuffers::FlatBufferBuilder::with_capacity(
             256 + 16 * (self.nodes.len() + self.buffers.len()),
         );
@@ -173,6 +173,12 @@ impl BodyWriter {
         let message = message.finish();
         fbb.finish(message, None);
         let header = Bytes::copy_from_slice(fbb.finished_data());
+        // The builder reserves headroom (see `DataColumn`) that a batch
+        // mostly leaves untouched: it is given back here, and the batch
+        // counts against the window what it holds. Shrinking a block to
+        // at least half its size keeps it where it is (mimalloc), and a
+        // batch much smaller than the room it had is copied, small.
+        self.body.shrink_to_fit();
         let memory = (self.body.capacity() + header.len()) as u64;
         EncodedBatch {
             header,

@@ -194,10 +194,12 @@ const MIN_ALIGNED_ROW: usize = 64 << 10;
 /// The `data` column under construction: one contiguous values buffer that
 /// becomes the Arrow buffer, or the start of the IPC body, without a copy.
 /// It is sized from the larger of the previous batch and a high-water mark
-/// that loses a quarter per batch: a stream of full batches never regrows
-/// it, batches that alternate between a burst and a lull (many files
-/// written in step) do not regrow and copy it each time, and a trickle
-/// after a burst stops holding megabytes within a few batches. Every
+/// that loses an eighth per batch, plus a quarter of that as headroom: a
+/// stream of full batches never regrows it; batches of uneven size (a burst
+/// of files written in step, handed over in one batch or two, wherever the
+/// events split it) seldom do, where growing copies every row read so far;
+/// and a trickle after a burst stops reserving megabytes within a few tens
+/// of batches (room never written is never given pages). Every
 /// reservation keeps room behind the payload for the small columns an
 /// encoded body appends (growing a full body to fit them would copy it).
 struct DataColumn {
@@ -306,8 +308,8 @@ impl DataColumn {
     /// room for the size hint (see above), plus `trailer`.
     fn take(&mut self, trailer: usize) -> (Vec<i32>, Vec<u8>) {
         let rows = self.offsets.len() - 1;
-        let hint = self.values.len().max(self.size_hint - self.size_hint / 4);
-        let mut next = Self::with_capacity(rows, hint + trailer);
+        let hint = self.values.len().max(self.size_hint - self.size_hint / 8);
+        let mut next = Self::with_capacity(rows, hint + hint / 4 + trailer);
         next.size_hint = hint;
         let Self {
             offsets, values, ..
