@@ -194,7 +194,8 @@ const MIN_ALIGNED_ROW: usize = 64 << 10;
 /// The `data` column under construction: one contiguous values buffer that
 /// becomes the Arrow buffer, or the start of the IPC body, without a copy.
 /// It is sized from the larger of the previous batch and a high-water mark
-/// that loses an eighth per batch, plus a quarter of that as headroom: a
+/// that loses an eighth per batch, plus a quarter of that as headroom (at
+/// most [`MAX_HEADROOM`]: full batches stop at their budget anyway): a
 /// stream of full batches never regrows it; batches of uneven size (a burst
 /// of files written in step, handed over in one batch or two, wherever the
 /// events split it) seldom do, where growing copies every row read so far;
@@ -202,6 +203,9 @@ const MIN_ALIGNED_ROW: usize = 64 << 10;
 /// of batches (room never written is never given pages). Every
 /// reservation keeps room behind the payload for the small columns an
 /// encoded body appends (growing a full body to fit them would copy it).
+/// Most room a data column keeps beyond its size hint.
+const MAX_HEADROOM: usize = 256 << 10;
+
 struct DataColumn {
     offsets: Vec<i32>,
     values: Vec<u8>,
@@ -309,7 +313,8 @@ impl DataColumn {
     fn take(&mut self, trailer: usize) -> (Vec<i32>, Vec<u8>) {
         let rows = self.offsets.len() - 1;
         let hint = self.values.len().max(self.size_hint - self.size_hint / 8);
-        let mut next = Self::with_capacity(rows, hint + hint / 4 + trailer);
+        let headroom = (hint / 4).min(MAX_HEADROOM);
+        let mut next = Self::with_capacity(rows, hint + headroom + trailer);
         next.size_hint = hint;
         let Self {
             offsets, values, ..
