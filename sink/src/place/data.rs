@@ -38,6 +38,25 @@ fn writable_at(state: &SlotState, start: u64) -> bool {
     start <= state.file_end || state.record.placed.covers(state.file_end, start)
 }
 
+/// How a part is written: in place (large ranges directly, flushed with
+/// their file), or through the page cache and into the journal too, with
+/// its CRC-32C when it is known already (a whole row's, checked on arrival).
+#[derive(Clone, Copy)]
+enum Write {
+    InPlace,
+    Journaled { crc32c: Option<u32> },
+}
+
+impl Write {
+    fn how(journal: bool, crc32c: Option<u32>) -> Self {
+        if journal {
+            Self::Journaled { crc32c }
+        } else {
+            Self::InPlace
+        }
+    }
+}
+
 impl Placer {
     pub(super) fn place_data(
         &self,
@@ -99,8 +118,8 @@ impl Placer {
             let outcome = if self.holds.enabled() && !writable_at(&state, s) {
                 self.hold(&slot, &mut state, s, bytes, work)
             } else {
-                let journaled = journal.then_some(crc);
-                self.write_part(&slot, &mut state, &file, s, bytes, journaled, work)
+                let how = Write::how(journal, crc);
+                self.write_part(&slot, &mut state, &file, s, bytes, how, work)
                     .map(|()| placed.push((s, e)))
                     .and_then(|()| {
                         self.drain_held(&slot, &mut state, &file, journal, &mut placed, work)
@@ -130,9 +149,8 @@ impl Placer {
     }
 
     /// Writes one part at or below the file's end (so the file never grows
-    /// past a hole), journaling it too if `journal` says so (with its
-    /// CRC-32C when it is known already), and advances the end. A failed
-    /// write leaves the end where the file now says it is.
+    /// past a hole), journaling it too if `how` says so, and advances the
+    /// end. A failed write leaves the end where the file now says it is.
     #[allow(clippy::too_many_arguments)]
     fn write_part(
         &self,
@@ -141,7 +159,7 @@ impl Placer {
         file: &Arc<File>,
         start: u64,
         bytes: &[u8],
-        journal: Option<Option<u32>>,
+        how: Write,
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         let end = start + bytes.len() as u64;
@@ -159,7 +177,7 @@ impl Placer {
                 state.record.dest_path
             )));
         }
-        let written = if journal.is_some() {
+        let written = if let Write::Journaled { .. } = how {
             write_range(file, bytes, start, || state.record.dest_path.clone())
         } else {
             self.direct.write_in_place(state, file, bytes, start)
@@ -183,12 +201,12 @@ impl Placer {
         if start < known {
             work.request.counters.rewritten_bytes += end.min(known) - start;
         }
-        if let Some(crc) = journal {
+        if let Write::Journaled { crc32c } = how {
             work.request.journal.push(JournalRange {
                 id: slot.id.clone(),
                 offset: start,
                 bytes: bytes.to_vec(),
-                crc32c: crc.unwrap_or_else(|| flight_server::checksum::crc32c(bytes)),
+                crc32c: crc32c.unwrap_or_else(|| flight_server::checksum::crc32c(bytes)),
             });
             work.request.journal_bytes += bytes.len() as u64;
         }
@@ -244,10 +262,8 @@ impl Placer {
             }
             // Pending already (the holder put it there): write_part adds it
             // again. Failing, it is no one's any more: its holder sends it again.
-            let journal = journal.then_some(None);
-            if let Err(error) =
-                self.write_part(slot, state, file, start, &held.bytes, journal, work)
-            {
+            let how = Write::how(journal, None);
+            if let Err(error) = self.write_part(slot, state, file, start, &held.bytes, how, work) {
                 state.pending.remove(start, end);
                 return Err(error);
             }
