@@ -15,6 +15,16 @@
 //! What it leaves out, which is why it is a floor and not a peer: no copy of
 //! a range into its own destination file, no manifest, no acknowledgement
 //! or window, no checksum, no TLS, no recovery. It trusts its peer.
+//!
+//! [`land`] given a destination folder (`--place`) also does the one thing a
+//! mover cannot leave out: each range is written into its own file there, at
+//! its offset, by a thread of its own while the ring's write and fdatasync
+//! run (the ring makes the bytes durable, as tailflight's journal does), and
+//! a range counts as committed once both are done. The files written are
+//! flushed in the background every [`FLUSH_PLACED_EVERY`], as the sink
+//! flushes its journaled files, before the ring could come round to their
+//! bytes again. That is the floor of what tailflight's sink does after a
+//! batch arrives, without its manifest, checksums and acknowledgements.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -24,6 +34,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -46,6 +57,11 @@ pub const RING_BYTES: u64 = 64 << 20;
 /// Messages received and not yet written: the receiving thread waits (and
 /// TCP pushes back on the shipper) beyond that.
 const QUEUED_MESSAGES: usize = 64;
+
+/// How often the placed files are flushed in the background: the sink's
+/// interval for its journaled files. The ring (64 MiB) comes round to a
+/// byte only after many of these at P3's rate.
+pub const FLUSH_PLACED_EVERY: Duration = Duration::from_millis(400);
 
 /// Tails every file in `src` (not its subdirectories) and sends what is
 /// appended to `to`, until `limit` has passed.
@@ -263,12 +279,14 @@ struct Arrived {
 
 /// Accepts one connection on `listener` and makes what it sends durable in
 /// `ring`, logging each range's commit to `commit_log`, until the peer
-/// closes or `limit` has passed.
+/// closes or `limit` has passed. With `place`, each range is also written
+/// into its own file in that folder (see the module's doc).
 pub fn land(
     listener: TcpListener,
     ring: &Path,
     ring_bytes: u64,
     commit_log: &Path,
+    place: Option<&Path>,
     limit: Duration,
 ) -> Result<()> {
     ensure!(
@@ -287,6 +305,7 @@ pub fn land(
         .name("floor-receive".into())
         .spawn(move || receive(stream, arrivals))
         .context("starting the receiving thread")?;
+    let placer = place.map(Placer::start).transpose()?;
     let mut ring = ring;
     let mut round: Vec<Arrived> = Vec::new();
     // A message that did not fit the last round starts the next.
@@ -310,10 +329,17 @@ pub fn land(
             bytes += arrival.bytes.len() as u64;
             round.push(arrival);
         }
-        let pieces: Vec<&[u8]> = round.iter().map(|a| a.bytes.as_slice()).collect();
+        let round_shared = Arc::new(std::mem::take(&mut round));
+        if let Some(placer) = &placer {
+            placer.place(round_shared.clone())?;
+        }
+        let pieces: Vec<&[u8]> = round_shared.iter().map(|a| a.bytes.as_slice()).collect();
         ring.write_durably(&pieces)?;
+        if let Some(placer) = &placer {
+            placer.placed()?;
+        }
         let committed_ns = unix_nanos();
-        for arrival in round.drain(..) {
+        for arrival in round_shared.iter() {
             for range in &arrival.ranges {
                 writeln!(
                     log,
@@ -330,10 +356,158 @@ pub fn land(
         log.flush().context("writing the commit log")?;
     }
     drop(arrived);
+    if let Some(placer) = placer {
+        placer.stop()?;
+    }
     match reader.join() {
         Ok(result) => result.with_context(|| format!("receiving from {peer}")),
         Err(_) => bail!("the receiving thread panicked"),
     }
+}
+
+/// The thread that writes each range into its own file (and the one that
+/// flushes those files), for a placing [`land`].
+struct Placer {
+    rounds: mpsc::SyncSender<Arc<Vec<Arrived>>>,
+    placed: mpsc::Receiver<Result<()>>,
+    thread: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Placer {
+    fn start(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the destination folder {}", dir.display()))?;
+        let (rounds, to_place) = mpsc::sync_channel::<Arc<Vec<Arrived>>>(1);
+        let (done, placed) = mpsc::sync_channel(1);
+        let dir = dir.to_owned();
+        let thread = std::thread::Builder::new()
+            .name("floor-place".into())
+            .spawn(move || place_rounds(&dir, to_place, done))
+            .context("starting the placing thread")?;
+        Ok(Self {
+            rounds,
+            placed,
+            thread,
+        })
+    }
+
+    fn place(&self, round: Arc<Vec<Arrived>>) -> Result<()> {
+        if self.rounds.send(round).is_err() {
+            bail!("the placing thread stopped");
+        }
+        Ok(())
+    }
+
+    /// Waits until the round handed over last is in its files.
+    fn placed(&self) -> Result<()> {
+        self.placed
+            .recv()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the placing thread stopped")))
+    }
+
+    fn stop(self) -> Result<()> {
+        drop(self.rounds);
+        match self.thread.join() {
+            Ok(result) => result,
+            Err(_) => bail!("the placing thread panicked"),
+        }
+    }
+}
+
+/// The placing thread: each round's ranges into their files, answered on
+/// `done`; the files written since the last flush handed to a flushing
+/// thread every [`FLUSH_PLACED_EVERY`].
+fn place_rounds(
+    dir: &Path,
+    rounds: mpsc::Receiver<Arc<Vec<Arrived>>>,
+    done: mpsc::SyncSender<Result<()>>,
+) -> Result<()> {
+    // A rendezvous channel: a hand-over succeeds only while the flusher is
+    // idle, so a flush still running leaves the files for the next one.
+    let (to_flush, flushing) = mpsc::sync_channel::<Vec<(String, Arc<File>)>>(0);
+    let flusher = std::thread::Builder::new()
+        .name("floor-flush".into())
+        .spawn(move || -> Result<()> {
+            for files in flushing {
+                for (name, file) in files {
+                    file.sync_data()
+                        .with_context(|| format!("flushing the placed file {name}"))?;
+                }
+            }
+            Ok(())
+        })
+        .context("starting the flushing thread")?;
+    let mut files: HashMap<String, Arc<File>> = HashMap::new();
+    let mut dirty: HashMap<String, Arc<File>> = HashMap::new();
+    let mut last_flush = Instant::now();
+    loop {
+        match rounds.recv_timeout(FLUSH_PLACED_EVERY) {
+            Ok(round) => {
+                let result = place_round(dir, &round, &mut files, &mut dirty);
+                let failed = result.is_err();
+                if done.send(result).is_err() || failed {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if last_flush.elapsed() >= FLUSH_PLACED_EVERY && !dirty.is_empty() {
+            match to_flush.try_send(dirty.drain().collect()) {
+                Ok(()) => last_flush = Instant::now(),
+                Err(mpsc::TrySendError::Full(files)) => dirty.extend(files),
+                Err(mpsc::TrySendError::Disconnected(_)) => break,
+            }
+        }
+    }
+    drop(to_flush);
+    match flusher.join() {
+        Ok(result) => result,
+        Err(_) => bail!("the flushing thread panicked"),
+    }
+}
+
+/// Writes a round's ranges into their files, opened (and created) at the
+/// first range of each.
+fn place_round(
+    dir: &Path,
+    round: &[Arrived],
+    files: &mut HashMap<String, Arc<File>>,
+    dirty: &mut HashMap<String, Arc<File>>,
+) -> Result<()> {
+    for arrival in round {
+        for range in &arrival.ranges {
+            let file = match files.get(&range.name) {
+                Some(file) => file,
+                None => {
+                    ensure!(
+                        is_plain_name(&range.name),
+                        "the shipper sent a range of {:?}, which is not a plain file name",
+                        range.name
+                    );
+                    let path = dir.join(&range.name);
+                    let file = OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(&path)
+                        .with_context(|| format!("creating {}", path.display()))?;
+                    files.entry(range.name.clone()).or_insert(Arc::new(file))
+                }
+            };
+            file.write_all_at(&arrival.bytes[range.data.clone()], range.offset)
+                .with_context(|| format!("writing {} at offset {}", range.name, range.offset))?;
+            if !dirty.contains_key(&range.name) {
+                dirty.insert(range.name.clone(), file.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A name that stays in the destination folder: one component, not `.` or `..`.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 
 /// Reads messages from `stream` until it closes or `arrivals` is dropped.
@@ -465,15 +639,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_plain_names_are_placed() {
+        assert!(is_plain_name("a.dat"));
+        for name in ["", ".", "..", "../a", "a/b", "/etc/passwd", "a\0b"] {
+            assert!(!is_plain_name(name), "{name:?}");
+        }
+    }
+
+    #[test]
     fn appends_arrive_durable_and_logged() {
-        let dir = std::env::temp_dir().join(format!("tailflight-floor-{}", std::process::id()));
+        land_appends("plain", false);
+    }
+
+    #[test]
+    fn a_placing_floor_writes_each_file_whole() {
+        land_appends("placing", true);
+    }
+
+    fn land_appends(name: &str, placing: bool) {
+        let dir =
+            std::env::temp_dir().join(format!("tailflight-floor-{name}-{}", std::process::id()));
         let src = dir.join("src");
         std::fs::create_dir_all(&src).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let ring = dir.join("ring");
         let log = dir.join("commit.log");
-        let (ring_c, log_c) = (ring.clone(), log.clone());
+        let placed = dir.join("placed");
+        let (ring_c, log_c, placed_c) = (ring.clone(), log.clone(), placed.clone());
         let ring_bytes = (MAX_MESSAGE as u64).next_multiple_of(1 << 20);
         let landing = std::thread::spawn(move || {
             land(
@@ -481,6 +674,7 @@ mod tests {
                 &ring_c,
                 ring_bytes,
                 &log_c,
+                placing.then_some(placed_c.as_path()),
                 Duration::from_secs(60),
             )
         });
@@ -495,8 +689,8 @@ mod tests {
         // before that is still read, from offset 0, at the next event.
         std::thread::sleep(Duration::from_millis(200));
         let mut file = File::create(src.join("a.dat")).unwrap();
-        for _ in 0..20 {
-            file.write_all(&[7u8; 1000]).unwrap();
+        for i in 0..20u8 {
+            file.write_all(&[i; 1000]).unwrap();
             std::thread::sleep(Duration::from_millis(5));
         }
         let logged = |log: &Path| -> Vec<(u64, u64)> {
@@ -525,6 +719,12 @@ mod tests {
             covered += len;
         }
         assert_eq!(covered, 20_000);
+        if placing {
+            let written = std::fs::read(placed.join("a.dat")).unwrap();
+            assert_eq!(written, std::fs::read(src.join("a.dat")).unwrap());
+        } else {
+            assert!(!placed.exists());
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -33,7 +33,7 @@ for round in $(seq 1 "$rounds"); do
         timeout 600 "$bench_python" "$here/bench.py" --quick --only P3 --bin "$binary" \
             --shm /dev/shm/ab-p3 --out "$run" \
             --set p3_streams=100 --set p3_seconds=20 --set runs=1 --set p3_peers= \
-            --set p3_linger0=0 --set p3_two_writers=0 --set p3_rotate_chunk= --set p3_journal=0 \
+            --set p3_linger0=0 --set p3_two_writers=0 --set p3_rotate_chunk= --set p3_journal=0 --set p3_floor_place=0 \
             "${extra[@]}" > "$run.log" 2>&1 || true
         python3 - "$name" "$round" "$run" <<'PY' | tee -a "$out/summary"
 import glob, json, sys

@@ -63,6 +63,10 @@ enum FloorCommand {
         /// Where to log commits, in the format of the sink's --commit-log.
         #[arg(long)]
         commit_log: PathBuf,
+        /// Also write each range into its own file in this folder, beside
+        /// the ring's write and fdatasync (the floor of placement).
+        #[arg(long)]
+        place: Option<PathBuf>,
         /// Stop after this long.
         #[arg(long, value_parser = parse_duration, default_value = "10m")]
         limit: Duration,
@@ -82,6 +86,7 @@ fn main() -> anyhow::Result<()> {
             listen,
             ring,
             commit_log,
+            place,
             limit,
         }) => {
             let listener = std::net::TcpListener::bind(listen)
@@ -91,6 +96,7 @@ fn main() -> anyhow::Result<()> {
                 &ring,
                 detector_sim::floor::RING_BYTES,
                 &commit_log,
+                place.as_deref(),
                 limit,
             )?;
         }

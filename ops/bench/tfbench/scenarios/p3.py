@@ -100,21 +100,25 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     return m
 
 
-def p3_floor(b: Bench, i: int) -> dict:
+def p3_floor(b: Bench, i: int, place: bool = False) -> dict:
     """The same workload through `tailflight-bench floor`: inotify, one read per named file, one TCP message,
     one write + fdatasync of a preallocated ring file per round. No destination files, manifest, acks,
-    checksums or window: what this machine allows any tail-and-ship tool, not a peer."""
-    d = b.fresh("p3", f"floor-{i}")
-    src = b.fresh_src("p3", f"floor-{i}")
-    logs = b.fresh_src("p3-logs", f"floor-{i}") if int(b.p["p3_logs_tmpfs"]) else d  # as for tailflight
+    checksums or window: what this machine allows any tail-and-ship tool, not a peer. With `place`, the lander
+    also writes each range into its own file (`floor land --place`), on a thread of its own beside the ring's
+    write and fdatasync, and flushes those files in the background: the floor of placement."""
+    name = f"floor-placing-{i}" if place else f"floor-{i}"
+    d = b.fresh("p3", name)
+    src = b.fresh_src("p3", name)
+    logs = b.fresh_src("p3-logs", name) if int(b.p["p3_logs_tmpfs"]) else d  # as for tailflight
     settled = settle_disk(d, limit_s=float(b.p["p3_settle"])) if float(b.p["p3_settle"]) else None
     port = free_port()
     limit = f"{int(b.p['p3_seconds']) + 400}s"
     cl = CommitLog(logs / "commit.log")
     land = ship = None
     try:
+        placing = ["--place", d / "placed"] if place else []
         land = Proc("land", [b.bench_bin, "floor", "land", "--listen", f"127.0.0.1:{port}", "--ring", d / "ring",
-                             "--commit-log", cl.path, "--limit", limit], logs, env=b.env)
+                             "--commit-log", cl.path, "--limit", limit, *placing], logs, env=b.env)
         ship = Proc("ship", [b.bench_bin, "floor", "ship", "--src", src, "--to", f"127.0.0.1:{port}",
                              "--limit", limit], logs, env=b.env)
         time.sleep(1.0)
@@ -136,9 +140,12 @@ def p3_floor(b: Bench, i: int) -> dict:
         for log in logs.iterdir():
             shutil.move(log, d / log.name)
     (d / "ring").unlink(missing_ok=True)
+    if place:
+        rmtree(d / "placed")
     summ.update({"disk_settle": settled, "cdf": cdf_points(lat)})
     wt = summ["way_there"] or {}
-    say(f"  floor run {i}: p50 {fmt(summ['p50_ms'], '.2f')} ms, p90 {fmt(summ['p90_ms'], '.2f')}, "
+    what = "placing floor" if place else "floor"
+    say(f"  {what} run {i}: p50 {fmt(summ['p50_ms'], '.2f')} ms, p90 {fmt(summ['p90_ms'], '.2f')}, "
         f"p99 {fmt(summ['p99_ms'], '.2f')}, max {fmt(summ['max_ms'], '.1f')} ms; missing {missing}; "
         f"write -> landed p50 {fmt(wt.get('p50_ms'), '.2f')} ms")
     rmtree(src)
@@ -158,6 +165,7 @@ def scenario_p3(b: Bench):
         ("lsyncd0", "lsyncd (delay 0, on every write)", "lsyncd", 0)) if key in wanted]
     tf_runs: list[dict] = []
     floors: list[dict] = []
+    placing_floors: list[dict] = []
     peers: dict[str, list[dict]] = {label: [] for label, _, _ in peer_kinds}
     # Interleaved, a tailflight run then one of each peer: the machine's load
     # drifts over minutes, and the runs of tailflight and of each peer should
@@ -171,6 +179,12 @@ def scenario_p3(b: Bench):
                 except Exception as e:  # the floor failing must not lose the scenario's results
                     say(f"  floor FAILED: {e}")
                     b.results["errors"][f"P3 floor run {i + 1}"] = str(e)
+            if int(b.p.get("p3_floor_place", 0)):
+                try:
+                    placing_floors.append(p3_floor(b, i + 1, place=True))
+                except Exception as e:  # the floor failing must not lose the scenario's results
+                    say(f"  placing floor FAILED: {e}")
+                    b.results["errors"][f"P3 placing floor run {i + 1}"] = str(e)
         if i >= b.p["peer_runs"]:
             continue
         for label, kind, delay in peer_kinds:
@@ -217,7 +231,7 @@ def scenario_p3(b: Bench):
     p50 = median([r["p50_ms"] for r in tf_runs])
     p99 = median([r["p99_ms"] for r in tf_runs])
     res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "two_writers": two_writers,
-           "rotating": rotating, "peers": peers, "floor": floors, "p50_ms": p50, "p99_ms": p99,
+           "rotating": rotating, "peers": peers, "floor": floors, "placing_floor": placing_floors, "p50_ms": p50, "p99_ms": p99,
            "p90_ms": median([r["p90_ms"] for r in tf_runs]),
            "p999_ms": median([r["p999_ms"] for r in tf_runs]),
            "max_ms": median([r["max_ms"] for r in tf_runs])}
@@ -242,6 +256,25 @@ def scenario_p3(b: Bench):
               figure=f"{fmt_ms(p50)} ({fmt_ms(p99)})", peer=f"{fmt_ms(f50)} ({fmt_ms(f99)})",
               ratio_text=f"{fmt(ratio(p50, f50), '.2f')}× ({fmt(ratio(p99, f99), '.2f')}×) the floor",
               target="(info)", met="—")
+    if placing_floors:
+        g50 = median([r["p50_ms"] for r in placing_floors])
+        g99 = median([r["p99_ms"] for r in placing_floors])
+        res["placing_floor_medians"] = {"p50_ms": g50, "p99_ms": g99}
+        say(f"[P3] placing floor (the floor, each range also written into its own file): p50 {fmt(g50, '.2f')} ms, "
+            f"p99 {fmt(g99, '.2f')} ms; tailflight is ×{fmt(ratio(p50, g50), '.2f')} (p50), "
+            f"×{fmt(ratio(p99, g99), '.2f')} (p99) of it")
+        b.row(id="P3", scenario="… the floor with placement (`floor land --place`: each range also written into its "
+                                 "own file, on a thread beside the ring's write + fdatasync; those files flushed every "
+                                 "400 ms): p50 (p99)",
+              figure=f"{fmt_ms(p50)} ({fmt_ms(p99)})", peer=f"{fmt_ms(g50)} ({fmt_ms(g99)})",
+              ratio_text=f"{fmt(ratio(p50, g50), '.2f')}× ({fmt(ratio(p99, g99), '.2f')}×) the placing floor",
+              target="(info)", met="—")
+        if floors:
+            b.row(id="P3", scenario="… what placement alone adds to the floor: the placing floor against the floor, "
+                                     "p50 (p99)",
+                  figure=f"{fmt_ms(g50)} ({fmt_ms(g99)})", peer=f"{fmt_ms(f50)} ({fmt_ms(f99)})",
+                  ratio_text=f"{fmt(ratio(g50, f50), '.2f')}× ({fmt(ratio(g99, f99), '.2f')}×)",
+                  target="(info)", met="—")
     for runs, what in ((linger0, "watcher `--linger 0ms`"),
                        (journal, "sink `--journal-max-range 0` (no journal file)"),
                        (two_writers, "the simulator's writes made by 2 threads")):
