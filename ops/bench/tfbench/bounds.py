@@ -132,6 +132,12 @@ def bounds_analysis(b: Bench) -> list[str]:
                      f"{fmt(ratio(p3['p50_ms'], fm['p50_ms']), '.1f')}× it"
                      + (", and the p50 target is below it on this machine. " if fm["p50_ms"] > TARGETS["P3_p50_ms"]
                         else ". "))
+        gm = p3.get("placing_floor_medians")
+        if gm and gm.get("p50_ms") and fm and fm.get("p50_ms"):
+            text += (f"With each range also written into its own file beside the ring's write and fdatasync "
+                     f"(`floor land --place`), the floor's p50 is {fmt_ms(gm['p50_ms'])} "
+                     f"({fmt(ratio(gm['p50_ms'], fm['p50_ms']), '.2f')}× the floor): placement written beside "
+                     f"the durable write costs that much, where the sink places a batch before its round. ")
         paired = sorted((r["sink_cpu_s"], r["p50_ms"]) for r in runs
                         if r.get("sink_cpu_s") is not None and r.get("p50_ms") is not None)
         if len(paired) > 1:
