@@ -152,6 +152,24 @@ def p3_floor(b: Bench, i: int, place: bool = False) -> dict:
     return summ
 
 
+def floor_medians(res: dict, key: str, runs: list[dict], ours: tuple[float, float],
+                  label: str) -> tuple[float, float]:
+    """A floor's p50 and p99 (the medians of its runs), kept in `res[key]` and said beside tailflight's."""
+    m50, m99 = median([r["p50_ms"] for r in runs]), median([r["p99_ms"] for r in runs])
+    res[key] = {"p50_ms": m50, "p99_ms": m99}
+    say(f"[P3] {label}: p50 {fmt(m50, '.2f')} ms, p99 {fmt(m99, '.2f')} ms; tailflight is "
+        f"×{fmt(ratio(ours[0], m50), '.2f')} (p50), ×{fmt(ratio(ours[1], m99), '.2f')} (p99) of it")
+    return m50, m99
+
+
+def row_beside(b: Bench, scenario: str, ours: tuple[float, float], theirs: tuple[float, float], of_what: str):
+    """An information row setting one p50 (p99) beside another, with their ratios."""
+    (p50, p99), (m50, m99) = ours, theirs
+    b.row(id="P3", scenario=scenario, figure=f"{fmt_ms(p50)} ({fmt_ms(p99)})", peer=f"{fmt_ms(m50)} ({fmt_ms(m99)})",
+          ratio_text=f"{fmt(ratio(p50, m50), '.2f')}× ({fmt(ratio(p99, m99), '.2f')}×){of_what}",
+          target="(info)", met="—")
+
+
 def scenario_p3(b: Bench):
     n, rate, secs = b.p["p3_streams"], b.p["p3_rate"], b.p["p3_seconds"]
     say(f"[P3] append→durable latency: {n} files × {rate:.0f} appends/s of 4 KiB for {secs}s; "
@@ -231,7 +249,8 @@ def scenario_p3(b: Bench):
     p50 = median([r["p50_ms"] for r in tf_runs])
     p99 = median([r["p99_ms"] for r in tf_runs])
     res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "two_writers": two_writers,
-           "rotating": rotating, "peers": peers, "floor": floors, "placing_floor": placing_floors, "p50_ms": p50, "p99_ms": p99,
+           "rotating": rotating, "peers": peers, "floor": floors, "placing_floor": placing_floors,
+           "p50_ms": p50, "p99_ms": p99,
            "p90_ms": median([r["p90_ms"] for r in tf_runs]),
            "p999_ms": median([r["p999_ms"] for r in tf_runs]),
            "max_ms": median([r["max_ms"] for r in tf_runs])}
@@ -245,36 +264,21 @@ def scenario_p3(b: Bench):
     b.row(id="P3", scenario="… p99 (p99.9 / max in the details)", figure=fmt_ms(p99), peer="—", ratio=None,
           target=f"≤{TARGETS['P3_p99_ms']} ms", met=met_le(p99, TARGETS["P3_p99_ms"]))
     if floors:
-        f50 = median([r["p50_ms"] for r in floors])
-        f99 = median([r["p99_ms"] for r in floors])
-        res["floor_medians"] = {"p50_ms": f50, "p99_ms": f99}
-        say(f"[P3] floor (inotify → TCP → ring write + fdatasync, nothing else): p50 {fmt(f50, '.2f')} ms, "
-            f"p99 {fmt(f99, '.2f')} ms; tailflight is ×{fmt(ratio(p50, f50), '.2f')} (p50), "
-            f"×{fmt(ratio(p99, f99), '.2f')} (p99) of it")
-        b.row(id="P3", scenario="… the machine's floor on the same workload (`tailflight-bench floor`: inotify → one TCP "
-                                 "connection → ring-file write + fdatasync; no placement, manifest or acks): p50 (p99)",
-              figure=f"{fmt_ms(p50)} ({fmt_ms(p99)})", peer=f"{fmt_ms(f50)} ({fmt_ms(f99)})",
-              ratio_text=f"{fmt(ratio(p50, f50), '.2f')}× ({fmt(ratio(p99, f99), '.2f')}×) the floor",
-              target="(info)", met="—")
+        f50, f99 = floor_medians(res, "floor_medians", floors, (p50, p99),
+                                 "floor (inotify → TCP → ring write + fdatasync, nothing else)")
+        row_beside(b, "… the machine's floor on the same workload (`tailflight-bench floor`: inotify → one TCP "
+                      "connection → ring-file write + fdatasync; no placement, manifest or acks): p50 (p99)",
+                   (p50, p99), (f50, f99), " the floor")
     if placing_floors:
-        g50 = median([r["p50_ms"] for r in placing_floors])
-        g99 = median([r["p99_ms"] for r in placing_floors])
-        res["placing_floor_medians"] = {"p50_ms": g50, "p99_ms": g99}
-        say(f"[P3] placing floor (the floor, each range also written into its own file): p50 {fmt(g50, '.2f')} ms, "
-            f"p99 {fmt(g99, '.2f')} ms; tailflight is ×{fmt(ratio(p50, g50), '.2f')} (p50), "
-            f"×{fmt(ratio(p99, g99), '.2f')} (p99) of it")
-        b.row(id="P3", scenario="… the floor with placement (`floor land --place`: each range also written into its "
-                                 "own file, on a thread beside the ring's write + fdatasync; those files flushed every "
-                                 "400 ms): p50 (p99)",
-              figure=f"{fmt_ms(p50)} ({fmt_ms(p99)})", peer=f"{fmt_ms(g50)} ({fmt_ms(g99)})",
-              ratio_text=f"{fmt(ratio(p50, g50), '.2f')}× ({fmt(ratio(p99, g99), '.2f')}×) the placing floor",
-              target="(info)", met="—")
+        g50, g99 = floor_medians(res, "placing_floor_medians", placing_floors, (p50, p99),
+                                 "placing floor (the floor, each range also written into its own file)")
+        row_beside(b, "… the floor with placement (`floor land --place`: each range also written into its own "
+                      "file, on a thread beside the ring's write + fdatasync; those files flushed every 400 ms): "
+                      "p50 (p99)",
+                   (p50, p99), (g50, g99), " the placing floor")
         if floors:
-            b.row(id="P3", scenario="… what placement alone adds to the floor: the placing floor against the floor, "
-                                     "p50 (p99)",
-                  figure=f"{fmt_ms(g50)} ({fmt_ms(g99)})", peer=f"{fmt_ms(f50)} ({fmt_ms(f99)})",
-                  ratio_text=f"{fmt(ratio(g50, f50), '.2f')}× ({fmt(ratio(g99, f99), '.2f')}×)",
-                  target="(info)", met="—")
+            row_beside(b, "… what placement alone adds to the floor: the placing floor against the floor, p50 (p99)",
+                       (g50, g99), (f50, f99), "")
     for runs, what in ((linger0, "watcher `--linger 0ms`"),
                        (journal, "sink `--journal-max-range 0` (no journal file)"),
                        (two_writers, "the simulator's writes made by 2 threads")):
