@@ -21,10 +21,11 @@
 //! its offset, by a thread of its own while the ring's write and fdatasync
 //! run (the ring makes the bytes durable, as tailflight's journal does), and
 //! a range counts as committed once both are done. The files written are
-//! flushed in the background every [`FLUSH_PLACED_EVERY`], as the sink
-//! flushes its journaled files, before the ring could come round to their
-//! bytes again. That is the floor of what tailflight's sink does after a
-//! batch arrives, without its manifest, checksums and acknowledgements.
+//! flushed in the background every [`FLUSH_PLACED_EVERY`] (the sink's
+//! policy for its journaled files), and the ring comes round to a round's
+//! bytes only once its files are flushed. That is the floor of what
+//! tailflight's sink does after a batch arrives, without its manifest,
+//! checksums and acknowledgements.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -32,9 +33,10 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -59,8 +61,8 @@ pub const RING_BYTES: u64 = 64 << 20;
 const QUEUED_MESSAGES: usize = 64;
 
 /// How often the placed files are flushed in the background: the sink's
-/// interval for its journaled files. The ring (64 MiB) comes round to a
-/// byte only after many of these at P3's rate.
+/// interval for its journaled files. At P3's rate (40 MB/s) the ring
+/// (64 MiB) comes round in about four of these.
 pub const FLUSH_PLACED_EVERY: Duration = Duration::from_millis(400);
 
 /// Tails every file in `src` (not its subdirectories) and sends what is
@@ -294,7 +296,7 @@ pub fn land(
         "a ring of {ring_bytes} bytes cannot take the largest message ({MAX_MESSAGE} bytes)"
     );
     let started = Instant::now();
-    let ring = Ring::create(ring, ring_bytes)?;
+    let mut ring = Ring::create(ring, ring_bytes)?;
     let mut log = BufWriter::new(
         File::create(commit_log)
             .with_context(|| format!("creating the commit log {}", commit_log.display()))?,
@@ -306,11 +308,34 @@ pub fn land(
         .spawn(move || receive(stream, arrivals))
         .context("starting the receiving thread")?;
     let placer = place.map(Placer::start).transpose()?;
-    let mut ring = ring;
-    let mut round: Vec<Arrived> = Vec::new();
+    let landed = land_rounds(&mut ring, &arrived, &mut log, placer.as_ref(), || {
+        started.elapsed() < limit
+    });
+    drop(arrived);
+    // A placer that stopped says why itself (a failed flush, say); the
+    // rounds only saw that it stopped.
+    if let Some(placer) = placer {
+        placer.stop()?;
+    }
+    landed?;
+    match reader.join() {
+        Ok(result) => result.with_context(|| format!("receiving from {peer}")),
+        Err(_) => bail!("the receiving thread panicked"),
+    }
+}
+
+/// [`land`]'s rounds: every message arrived since the last round, into the
+/// ring (and their files), then logged; for as long as `going` says so.
+fn land_rounds(
+    ring: &mut Ring,
+    arrived: &mpsc::Receiver<Arrived>,
+    log: &mut impl Write,
+    placer: Option<&Placer>,
+    going: impl Fn() -> bool,
+) -> Result<()> {
     // A message that did not fit the last round starts the next.
     let mut next: Option<Arrived> = None;
-    while started.elapsed() < limit {
+    while going() {
         let first = match next.take() {
             Some(first) => first,
             None => match arrived.recv_timeout(Duration::from_millis(200)) {
@@ -320,7 +345,7 @@ pub fn land(
             },
         };
         let mut bytes = first.bytes.len() as u64;
-        round.push(first);
+        let mut round = vec![first];
         for arrival in arrived.try_iter() {
             if bytes + arrival.bytes.len() as u64 > ring.capacity {
                 next = Some(arrival);
@@ -329,17 +354,20 @@ pub fn land(
             bytes += arrival.bytes.len() as u64;
             round.push(arrival);
         }
-        let round_shared = Arc::new(std::mem::take(&mut round));
-        if let Some(placer) = &placer {
-            placer.place(round_shared.clone())?;
+        let round = Arc::new(round);
+        let end = ring.end_after(bytes);
+        if let Some(placer) = placer {
+            // The ring may come round only to bytes whose files are durable.
+            placer.wait_for_flush(end.saturating_sub(ring.capacity))?;
+            placer.place(round.clone(), end)?;
         }
-        let pieces: Vec<&[u8]> = round_shared.iter().map(|a| a.bytes.as_slice()).collect();
+        let pieces: Vec<&[u8]> = round.iter().map(|a| a.bytes.as_slice()).collect();
         ring.write_durably(&pieces)?;
-        if let Some(placer) = &placer {
+        if let Some(placer) = placer {
             placer.placed()?;
         }
         let committed_ns = unix_nanos();
-        for arrival in round_shared.iter() {
+        for arrival in round.iter() {
             for range in &arrival.ranges {
                 writeln!(
                     log,
@@ -355,21 +383,21 @@ pub fn land(
         }
         log.flush().context("writing the commit log")?;
     }
-    drop(arrived);
-    if let Some(placer) = placer {
-        placer.stop()?;
-    }
-    match reader.join() {
-        Ok(result) => result.with_context(|| format!("receiving from {peer}")),
-        Err(_) => bail!("the receiving thread panicked"),
-    }
+    Ok(())
 }
+
+/// Longest a round waits for the placed files' flush to free ring space.
+const FLUSH_WAIT_LIMIT: Duration = Duration::from_secs(60);
 
 /// The thread that writes each range into its own file (and the one that
 /// flushes those files), for a placing [`land`].
 struct Placer {
-    rounds: mpsc::SyncSender<Arc<Vec<Arrived>>>,
+    /// Each round, with where it ends in the ring (counting laps).
+    rounds: mpsc::SyncSender<(Arc<Vec<Arrived>>, u64)>,
     placed: mpsc::Receiver<Result<()>>,
+    /// Where in the ring (counting laps) the rounds end whose placed files
+    /// are flushed.
+    flushed: Arc<AtomicU64>,
     thread: std::thread::JoinHandle<Result<()>>,
 }
 
@@ -377,22 +405,25 @@ impl Placer {
     fn start(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the destination folder {}", dir.display()))?;
-        let (rounds, to_place) = mpsc::sync_channel::<Arc<Vec<Arrived>>>(1);
+        let (rounds, to_place) = mpsc::sync_channel(1);
         let (done, placed) = mpsc::sync_channel(1);
+        let flushed = Arc::new(AtomicU64::new(0));
         let dir = dir.to_owned();
+        let flushed_by_thread = flushed.clone();
         let thread = std::thread::Builder::new()
             .name("floor-place".into())
-            .spawn(move || place_rounds(&dir, to_place, done))
+            .spawn(move || place_rounds(&dir, to_place, done, flushed_by_thread))
             .context("starting the placing thread")?;
         Ok(Self {
             rounds,
             placed,
+            flushed,
             thread,
         })
     }
 
-    fn place(&self, round: Arc<Vec<Arrived>>) -> Result<()> {
-        if self.rounds.send(round).is_err() {
+    fn place(&self, round: Arc<Vec<Arrived>>, end: u64) -> Result<()> {
+        if self.rounds.send((round, end)).is_err() {
             bail!("the placing thread stopped");
         }
         Ok(())
@@ -405,6 +436,21 @@ impl Placer {
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the placing thread stopped")))
     }
 
+    /// Waits until the files of every round ending at or before `upto` (in
+    /// the ring, counting laps) are flushed.
+    fn wait_for_flush(&self, upto: u64) -> Result<()> {
+        let waiting = Instant::now();
+        while self.flushed.load(Ordering::Acquire) < upto {
+            ensure!(!self.thread.is_finished(), "the placing thread stopped");
+            ensure!(
+                waiting.elapsed() < FLUSH_WAIT_LIMIT,
+                "the placed files' flush has not freed the ring's space in {FLUSH_WAIT_LIMIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
     fn stop(self) -> Result<()> {
         drop(self.rounds);
         match self.thread.join() {
@@ -414,57 +460,80 @@ impl Placer {
     }
 }
 
+/// Files written and not flushed yet, and where in the ring the rounds
+/// that wrote them end.
+type ToFlush = (Vec<(String, Arc<File>)>, u64);
+
 /// The placing thread: each round's ranges into their files, answered on
 /// `done`; the files written since the last flush handed to a flushing
-/// thread every [`FLUSH_PLACED_EVERY`].
+/// thread every [`FLUSH_PLACED_EVERY`], which moves `flushed` on once they
+/// are durable. What is left is flushed when the rounds end.
 fn place_rounds(
     dir: &Path,
-    rounds: mpsc::Receiver<Arc<Vec<Arrived>>>,
+    rounds: mpsc::Receiver<(Arc<Vec<Arrived>>, u64)>,
     done: mpsc::SyncSender<Result<()>>,
+    flushed: Arc<AtomicU64>,
 ) -> Result<()> {
     // A rendezvous channel: a hand-over succeeds only while the flusher is
     // idle, so a flush still running leaves the files for the next one.
-    let (to_flush, flushing) = mpsc::sync_channel::<Vec<(String, Arc<File>)>>(0);
+    let (to_flush, flushing) = mpsc::sync_channel::<ToFlush>(0);
     let flusher = std::thread::Builder::new()
         .name("floor-flush".into())
         .spawn(move || -> Result<()> {
-            for files in flushing {
+            for (files, upto) in flushing {
                 for (name, file) in files {
                     file.sync_data()
                         .with_context(|| format!("flushing the placed file {name}"))?;
                 }
+                flushed.fetch_max(upto, Ordering::AcqRel);
             }
             Ok(())
         })
         .context("starting the flushing thread")?;
     let mut files: HashMap<String, Arc<File>> = HashMap::new();
     let mut dirty: HashMap<String, Arc<File>> = HashMap::new();
+    let mut placed_upto = 0;
     let mut last_flush = Instant::now();
+    let mut flusher_gone = false;
     loop {
         match rounds.recv_timeout(FLUSH_PLACED_EVERY) {
-            Ok(round) => {
+            Ok((round, end)) => {
                 let result = place_round(dir, &round, &mut files, &mut dirty);
+                placed_upto = end;
                 let failed = result.is_err();
                 if done.send(result).is_err() || failed {
                     break;
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                if !dirty.is_empty() {
+                    flusher_gone = to_flush
+                        .send((dirty.drain().collect(), placed_upto))
+                        .is_err();
+                }
+                break;
+            }
         }
         if last_flush.elapsed() >= FLUSH_PLACED_EVERY && !dirty.is_empty() {
-            match to_flush.try_send(dirty.drain().collect()) {
+            match to_flush.try_send((dirty.drain().collect(), placed_upto)) {
                 Ok(()) => last_flush = Instant::now(),
-                Err(mpsc::TrySendError::Full(files)) => dirty.extend(files),
-                Err(mpsc::TrySendError::Disconnected(_)) => break,
+                Err(mpsc::TrySendError::Full((files, _))) => dirty.extend(files),
+                Err(mpsc::TrySendError::Disconnected(_)) => {
+                    flusher_gone = true;
+                    break;
+                }
             }
         }
     }
     drop(to_flush);
-    match flusher.join() {
+    let flushed = match flusher.join() {
         Ok(result) => result,
         Err(_) => bail!("the flushing thread panicked"),
-    }
+    };
+    flushed?;
+    ensure!(!flusher_gone, "the flushing thread stopped");
+    Ok(())
 }
 
 /// Writes a round's ranges into their files, opened (and created) at the
@@ -490,6 +559,7 @@ fn place_round(
                         .write(true)
                         .create(true)
                         .truncate(false)
+                        .custom_flags(libc::O_NOFOLLOW)
                         .open(&path)
                         .with_context(|| format!("creating {}", path.display()))?;
                     files.entry(range.name.clone()).or_insert(Arc::new(file))
@@ -576,6 +646,8 @@ struct Ring {
     path: PathBuf,
     capacity: u64,
     head: u64,
+    /// Where the current lap starts, counting every lap before it.
+    lap: u64,
 }
 
 impl Ring {
@@ -603,7 +675,17 @@ impl Ring {
             path: path.to_owned(),
             capacity,
             head: 0,
+            lap: 0,
         })
+    }
+
+    /// Where a round of `len` bytes written next would end, counting laps
+    /// (a round that does not fit before the end starts the next lap).
+    fn end_after(&self, len: u64) -> u64 {
+        match self.head + len > self.capacity {
+            true => self.lap + self.capacity + len,
+            false => self.lap + self.head + len,
+        }
     }
 
     fn write_durably(&mut self, pieces: &[&[u8]]) -> Result<()> {
@@ -615,6 +697,7 @@ impl Ring {
         );
         if self.head + len > self.capacity {
             self.head = 0;
+            self.lap += self.capacity;
         }
         for piece in pieces {
             self.file
@@ -637,6 +720,25 @@ fn unix_nanos() -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where rounds end counts every lap: the placing floor's wait for its
+    /// files' flush compares these with where the flushed rounds end.
+    #[test]
+    fn a_ring_counts_its_laps() {
+        let dir = std::env::temp_dir().join(format!("tailflight-ring-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut ring = Ring::create(&dir.join("ring"), 100).unwrap();
+        assert_eq!(ring.end_after(60), 60);
+        ring.write_durably(&[&[1; 60]]).unwrap();
+        assert_eq!(ring.end_after(30), 90);
+        ring.write_durably(&[&[2; 10], &[3; 20]]).unwrap();
+        // 20 bytes do not fit before the end: the next lap starts at 100.
+        assert_eq!(ring.end_after(20), 120);
+        ring.write_durably(&[&[4; 20]]).unwrap();
+        assert_eq!(ring.end_after(80), 200);
+        assert_eq!(ring.end_after(81), 281);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn only_plain_names_are_placed() {

@@ -164,7 +164,8 @@ METHOD = """\
   per round of arrived messages; it places nothing into destination files and keeps no manifest. The
   **placing floor** (`floor land --place`) then does the same and also writes each range into its own file,
   on a thread beside the ring's write + fdatasync (a range counts once both are done), those files flushed
-  every 400 ms in the background: the least a mover that delivers files does.
+  every 400 ms in the background (the ring reuses a round's space only once they are): the least a mover
+  that delivers files does.
 - **WAN** (P4): watcher → `tailflight-bench delay-line` on the host (holds each chunk RTT/2 per direction,
   unbounded buffer, so TCP windows do not see the delay; HTTP/2 and tailflight windows and acks do) →
   veth pair with `tbf rate {rate} burst 2mb latency 100ms` on both ends → sink in a network namespace.

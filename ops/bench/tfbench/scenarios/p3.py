@@ -131,6 +131,8 @@ def p3_floor(b: Bench, i: int, place: bool = False) -> dict:
         for p in (ship, land):
             if p is not None:
                 p.kill9()
+        if place:
+            rmtree(d / "placed")  # the files placed (GBs at full size), whether the run ended well or not
     writes = read_write_log(logs / "writes.log")
     way: list[float] = []
     lat, missing = tailflight_latencies(writes, cl.records, None, way)
@@ -140,8 +142,6 @@ def p3_floor(b: Bench, i: int, place: bool = False) -> dict:
         for log in logs.iterdir():
             shutil.move(log, d / log.name)
     (d / "ring").unlink(missing_ok=True)
-    if place:
-        rmtree(d / "placed")
     summ.update({"disk_settle": settled, "cdf": cdf_points(lat)})
     wt = summ["way_there"] or {}
     what = "placing floor" if place else "floor"
