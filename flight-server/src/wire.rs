@@ -191,6 +191,9 @@ const ROW_ALIGNMENT: usize = 4096;
 /// below any sink's direct-write minimum.
 const MIN_ALIGNED_ROW: usize = 64 << 10;
 
+/// Most room a data column keeps beyond its size hint.
+const MAX_HEADROOM: usize = 256 << 10;
+
 /// The `data` column under construction: one contiguous values buffer that
 /// becomes the Arrow buffer, or the start of the IPC body, without a copy.
 /// It is sized from the larger of the previous batch and a high-water mark
@@ -203,9 +206,6 @@ const MIN_ALIGNED_ROW: usize = 64 << 10;
 /// of batches (room never written is never given pages). Every
 /// reservation keeps room behind the payload for the small columns an
 /// encoded body appends (growing a full body to fit them would copy it).
-/// Most room a data column keeps beyond its size hint.
-const MAX_HEADROOM: usize = 256 << 10;
-
 struct DataColumn {
     offsets: Vec<i32>,
     values: Vec<u8>,

@@ -191,18 +191,15 @@ def scenario_p3(b: Bench):
     for i in range(max(b.p["runs"], b.p["peer_runs"])):
         if i < b.p["runs"]:
             tf_runs.append(p3_tailflight(b, i + 1, extra, sink_extra=sink_extra))
-            if int(b.p.get("p3_floor", 0)):
+            for setting, place, runs, what in (("p3_floor", False, floors, "floor"),
+                                               ("p3_floor_place", True, placing_floors, "placing floor")):
+                if not int(b.p.get(setting, 0)):
+                    continue
                 try:
-                    floors.append(p3_floor(b, i + 1))
+                    runs.append(p3_floor(b, i + 1, place=place))
                 except Exception as e:  # the floor failing must not lose the scenario's results
-                    say(f"  floor FAILED: {e}")
-                    b.results["errors"][f"P3 floor run {i + 1}"] = str(e)
-            if int(b.p.get("p3_floor_place", 0)):
-                try:
-                    placing_floors.append(p3_floor(b, i + 1, place=True))
-                except Exception as e:  # the floor failing must not lose the scenario's results
-                    say(f"  placing floor FAILED: {e}")
-                    b.results["errors"][f"P3 placing floor run {i + 1}"] = str(e)
+                    say(f"  {what} FAILED: {e}")
+                    b.results["errors"][f"P3 {what} run {i + 1}"] = str(e)
         if i >= b.p["peer_runs"]:
             continue
         for label, kind, delay in peer_kinds:
