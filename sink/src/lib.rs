@@ -73,6 +73,9 @@ pub(crate) mod fault {
         JournalSync,
         /// Instead of writing a range into its destination file.
         FileWrite,
+        /// Instead of a range's write made after its request's submission
+        /// (see `place::beside`).
+        DeferredWrite,
         /// In the background flush of journaled files, before it flushes a
         /// file (armed with [`fail_io`]; it panics instead of failing).
         BackgroundFlush,
@@ -713,8 +716,9 @@ impl subscribe::DurableFiles for Sink {
 /// Bytes at the head of a file compared during reconciliation.
 pub const HEAD_LEN: u64 = 4096;
 
-/// Places a batch (its ranges are in their files once this returns) and
-/// hands its commit to the committer. Blocking.
+/// Places a batch and hands its commit to the committer, then writes the
+/// small ranges it left for after (see `place::beside`): its ranges are
+/// in their files once this returns. Blocking.
 fn place_and_submit(
     placer: &Placer,
     committer: &Committer,
@@ -726,15 +730,21 @@ fn place_and_submit(
     let started = std::time::Instant::now();
     let source_state = placer.source(source)?;
     let placing = stage_cpu::StageTimer::start(stage_cpu::Stage::Place);
-    let (mut request, ack) = placer.place(&source_state, seq, batch)?;
+    let place::Placed {
+        mut request,
+        ack,
+        writes,
+    } = placer.place_beside(&source_state, seq, batch)?;
     drop(placing);
     request.place_us = started.elapsed().as_micros() as u64;
     request.received = Some(received);
     request.placing_us = received.elapsed().map_or(0, |d| d.as_micros() as u64);
     #[cfg(test)]
     fault::hit(fault::Point::AfterPlacement, source);
-    let answer = committer.submit(request)?;
-    Ok((answer, ack))
+    let answer = committer.submit(request);
+    // Made even when the submission failed: the files' marks must go.
+    writes.finish();
+    Ok((answer?, ack))
 }
 
 /// Runs a sink until `shutdown` resolves.

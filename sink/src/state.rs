@@ -77,6 +77,21 @@ pub(crate) struct Slot {
     /// before it, and never held across other work, so the committer can
     /// read it without waiting for placement.
     pub unsynced: Ranked<Vec<Pending>>,
+    /// The batch (its [`WriteToken`]) whose writes into this file wait
+    /// until its commit is submitted (see `place::beside`); 0 when none.
+    /// Every other batch waits for them before it writes data into the file
+    /// or seals it, so the file still grows in order. (Moves need not wait:
+    /// the writes go through a descriptor.)
+    pub writing: AtomicU64,
+}
+
+/// Tells one batch's deferred writes from another's (see [`Slot::writing`]).
+pub(crate) type WriteToken = u64;
+
+/// A token no batch had before (never 0).
+pub(crate) fn new_write_token() -> WriteToken {
+    static TOKENS: AtomicU64 = AtomicU64::new(1);
+    TOKENS.fetch_add(1, Ordering::Relaxed)
 }
 
 pub(crate) struct SlotState {
@@ -122,6 +137,20 @@ pub(crate) struct SlotState {
     /// reopened after eviction that finds another file there (replaced
     /// behind the sink's back) ends what `written_crc` can vouch for.
     pub inode: Option<(u64, u64)>,
+    /// Room taken for the file ahead of its end (see `place::beside`).
+    pub room: Room,
+}
+
+/// How far a file's room is taken ahead of its end (`fallocate` with
+/// `FALLOC_FL_KEEP_SIZE`): a write below `end` cannot fail for want of
+/// space. `refused` once its filesystem does not take such reservations:
+/// its writes are made before their round, as they always were.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Room {
+    pub end: u64,
+    /// Whether the file's filesystem was asked whether it keeps room.
+    pub checked: bool,
+    pub refused: bool,
 }
 
 impl SlotState {
@@ -131,6 +160,7 @@ impl SlotState {
         let inode = file.metadata().ok().map(|meta| (meta.dev(), meta.ino()));
         if self.inode.is_some() && self.inode != inode {
             self.written_crc = WrittenCrc::Unknown;
+            self.room = Room::default();
         }
         self.inode = inode;
     }
@@ -283,6 +313,33 @@ pub(crate) struct CommitRequest {
     pub place_us: u64,
     /// The directories in `dirs_to_sync`, by (device, inode).
     dirs_seen: HashMap<(u64, u64), Arc<OwnedFd>>,
+    /// Word that the batch's ranges are in their files, when placement
+    /// writes them after submitting the request (see `place::beside`): the
+    /// round tells no one of them, and flushes none of their files, before.
+    pub written: Option<WritesDone>,
+}
+
+/// The end of a batch's writes made after its request was submitted: `Err`
+/// says which write failed, and a sender dropped unanswered that its thread
+/// ended first.
+pub(crate) struct WritesDone(pub std::sync::mpsc::Receiver<Result<(), String>>);
+
+impl CommitRequest {
+    /// Waits until the batch's deferred writes are in their files (at once
+    /// when it has none). A write that failed fails the request: the round
+    /// that recorded its ranges must not tell anyone of them.
+    pub fn wait_written(&mut self) -> Result<(), crate::SinkError> {
+        let Some(WritesDone(done)) = self.written.take() else {
+            return Ok(());
+        };
+        match done.recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(failed)) => Err(crate::SinkError::Storage(failed)),
+            Err(_) => Err(crate::SinkError::Internal(
+                "a placement thread ended before writing the ranges it had submitted".into(),
+            )),
+        }
+    }
 }
 
 /// A small range to journal: its file, where it goes, its bytes, and

@@ -18,8 +18,12 @@
 //! so the replay finds which bytes made it, and withdraws the records of
 //! those that did not (none was acknowledged).
 //! Placement writes every range into its file (in order, see
-//! `place::data`) before it submits the request, so a record never names
-//! bytes that are not in their file.
+//! `place::data`) before it submits the request, except small ranges it
+//! writes beside the round (see `place::beside`): the round waits for those
+//! before it flushes any file, and before it tells anyone of them. So a
+//! flush always finds its ranges in their files, and a record that names
+//! bytes not yet in their file is one whose journal holds them (the startup
+//! replay writes them) and of which no one has heard.
 //! Journaled ranges' files join a backlog that a background flush
 //! makes durable (every [`FLUSH_AFTER`] or [`FLUSH_AT_BYTES`]) before
 //! dropping the entries and giving their journal space back. A round that
@@ -62,7 +66,7 @@ pub(crate) use deps::HOLD_WAIT;
 use deps::{HOLD_RECHECK, answer_ready};
 use journal_round::{JournalRound, journal_or_flush, reserve_journal_round};
 pub(crate) use queued::Queued;
-use round::{Recorded, RoundSink, record_round};
+use round::{Recorded, RoundSink, record_round, wait_written};
 pub(crate) use round::{forget_flushed, sync_targets};
 
 /// Handle to the committer. Clones share its thread; [`Self::stop`]
@@ -375,12 +379,23 @@ impl Rounds {
         let journaling = journal_or_flush(&mut round, self.backlog.journal_for_round());
         let (targets, pending_flushed) = sync_targets(&round);
         let flushed = targets.len();
-        // Placement wrote every range into its file before it submitted
-        // the request, so a flush finds them there. A journaling round
-        // still flushes its directories and the files' pending changes (a
-        // rename, a new file): the journal holds only ranges.
+        // A flush must find every range in its file: those written beside
+        // the round (see `place::beside`) are waited for first. A journaling
+        // round still flushes its directories and the files' pending changes
+        // (a rename, a new file): the journal holds only ranges.
+        // A blocking wait, on the committer's own thread (whose runtime
+        // drives nothing else meanwhile): the writes follow their request's
+        // submission at once.
+        let written = if journaling {
+            Ok(())
+        } else {
+            wait_written(&mut round)
+        };
         let flusher = self.backlog.flusher.clone();
-        let synced = flusher.flush(targets, SYNC_PARALLELISM).await;
+        let synced = match written {
+            Ok(()) => flusher.flush(targets, SYNC_PARALLELISM).await,
+            Err(error) => Err(error),
+        };
         if synced.is_ok() {
             forget_flushed(&round, &pending_flushed);
         }

@@ -63,6 +63,14 @@ pub(crate) fn forget_flushed(round: &[Queued], flushed: &HashSet<u64>) {
     }
 }
 
+/// Waits until every request's ranges written beside the round are in
+/// their files (see `place::beside`).
+pub(crate) fn wait_written(round: &mut [Queued]) -> Result<(), SinkError> {
+    round
+        .iter_mut()
+        .try_for_each(|queued| queued.request.wait_written())
+}
+
 /// What a round recorded.
 pub(super) struct Recorded {
     /// Per file, what the round made durable (only if the feed has listeners).
@@ -165,10 +173,11 @@ pub(super) fn record_round(
 ) -> Result<Recorded, SinkError> {
     // Snapshots and their write happen under the gate, which is also what
     // the journal replay writes records under before the committer runs.
-    // It is held until the journal write is done too, and a failure (or a panic) poisons the sink and the gate
-    // before it is let go: whoever writes or reads records under it
-    // (renames, watermarks) never sees ranges whose bytes may still be lost
-    // or not yet in their files.
+    // It is held until the journal write is done too, and the writes made
+    // beside the round (see `place::beside`); a failure (or a panic)
+    // poisons the sink and the gate before it is let go: whoever writes or
+    // reads records under it (renames, watermarks) never sees ranges whose
+    // bytes may still be lost or not yet in their files.
     let asking = Instant::now();
     let _gate = lock(sink.gate);
     let gate_us = asking.elapsed().as_micros() as u64;
@@ -178,6 +187,8 @@ pub(super) fn record_round(
     }
     let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         record_round_under_gate(sink, round, journal, journal_complete)
+            // Written beside the round: told of once they are in their files.
+            .and_then(|recorded| wait_written(round).map(|()| recorded))
     }))
     .unwrap_or_else(|panic| {
         Err(SinkError::Internal(format!(

@@ -21,7 +21,7 @@ use flight_server::Row;
 use super::sources::Source;
 use super::write::write_range;
 use super::{BatchWork, Placer, RowError};
-use crate::state::{JournalRange, Slot, SlotState, lock};
+use crate::state::{JournalRange, Slot, SlotState};
 use crate::written_crc::WrittenCrc;
 
 /// Most bytes one batch puts in the journal.
@@ -58,16 +58,17 @@ impl Write {
 }
 
 impl Placer {
-    pub(super) fn place_data(
+    pub(super) fn place_data<'b>(
         &self,
         source: &Source,
-        row: &Row<'_>,
-        work: &mut BatchWork,
+        row: &Row<'b>,
+        work: &mut BatchWork<'b>,
     ) -> Result<(), RowError> {
         let slot = self.slot_or_create(source, row, work)?;
-        let len = row.data.len() as u64;
+        let data: &'b [u8] = row.data;
+        let len = data.len() as u64;
         let (start, end) = (row.offset, row.offset + len);
-        let mut state = lock(&slot.state);
+        let mut state = self.lock_written(&slot, work)?;
         if state.record.superseded {
             work.ack.stale += len;
             return Ok(());
@@ -113,13 +114,13 @@ impl Placer {
             && self.journal.backlog.load(Ordering::Relaxed) < JOURNAL_BACKLOG_MAX;
         let mut placed = Vec::with_capacity(to_write.len());
         for &(s, e) in &to_write {
-            let bytes = &row.data[(s - start) as usize..(e - start) as usize];
+            let bytes = &data[(s - start) as usize..(e - start) as usize];
             let crc = ((s, e) == (start, end)).then_some(row.crc32c);
             let outcome = if self.holds.enabled() && !writable_at(&state, s) {
                 self.hold(&slot, &mut state, s, bytes, work)
             } else {
                 let how = Write::how(journal, crc);
-                self.write_part(&slot, &mut state, &file, s, bytes, how, work)
+                self.put_part(&slot, &mut state, &file, s, bytes, how, work)
                     .map(|()| placed.push((s, e)))
                     .and_then(|()| {
                         self.drain_held(&slot, &mut state, &file, journal, &mut placed, work)
@@ -148,7 +149,30 @@ impl Placer {
         Ok(())
     }
 
-    /// Writes one part at or below the file's end (so the file never grows
+    /// Writes one part at or below the file's end: a journaled one once
+    /// the request is submitted where room for it is taken (see `beside`),
+    /// any other now.
+    #[allow(clippy::too_many_arguments)]
+    fn put_part<'b>(
+        &self,
+        slot: &Arc<Slot>,
+        state: &mut SlotState,
+        file: &Arc<File>,
+        start: u64,
+        bytes: &'b [u8],
+        how: Write,
+        work: &mut BatchWork<'b>,
+    ) -> Result<(), RowError> {
+        if let Write::Journaled { .. } = how
+            && self.defer_write(slot, state, file, start, bytes, work)?
+        {
+            self.note_written(slot, state, start, bytes, how, work);
+            return Ok(());
+        }
+        self.write_part(slot, state, file, start, bytes, how, work)
+    }
+
+    /// Writes one part now, at or below the file's end (so the file never grows
     /// past a hole), journaling it too if `how` says so, and advances the
     /// end. A failed write leaves the end where the file now says it is.
     #[allow(clippy::too_many_arguments)]
@@ -160,9 +184,12 @@ impl Placer {
         start: u64,
         bytes: &[u8],
         how: Write,
-        work: &mut BatchWork,
+        work: &mut BatchWork<'_>,
     ) -> Result<(), RowError> {
-        let end = start + bytes.len() as u64;
+        // This batch's deferred writes into the file come before this one.
+        if work.writes.pending_in(slot) {
+            work.writes.write_into(slot)?;
+        }
         debug_assert!(
             !self.holds.enabled() || writable_at(state, start),
             "a write past a hole"
@@ -195,6 +222,24 @@ impl Placer {
                 self.space_left(file, bytes.len() as u64)
             )));
         }
+        self.note_written(slot, state, start, bytes, how, work);
+        Ok(())
+    }
+
+    /// What writing a part changes besides the file (made now, or deferred
+    /// to after the request's submission): the checksum of the bytes
+    /// written, the file's end, the counters, the journal's copy, and the
+    /// part pending.
+    fn note_written(
+        &self,
+        slot: &Slot,
+        state: &mut SlotState,
+        start: u64,
+        bytes: &[u8],
+        how: Write,
+        work: &mut BatchWork<'_>,
+    ) {
+        let end = start + bytes.len() as u64;
         state.written_crc.add(start, bytes);
         state.file_end = state.file_end.max(end);
         let known = state.disk_len.unwrap_or(0);
@@ -211,12 +256,11 @@ impl Placer {
             work.request.journal_bytes += bytes.len() as u64;
         }
         state.pending.insert(start, end);
-        Ok(())
     }
 
     /// Says so when the filesystem of the sink's root is (nearly) full, to
     /// go with a failed write into `file`.
-    fn space_left(&self, file: &File, wanted: u64) -> String {
+    pub(super) fn space_left(&self, file: &File, wanted: u64) -> String {
         match rustix::fs::fstatvfs(file) {
             Ok(fs) if fs.f_bavail.saturating_mul(fs.f_frsize) < wanted.saturating_mul(2) => {
                 format!(

@@ -95,9 +95,11 @@ impl Placer {
                     held: Default::default(),
                     written_crc: WrittenCrc::new(true),
                     inode: None,
+                    room: Default::default(),
                 },
             ),
             unsynced: Ranked::new(Rank::Unsynced, unsynced),
+            writing: Default::default(),
         });
         lock(&slot.state).opened(&file);
         if created {
@@ -260,6 +262,9 @@ impl Placer {
         to: &str,
         work: &mut BatchWork,
     ) -> Result<bool, RowError> {
+        // Its intent is recorded by a round: no batch waits for this one's
+        // writes meanwhile.
+        work.writes.write_all()?;
         let moved_away = self.moves_away_from(source, files, to, work)?;
         let before = {
             let state = lock(&slot.state);

@@ -13,6 +13,8 @@
 //! in the background. A few hundred appends to a hundred files then cost one
 //! flush of the manifest instead of a hundred file flushes; after a crash,
 //! [`Placer::replay_journal`] writes them back before the sink serves.
+//! Their writes are made once the batch's request is submitted, so that
+//! its round journals them meanwhile (see `beside`).
 //! Every range is written in order: a file never grows past a hole, and
 //! a range that arrives ahead of the bytes before it waits in memory (see
 //! `data`).
@@ -23,10 +25,11 @@
 //! of ranges held ahead of the bytes before them), `fds` (the cache of
 //! open files, within the process's descriptors) and `write` (writing a
 //! range in place, its large middle directly). The placer's own work, by
-//! kind: `data` (ranges), `generation` (slots, new and superseded
-//! generations), `rename` (moves and their intents), `seal`, `record`
-//! (records durable ahead of their batch's round) and `replay` (the
-//! journal at startup).
+//! kind: `data` (ranges), `beside` (small ranges' writes made after their
+//! request's submission, and the room they are written into),
+//! `generation` (slots, new and superseded generations), `rename` (moves
+//! and their intents), `seal`, `record` (records durable ahead of their
+//! batch's round) and `replay` (the journal at startup).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -44,6 +47,7 @@ use crate::lock_order::{Guard, Rank, Ranked};
 use crate::state::{CommitGate, CommitRequest, DependencyCharge, Slot, SlotState, lock};
 use crate::written_crc::WrittenCrc;
 
+mod beside;
 mod data;
 mod descriptors;
 mod fds;
@@ -59,6 +63,7 @@ mod sources;
 mod tests;
 mod write;
 
+pub(crate) use beside::DeferredWrites;
 use fds::OpenFiles;
 use holds::Holds;
 pub(crate) use seal::head_crc;
@@ -123,8 +128,10 @@ pub(crate) struct Journal {
     pub backlog: Arc<AtomicU64>,
 }
 
-struct BatchWork {
+struct BatchWork<'b> {
     request: CommitRequest,
+    /// Writes made once the request is submitted (see `beside`).
+    writes: DeferredWrites<'b>,
     ack: Ack,
     /// Slots (by address) this batch moved ahead of their Rename rows.
     renamed: std::collections::HashSet<usize>,
@@ -136,12 +143,13 @@ struct BatchWork {
     refused: Option<String>,
 }
 
-impl BatchWork {
+impl BatchWork<'_> {
     /// Nothing placed yet, for the batch numbered `seq` (0 for work that
     /// is not a received batch, such as the journal's replay).
     fn new(seq: u64) -> Self {
         Self {
             request: CommitRequest::default(),
+            writes: DeferredWrites::none(),
             ack: Ack {
                 seq,
                 ..Ack::default()
@@ -258,17 +266,45 @@ impl Placer {
         }
     }
 
-    /// Places one batch (blocking I/O). Returns the commit to wait for, the
-    /// ack to send once it is durable, and the writes to do once the commit
-    /// is submitted (its answer waits for them).
+    /// Places one batch (blocking I/O), every range written before this
+    /// returns. Returns the commit to wait for and the ack to send once it
+    /// is durable. (The sink places with [`Self::place_beside`].)
+    #[cfg(test)]
     pub fn place(
         &self,
         source: &Source,
         seq: u64,
         batch: &RangeBatch,
     ) -> Result<(CommitRequest, Ack), SinkError> {
+        let Placed { request, ack, .. } = self.place_with(source, seq, batch, false)?;
+        Ok((request, ack))
+    }
+
+    /// [`Self::place`], with the small ranges' writes left to after the
+    /// request's submission where they can be (see `beside`): the caller
+    /// submits the request, then finishes the writes, which the round waits
+    /// for before it tells anyone of them.
+    pub fn place_beside<'b>(
+        &self,
+        source: &Source,
+        seq: u64,
+        batch: &'b RangeBatch,
+    ) -> Result<Placed<'b>, SinkError> {
+        self.place_with(source, seq, batch, true)
+    }
+
+    fn place_with<'b>(
+        &self,
+        source: &Source,
+        seq: u64,
+        batch: &'b RangeBatch,
+        beside: bool,
+    ) -> Result<Placed<'b>, SinkError> {
         self.open_files.ease_pressure()?;
         let mut work = BatchWork::new(seq);
+        if beside {
+            work.writes = DeferredWrites::beside(self.health.clone());
+        }
         for (index, row) in batch.rows().enumerate() {
             let context = |e: String| {
                 format!(
@@ -305,7 +341,7 @@ impl Placer {
                 Err(RowError::Peer(error)) => SinkError::Peer(context(error)),
                 Err(RowError::Storage(error)) => SinkError::Storage(context(error)),
             };
-            self.give_back(&work);
+            self.give_back(&mut work);
             return Err(failure);
         }
         if !work.request.dependencies.is_empty() && work.refused.is_none() {
@@ -324,7 +360,7 @@ impl Placer {
             }
         }
         if let Some(reason) = work.refused.take() {
-            self.give_back(&work);
+            self.give_back(&mut work);
             return Err(SinkError::Storage(format!("batch {seq}: {reason}")));
         }
         // Counted by the batch whose round records them: a range held for
@@ -336,13 +372,22 @@ impl Placer {
             .flat_map(|(_, ranges)| ranges.iter().map(|(start, end)| end - start))
             .sum();
         work.request.counters.duplicate_bytes = work.ack.duplicate;
-        Ok((work.request, work.ack))
+        work.request.written = work.writes.done();
+        Ok(Placed {
+            request: work.request,
+            ack: work.ack,
+            writes: work.writes,
+        })
     }
 
-    /// Undoes what a failed batch claimed: what it wrote will not be
-    /// recorded (others must not wait for it, and a re-delivery writes it
-    /// again, at or below the file's end), and what it held is dropped.
-    fn give_back(&self, work: &BatchWork) {
+    /// Undoes what a failed batch claimed: what it wrote (or was to write)
+    /// will not be recorded (others must not wait for it, and a re-delivery
+    /// writes it again, at or below the file's end), and what it held is
+    /// dropped.
+    fn give_back(&self, work: &mut BatchWork<'_>) {
+        // Its deferred writes are made like any other: the file's end
+        // counts them already. (A failure poisons the sink.)
+        let _ = work.writes.write_all();
         for (slot, ranges) in &work.request.placed {
             let mut state = lock(&slot.state);
             for &(start, end) in ranges {
@@ -401,6 +446,7 @@ impl Placer {
                     // file itself.
                     written_crc: WrittenCrc::new(record.placed.is_empty()),
                     inode: None,
+                    room: Default::default(),
                     record,
                     pending: IntervalSet::new(),
                     disk_len: None,
@@ -409,10 +455,19 @@ impl Placer {
                 },
             ),
             unsynced: Ranked::new(Rank::Unsynced, Vec::new()),
+            writing: Default::default(),
         });
         files.cache((key.to_owned(), generation), slot.clone());
         Ok(Some(slot))
     }
+}
+
+/// A placed batch: its commit request, its ack once that is durable, and
+/// the writes to finish once the request is submitted.
+pub(crate) struct Placed<'b> {
+    pub request: CommitRequest,
+    pub ack: Ack,
+    pub writes: DeferredWrites<'b>,
 }
 
 /// How one row failed.

@@ -21,6 +21,9 @@ impl Placer {
         work: &mut BatchWork,
     ) -> Result<(), RowError> {
         let path = confined_path(row, "a Rename row needs the new path")?;
+        // Its intent is recorded by a round: no batch waits for this one's
+        // writes meanwhile.
+        work.writes.write_all()?;
         let slot = self.slot_or_create(source, row, work)?;
         // Renames of one source are serialised: a re-delivered rename racing
         // the original must see its effect, not undo it.
@@ -255,6 +258,7 @@ impl Placer {
         moves: &[PlannedMove],
         work: &mut BatchWork,
     ) -> Result<Option<Vec<Moving>>, RowError> {
+        work.writes.write_all()?;
         let mut intent = Vec::with_capacity(moves.len());
         for m in moves {
             intent.extend(self.moves_away_from(source, files, &m.to, work)?);

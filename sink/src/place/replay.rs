@@ -58,7 +58,7 @@ struct Replay<'a> {
     /// acknowledged.
     round_in_doubt: u64,
     in_doubt: std::collections::HashSet<(FileId, u64, JournalBytes)>,
-    work: BatchWork,
+    work: BatchWork<'static>,
     /// Ranges of the round cut short, withdrawn for their senders to send
     /// again, and the files whose seal went with them.
     withdrawn: Vec<(FileId, u64, u64)>,

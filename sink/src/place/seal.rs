@@ -25,7 +25,7 @@ impl Placer {
         let kind = SealDigest::of_digest(digest).map_err(|e| RowError::Reject(e.to_string()))?;
         let size = row.offset;
         let slot = self.slot_or_create(source, row, work)?;
-        let mut state = lock(&slot.state);
+        let mut state = self.lock_written(&slot, work)?;
         if let Some(sealed) = state.record.sealed.clone() {
             let same = sealed.size == size
                 && (sealed.digest == digest
@@ -98,6 +98,8 @@ impl Placer {
                 // written again, so what may change while unlocked is checked
                 // again after.
                 drop(state);
+                // No other batch waits for this one's writes meanwhile.
+                work.writes.write_all()?;
                 let actual = self.digest_on_disk(&dest, size, kind)?;
                 state = lock(&slot.state);
                 let sealed_alike = state
@@ -134,7 +136,9 @@ impl Placer {
             size,
             digest: digest.to_owned(),
         });
-        // A sealed file takes no more writes: give its descriptor back.
+        // A sealed file takes no more writes: give its room and its
+        // descriptor back.
+        super::beside::trim_room(&mut state, &file, &meta, size);
         state.close_file();
         state.written_crc = WrittenCrc::Unknown;
         drop(state);

@@ -342,3 +342,45 @@ async fn a_failed_write_is_retried_without_poisoning_the_sink() {
     assert_recorded_once(&dir, whole.len() as u64);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A small range's write made after its request was submitted (see
+/// `place::beside`) that fails poisons the sink, as its round may have
+/// recorded the range already; nothing is acknowledged, and once restarted
+/// (the journal's replay puts the range back, if it was recorded) and sent
+/// the batch again, the file is whole and every byte recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_beside_its_round_poisons_the_sink_and_a_restart_loses_nothing() {
+    const SOURCE: &str = "beside-fails";
+    let dir = test_support::scratch("beside-fails");
+    let sink = open_flushing_files(&dir);
+    let source = || Arc::<str>::from(SOURCE);
+    let whole = content(2 * 4096, 5);
+    sink.ingest_batch(source(), 1, data_batch("w", 0, &whole[..4096]))
+        .await
+        .unwrap();
+
+    crate::fault::fail_io(crate::fault::Point::DeferredWrite, SOURCE);
+    let failed = sink
+        .ingest_batch(source(), 2, data_batch("w", 4096, &whole[4096..]))
+        .await;
+    let error = failed.expect_err("a batch whose write failed was acknowledged");
+    assert!(
+        matches!(&error, SinkError::Poisoned(reason)
+            if reason.contains("Input/output error") && reason.contains("'w'")),
+        "the sink stops, naming the file: {error:?}"
+    );
+    assert!(sink.health().is_poisoned());
+
+    let sink = restart(sink, &dir).await;
+    let ack = sink
+        .ingest_batch(source(), 2, data_batch("w", 4096, &whole[4096..]))
+        .await
+        .unwrap();
+    assert_eq!(ack.placed + ack.duplicate, 4096);
+    let file = dir.join("root").join(SOURCE).join("w");
+    assert!(std::fs::read(&file).unwrap() == whole, "w differs");
+    sink.shutdown().await;
+    drop(sink);
+    assert_recorded_once(&dir, whole.len() as u64);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,6 +10,7 @@ use manifest_db::{FileRecord, JournalBytes, Sealed, SinkCommit};
 use super::*;
 use crate::durability::flush::SyncTarget;
 
+mod beside;
 mod order;
 mod rename;
 mod replay;
