@@ -178,8 +178,8 @@ def cdf_points(lat: list[float], points=400):
     return [(s[i], (i + 1) / n) for i in idx]
 
 
-ROUND_FIELDS = ("requests", "waited_us", "placing_us", "queued_us", "journal_us", "manifest_us", "sync_us",
-                "total_us")
+ROUND_FIELDS = ("requests", "waited_us", "placing_us", "queued_us", "journal_us", "manifest_us", "fold_us",
+                "prepare_us", "written_us", "sync_us", "total_us")
 
 
 STAGES = ("place", "round", "journal")

@@ -543,6 +543,7 @@ fn trace_round(
         journal_us = result.as_ref().map_or(0, |r| r.journal_us),
         fold_us = result.as_ref().map_or(0, |r| r.fold_us),
         prepare_us = result.as_ref().map_or(0, |r| r.prepare_us),
+        written_us = result.as_ref().map_or(0, |r| r.written_us),
         blocking_us = result.as_ref().map_or(0, |r| r.blocking_us),
         gate_us = result.as_ref().map_or(0, |r| r.gate_us),
         manifest_us = result.as_ref().map_or(0, |r| r.manifest_us),

@@ -87,6 +87,9 @@ pub(super) struct Recorded {
     pub(super) prepare_us: u64,
     /// Folding the round's ranges into the records, before that.
     pub(super) fold_us: u64,
+    /// After all that: waiting for the ranges written beside the round
+    /// (see `place::beside`).
+    pub(super) written_us: u64,
     /// Before all that: from the hand-off until the round ran (in place, or
     /// on the blocking pool under a current-thread runtime), then waiting
     /// for the commit gate.
@@ -188,7 +191,12 @@ pub(super) fn record_round(
     let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         record_round_under_gate(sink, round, journal, journal_complete)
             // Written beside the round: told of once they are in their files.
-            .and_then(|recorded| wait_written(round).map(|()| recorded))
+            .and_then(|mut recorded| {
+                let waiting = Instant::now();
+                wait_written(round)?;
+                recorded.written_us = waiting.elapsed().as_micros() as u64;
+                Ok(recorded)
+            })
     }))
     .unwrap_or_else(|panic| {
         Err(SinkError::Internal(format!(
@@ -284,6 +292,7 @@ pub(super) fn record_round_under_gate(
         manifest_us,
         prepare_us,
         fold_us,
+        written_us: 0,
         blocking_us: 0,
         gate_us: 0,
         journal_round: journal_end.map(|end| (commit.journal_round, commit.journal_start, end)),
