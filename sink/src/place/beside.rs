@@ -297,15 +297,7 @@ impl Placer {
             return Ok(false);
         }
         #[cfg(test)]
-        if let Err(error) =
-            crate::fault::io(crate::fault::Point::FileWrite, &state.record.dest_path)
-        {
-            return Err(RowError::Storage(format!(
-                "writing {} bytes at offset {start} of {}: {error}",
-                bytes.len(),
-                state.record.dest_path
-            )));
-        }
+        super::data::injected_write_fault(state, start, bytes.len())?;
         if !self.take_room(state, file, start, bytes.len() as u64)? {
             return Ok(false);
         }

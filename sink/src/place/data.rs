@@ -195,15 +195,7 @@ impl Placer {
             "a write past a hole"
         );
         #[cfg(test)]
-        if let Err(error) =
-            crate::fault::io(crate::fault::Point::FileWrite, &state.record.dest_path)
-        {
-            return Err(RowError::Storage(format!(
-                "writing {} bytes at offset {start} of {}: {error}",
-                bytes.len(),
-                state.record.dest_path
-            )));
-        }
+        injected_write_fault(state, start, bytes.len())?;
         let written = if let Write::Journaled { .. } = how {
             write_range(file, bytes, start, || state.record.dest_path.clone())
         } else {
@@ -346,4 +338,19 @@ impl Placer {
         work.request.depend_on(slot, start, end);
         Ok(())
     }
+}
+
+/// A write failure a test arranged for this file (see [`crate::fault`]).
+#[cfg(test)]
+pub(super) fn injected_write_fault(
+    state: &SlotState,
+    start: u64,
+    len: usize,
+) -> Result<(), RowError> {
+    crate::fault::io(crate::fault::Point::FileWrite, &state.record.dest_path).map_err(|error| {
+        RowError::Storage(format!(
+            "writing {len} bytes at offset {start} of {}: {error}",
+            state.record.dest_path
+        ))
+    })
 }

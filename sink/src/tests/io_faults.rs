@@ -302,24 +302,50 @@ async fn a_failed_journal_fdatasync_poisons_the_sink_before_any_ack() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A sink (flushing file by file) whose file `w` of `source` has its first
+/// 4 KiB placed, with the 8 KiB the file will hold.
+async fn sink_with_first_page(source: &str, salt: u8) -> (std::path::PathBuf, Sink, Vec<u8>) {
+    let dir = test_support::scratch(source);
+    let sink = open_flushing_files(&dir);
+    let whole = content(2 * 4096, salt);
+    sink.ingest_batch(Arc::from(source), 1, data_batch("w", 0, &whole[..4096]))
+        .await
+        .unwrap();
+    (dir, sink, whole)
+}
+
+/// Sends `w`'s second 4 KiB, journaled (the file exists already).
+async fn send_second_page(sink: &Sink, source: &str, whole: &[u8]) -> Result<Ack, SinkError> {
+    sink.ingest_batch(Arc::from(source), 2, data_batch("w", 4096, &whole[4096..]))
+        .await
+}
+
+/// Asserts that `w` holds `whole`, then stops the sink and asserts that
+/// every byte is recorded once.
+async fn assert_whole_and_recorded_once(
+    sink: Sink,
+    dir: &std::path::Path,
+    source: &str,
+    whole: &[u8],
+) {
+    let file = dir.join("root").join(source).join("w");
+    assert!(std::fs::read(&file).unwrap() == whole, "w differs");
+    sink.shutdown().await;
+    drop(sink);
+    assert_recorded_once(dir, whole.len() as u64);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A write that fails is only that batch's failure: refused as retryable
 /// storage trouble, the sink stays healthy, and the same batch sent again
 /// is placed, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_write_is_retried_without_poisoning_the_sink() {
     const SOURCE: &str = "write-fails";
-    let dir = test_support::scratch("write-fails");
-    let sink = open_flushing_files(&dir);
-    let source = || Arc::<str>::from(SOURCE);
-    let whole = content(2 * 4096, 4);
-    sink.ingest_batch(source(), 1, data_batch("w", 0, &whole[..4096]))
-        .await
-        .unwrap();
+    let (dir, sink, whole) = sink_with_first_page(SOURCE, 4).await;
 
     crate::fault::fail_io(crate::fault::Point::FileWrite, SOURCE);
-    let refused = sink
-        .ingest_batch(source(), 2, data_batch("w", 4096, &whole[4096..]))
-        .await;
+    let refused = send_second_page(&sink, SOURCE, &whole).await;
     let error = refused.expect_err("a batch whose write failed was acknowledged");
     assert!(
         matches!(&error, SinkError::Storage(detail)
@@ -330,17 +356,9 @@ async fn a_failed_write_is_retried_without_poisoning_the_sink() {
     assert!(!sink.health().is_poisoned());
     assert!(sink.status().unwrap().poisoned.is_none());
 
-    let ack = sink
-        .ingest_batch(source(), 2, data_batch("w", 4096, &whole[4096..]))
-        .await
-        .unwrap();
+    let ack = send_second_page(&sink, SOURCE, &whole).await.unwrap();
     assert_eq!(ack.placed, 4096);
-    let file = dir.join("root").join(SOURCE).join("w");
-    assert!(std::fs::read(&file).unwrap() == whole, "w differs");
-    sink.shutdown().await;
-    drop(sink);
-    assert_recorded_once(&dir, whole.len() as u64);
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_whole_and_recorded_once(sink, &dir, SOURCE, &whole).await;
 }
 
 /// A small range's write made after its request was submitted (see
@@ -351,18 +369,10 @@ async fn a_failed_write_is_retried_without_poisoning_the_sink() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_write_beside_its_round_poisons_the_sink_and_a_restart_loses_nothing() {
     const SOURCE: &str = "beside-fails";
-    let dir = test_support::scratch("beside-fails");
-    let sink = open_flushing_files(&dir);
-    let source = || Arc::<str>::from(SOURCE);
-    let whole = content(2 * 4096, 5);
-    sink.ingest_batch(source(), 1, data_batch("w", 0, &whole[..4096]))
-        .await
-        .unwrap();
+    let (dir, sink, whole) = sink_with_first_page(SOURCE, 5).await;
 
     crate::fault::fail_io(crate::fault::Point::DeferredWrite, SOURCE);
-    let failed = sink
-        .ingest_batch(source(), 2, data_batch("w", 4096, &whole[4096..]))
-        .await;
+    let failed = send_second_page(&sink, SOURCE, &whole).await;
     let error = failed.expect_err("a batch whose write failed was acknowledged");
     assert!(
         matches!(&error, SinkError::Poisoned(reason)
@@ -372,15 +382,7 @@ async fn a_failed_write_beside_its_round_poisons_the_sink_and_a_restart_loses_no
     assert!(sink.health().is_poisoned());
 
     let sink = restart(sink, &dir).await;
-    let ack = sink
-        .ingest_batch(source(), 2, data_batch("w", 4096, &whole[4096..]))
-        .await
-        .unwrap();
+    let ack = send_second_page(&sink, SOURCE, &whole).await.unwrap();
     assert_eq!(ack.placed + ack.duplicate, 4096);
-    let file = dir.join("root").join(SOURCE).join("w");
-    assert!(std::fs::read(&file).unwrap() == whole, "w differs");
-    sink.shutdown().await;
-    drop(sink);
-    assert_recorded_once(&dir, whole.len() as u64);
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_whole_and_recorded_once(sink, &dir, SOURCE, &whole).await;
 }
