@@ -142,21 +142,50 @@ fn prefix_source(source: &str) -> Vec<u8> {
 }
 
 fn prefix_key(source: &str, key: &str) -> Vec<u8> {
+    debug_assert!(!source.contains('\0'), "source contains NUL: {source:?}");
     debug_assert!(!key.contains('\0'), "key contains NUL: {key:?}");
-    let mut k = prefix_source(source);
+    let mut k = Vec::with_capacity(source.len() + key.len() + 2);
+    k.extend_from_slice(source.as_bytes());
+    k.push(0);
     k.extend_from_slice(key.as_bytes());
     k.push(0);
     k
 }
 
 fn file_key(id: &FileId) -> Vec<u8> {
-    let mut k = prefix_key(&id.source, &id.key);
-    k.extend_from_slice(&id.generation.to_be_bytes());
+    file_key_with_room(id, 0)
+}
+
+/// [`file_key`] with room for `more` bytes after it: a commit builds
+/// several keys for each of its ranges, each in one allocation.
+fn file_key_with_room(id: &FileId, more: usize) -> Vec<u8> {
+    let mut k = Vec::with_capacity(file_key_len(id) + more);
+    extend_file_key(&mut k, id);
     k
 }
 
+fn file_key_len(id: &FileId) -> usize {
+    id.source.len() + id.key.len() + 2 + 8
+}
+
+/// Appends [`file_key`] to `buf`.
+fn extend_file_key(buf: &mut Vec<u8>, id: &FileId) {
+    debug_assert!(
+        !id.source.contains('\0'),
+        "source contains NUL: {:?}",
+        id.source
+    );
+    debug_assert!(!id.key.contains('\0'), "key contains NUL: {:?}", id.key);
+    buf.reserve(file_key_len(id));
+    buf.extend_from_slice(id.source.as_bytes());
+    buf.push(0);
+    buf.extend_from_slice(id.key.as_bytes());
+    buf.push(0);
+    buf.extend_from_slice(&id.generation.to_be_bytes());
+}
+
 fn journal_key(id: &FileId, offset: u64) -> Vec<u8> {
-    let mut k = file_key(id);
+    let mut k = file_key_with_room(id, 8);
     k.extend_from_slice(&offset.to_be_bytes());
     k
 }
@@ -260,7 +289,13 @@ impl SinkManifest {
 
         // One key for the round's ranges: few memtable inserts per commit,
         // one delete when they are flushed.
-        let mut round = Vec::new();
+        let mut round = Vec::with_capacity(
+            commit
+                .journal
+                .iter()
+                .map(|(id, _, _)| 4 + file_key_len(id) + 24)
+                .sum(),
+        );
         for (id, offset, bytes) in &commit.journal {
             match bytes {
                 JournalBytes::InFile {
@@ -268,9 +303,8 @@ impl SinkManifest {
                     len,
                     crc32c,
                 } => {
-                    let key = file_key(id);
-                    round.extend_from_slice(&(key.len() as u32).to_be_bytes());
-                    round.extend_from_slice(&key);
+                    round.extend_from_slice(&(file_key_len(id) as u32).to_be_bytes());
+                    extend_file_key(&mut round, id);
                     round.extend_from_slice(&offset.to_be_bytes());
                     round.extend_from_slice(&position.to_be_bytes());
                     round.extend_from_slice(&len.to_be_bytes());
@@ -298,7 +332,7 @@ impl SinkManifest {
         let mut seq = self.read_counter(KEY_PLACEMENT_SEQ)?;
         for (id, offset, len) in &commit.placements {
             seq += 1;
-            let mut key = file_key(id);
+            let mut key = file_key_with_room(id, 16);
             key.extend_from_slice(&offset.to_be_bytes());
             key.extend_from_slice(&seq.to_be_bytes());
             batch.put_cf(placements, key, len.to_be_bytes());
