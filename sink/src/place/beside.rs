@@ -41,9 +41,18 @@ use crate::health::Health;
 use crate::lock_order::Guard;
 use crate::state::{Slot, SlotState, WriteToken, WritesDone, lock, new_write_token};
 
-/// Room taken past a file's end at a time: one `fallocate` per this many
-/// bytes appended.
-const ROOM_AHEAD: u64 = 64 << 10;
+/// Room taken past a file's end at a time: an eighth of what the file
+/// holds, at least [`ROOM_AHEAD_MIN`] and at most [`ROOM_AHEAD_MAX`]. A
+/// small file keeps little room it may never use (until it is sealed,
+/// which gives the rest back); a file that keeps growing takes room once
+/// per 256 appends of 4 KiB instead of once per 16.
+const ROOM_AHEAD_MIN: u64 = 64 << 10;
+const ROOM_AHEAD_MAX: u64 = 1 << 20;
+
+/// The room to take past `end`, for a file that holds `end` bytes.
+pub(super) fn room_ahead(end: u64) -> u64 {
+    (end / 8).clamp(ROOM_AHEAD_MIN, ROOM_AHEAD_MAX)
+}
 
 /// How long a batch waits for another batch's writes into a file before it
 /// is refused as retryable. A batch makes its writes before it waits for
@@ -305,7 +314,7 @@ impl Placer {
         Ok(true)
     }
 
-    /// Takes room in `file` for `len` bytes at `start`, and [`ROOM_AHEAD`]
+    /// Takes room in `file` for `len` bytes at `start`, and [`room_ahead`]
     /// past them, unless it is taken already. `Ok(false)` where it cannot
     /// be taken for any reason but a full filesystem: the write is made now,
     /// and says what fails, if anything does.
@@ -338,8 +347,9 @@ impl Placer {
         // there already.
         let from = start.max(state.room.end);
         let keep = FallocateFlags::KEEP_SIZE;
-        let taken = match rustix::fs::fallocate(file, keep, from, end + ROOM_AHEAD - from) {
-            Ok(()) => end + ROOM_AHEAD,
+        let ahead = room_ahead(end);
+        let taken = match rustix::fs::fallocate(file, keep, from, end + ahead - from) {
+            Ok(()) => end + ahead,
             Err(Errno::NOSPC | Errno::DQUOT) => {
                 // Not the room ahead, at least the write's own.
                 match rustix::fs::fallocate(file, keep, from, end - from) {

@@ -134,3 +134,15 @@ fn a_failed_batch_makes_its_deferred_writes_and_leaves_no_file_waiting() {
     placed.writes.finish();
     assert_eq!(std::fs::read(&dest).unwrap(), b"headtailmore");
 }
+
+/// The room taken ahead grows with the file: little for a small file, at
+/// most 1 MiB for one that keeps growing.
+#[test]
+fn the_room_taken_ahead_grows_with_the_file_up_to_a_bound() {
+    use crate::place::beside::room_ahead;
+    assert_eq!(room_ahead(0), 64 << 10);
+    assert_eq!(room_ahead(256 << 10), 64 << 10);
+    assert_eq!(room_ahead(2 << 20), 256 << 10);
+    assert_eq!(room_ahead(8 << 20), 1 << 20);
+    assert_eq!(room_ahead(1 << 40), 1 << 20);
+}
