@@ -9,7 +9,8 @@ use arrow_array::builder::{StringBuilder, UInt8Builder, UInt32Builder, UInt64Bui
 use arrow_array::{
     Array, ArrayRef, BinaryArray, RecordBatch, StringArray, UInt8Array, UInt32Array, UInt64Array,
 };
-use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+pub use arrow_buffer::Buffer;
+use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 
 use crate::WireError;
 use crate::encode::{BodyWriter, EncodedBatch};
@@ -160,6 +161,15 @@ impl RangeBatch {
 
     pub fn rows(&self) -> impl Iterator<Item = Row<'_>> {
         (0..self.len()).map(|i| self.row(i))
+    }
+
+    /// `bytes`, which lie in this batch's data column, as a handle that
+    /// keeps them alive on its own: the same memory, counted, not copied.
+    /// `None` for bytes from anywhere else.
+    pub fn share_data(&self, bytes: &[u8]) -> Option<Buffer> {
+        let values = self.data.values();
+        let start = (bytes.as_ptr() as usize).checked_sub(values.as_ptr() as usize)?;
+        (start + bytes.len() <= values.len()).then(|| values.slice_with_length(start, bytes.len()))
     }
 
     /// Bytes of range payload carried by this batch.
@@ -558,6 +568,26 @@ mod tests {
         let (filled, _) = room.split_at_mut(n);
         // SAFETY: the first `n` slots were written just above.
         unsafe { &mut *(filled as *mut [MaybeUninit<u8>] as *mut [u8]) }
+    }
+
+    /// A row's bytes are shared from the batch, not copied; bytes from
+    /// elsewhere are not taken for the batch's.
+    #[test]
+    fn a_row_s_bytes_are_shared_from_its_batch() {
+        let mut b = BatchBuilder::with_capacity(2, 64);
+        b.push_data("f", 1, 0, b"first");
+        b.push_data("f", 1, 5, b"second");
+        let batch = RangeBatch::validate(b.finish()).unwrap();
+        let second = batch.row(1).data;
+        let shared = batch.share_data(second).expect("the batch's own bytes");
+        assert_eq!(shared.as_slice(), b"second");
+        assert_eq!(shared.as_ptr(), second.as_ptr(), "the same memory");
+        assert!(
+            batch.share_data(b"second").is_none(),
+            "bytes from elsewhere"
+        );
+        let whole = batch.share_data(&batch.row(0).data[..0]);
+        assert_eq!(whole.map(|b| b.len()), Some(0));
     }
 
     /// A large first row is read at a lead that matches its file offset's

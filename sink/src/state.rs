@@ -348,7 +348,9 @@ impl CommitRequest {
 pub(crate) struct JournalRange {
     pub id: FileId,
     pub offset: u64,
-    pub bytes: Vec<u8>,
+    /// The range's bytes: those of the batch that brought them where it
+    /// can share them (kept alive until the journal's write, not copied).
+    pub bytes: flight_server::wire::Buffer,
     pub crc32c: u32,
 }
 

@@ -239,10 +239,11 @@ impl Placer {
             work.request.counters.rewritten_bytes += end.min(known) - start;
         }
         if let Write::Journaled { crc32c } = how {
+            let shared = work.batch.and_then(|batch| batch.share_data(bytes));
             work.request.journal.push(JournalRange {
                 id: slot.id.clone(),
                 offset: start,
-                bytes: bytes.to_vec(),
+                bytes: shared.unwrap_or_else(|| flight_server::wire::Buffer::from(bytes)),
                 crc32c: crc32c.unwrap_or_else(|| flight_server::checksum::crc32c(bytes)),
             });
             work.request.journal_bytes += bytes.len() as u64;

@@ -129,6 +129,9 @@ pub(crate) struct Journal {
 }
 
 struct BatchWork<'b> {
+    /// The batch being placed (none for the journal's replay): its ranges'
+    /// bytes are shared from it rather than copied.
+    batch: Option<&'b RangeBatch>,
     request: CommitRequest,
     /// Writes made once the request is submitted (see `beside`).
     writes: DeferredWrites<'b>,
@@ -148,6 +151,7 @@ impl BatchWork<'_> {
     /// is not a received batch, such as the journal's replay).
     fn new(seq: u64) -> Self {
         Self {
+            batch: None,
             request: CommitRequest::default(),
             writes: DeferredWrites::none(),
             ack: Ack {
@@ -302,6 +306,7 @@ impl Placer {
     ) -> Result<Placed<'b>, SinkError> {
         self.open_files.ease_pressure()?;
         let mut work = BatchWork::new(seq);
+        work.batch = Some(batch);
         if beside {
             work.writes = DeferredWrites::beside(self.health.clone());
         }

@@ -31,6 +31,11 @@ fn small_ranges_are_written_once_their_request_is_submitted_into_room_taken_firs
         writes,
     } = placer.place_beside(&source, 2, &second).unwrap();
     assert_eq!((ack.placed, request.journal_bytes), (4, 4));
+    assert_eq!(
+        request.journal[0].bytes.as_ptr(),
+        second.row(0).data.as_ptr(),
+        "the journal shares the batch's bytes, not a copy"
+    );
     assert!(
         request.written.is_some(),
         "the round has writes to wait for"
