@@ -142,14 +142,19 @@ fn prefix_source(source: &str) -> Vec<u8> {
 }
 
 fn prefix_key(source: &str, key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(source.len() + key.len() + 2);
+    extend_prefix_key(&mut k, source, key);
+    k
+}
+
+/// Appends [`prefix_key`] to `buf`.
+fn extend_prefix_key(buf: &mut Vec<u8>, source: &str, key: &str) {
     debug_assert!(!source.contains('\0'), "source contains NUL: {source:?}");
     debug_assert!(!key.contains('\0'), "key contains NUL: {key:?}");
-    let mut k = Vec::with_capacity(source.len() + key.len() + 2);
-    k.extend_from_slice(source.as_bytes());
-    k.push(0);
-    k.extend_from_slice(key.as_bytes());
-    k.push(0);
-    k
+    buf.extend_from_slice(source.as_bytes());
+    buf.push(0);
+    buf.extend_from_slice(key.as_bytes());
+    buf.push(0);
 }
 
 fn file_key(id: &FileId) -> Vec<u8> {
@@ -170,17 +175,8 @@ fn file_key_len(id: &FileId) -> usize {
 
 /// Appends [`file_key`] to `buf`.
 fn extend_file_key(buf: &mut Vec<u8>, id: &FileId) {
-    debug_assert!(
-        !id.source.contains('\0'),
-        "source contains NUL: {:?}",
-        id.source
-    );
-    debug_assert!(!id.key.contains('\0'), "key contains NUL: {:?}", id.key);
     buf.reserve(file_key_len(id));
-    buf.extend_from_slice(id.source.as_bytes());
-    buf.push(0);
-    buf.extend_from_slice(id.key.as_bytes());
-    buf.push(0);
+    extend_prefix_key(buf, &id.source, &id.key);
     buf.extend_from_slice(&id.generation.to_be_bytes());
 }
 
