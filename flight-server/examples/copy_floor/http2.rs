@@ -13,7 +13,7 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::task::JoinHandle;
 
-use crate::{Source, read_ack, read_last_acks};
+use crate::{Source, checks, read_ack, read_last_acks};
 
 /// HTTP/2 flow-control windows, stream and connection, both ways: the sink's.
 const H2_WINDOW: u32 = 64 << 20;
@@ -68,6 +68,7 @@ pub async fn send<S>(
     sources: Vec<Source>,
     window: u64,
     chunk: usize,
+    checksums: bool,
 ) -> Result<u64>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -98,6 +99,8 @@ where
     for source in &sources {
         let name = source.name.as_bytes();
         let mut offset = 0u64;
+        let mut file_crc = 0u64;
+        let fields = if checksums { checks::FIELDS } else { 0 };
         // One frame even for an empty file, so that it is created.
         loop {
             let remaining = source.size - offset;
@@ -107,17 +110,25 @@ where
                     .with_context(|| format!("{peer} closed with {sent} bytes sent"))?;
             }
             let len = remaining.min(chunk as u64).min(window - (sent - acked)) as usize;
-            let mut frame = Vec::with_capacity(4 + name.len() + 12 + len);
+            let mut frame = Vec::with_capacity(4 + name.len() + 12 + fields + len);
             frame.extend_from_slice(&(name.len() as u32).to_le_bytes());
             frame.extend_from_slice(name);
             frame.extend_from_slice(&offset.to_le_bytes());
             frame.extend_from_slice(&(len as u32).to_le_bytes());
+            // Filled in once the payload is read.
+            frame.resize(frame.len() + fields, 0);
+            let head = frame.len();
             pread_append(&source.file, &mut frame, len, offset).with_context(|| {
                 format!(
                     "pread of {len} bytes from {} at {offset}",
                     source.path.display()
                 )
             })?;
+            if checksums {
+                let (head_part, payload) = frame.split_at_mut(head);
+                head_part[head - fields..]
+                    .copy_from_slice(&checks::sender_fields(payload, &mut file_crc));
+            }
             body.send_data(Bytes::from(frame), false)
                 .with_context(|| format!("{len} bytes of {} at {offset} on {peer}", source.name))?;
             sent += len as u64;

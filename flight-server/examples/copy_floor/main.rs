@@ -6,8 +6,8 @@
 //! Two processes:
 //!
 //! ```text
-//! copy_floor receive --listen 127.0.0.1:PORT --dest DIR [--tls-dir DIR] [--ack-every BYTES] [--direct] [--connections N] [--http2 [--h2-max-frame BYTES]]
-//! copy_floor send --to 127.0.0.1:PORT --connections N [--tls-dir DIR] [--window BYTES] [--chunk BYTES] [--http2] FILE...
+//! copy_floor receive --listen 127.0.0.1:PORT --dest DIR [--tls-dir DIR] [--ack-every BYTES] [--direct] [--connections N] [--http2 [--h2-max-frame BYTES]] [--checksums]
+//! copy_floor send --to 127.0.0.1:PORT --connections N [--tls-dir DIR] [--window BYTES] [--chunk BYTES] [--http2] [--checksums] FILE...
 //! ```
 //!
 //! Start `receive` first; it prints `listening on ADDR` to stderr once it
@@ -39,6 +39,10 @@
 //! least an HTTP/2 mover (Arrow Flight's transport) pays beyond the bare
 //! copy: P1c reports it beside the bare floor.
 //!
+//! With `--checksums` on both sides, each frame's header also carries the
+//! checks the pipeline makes on every byte (see `checks.rs`), and the
+//! receiver verifies them: the floor of a copy with end-to-end integrity.
+//!
 //! With `--tls-dir`: TLS 1.3 with the one cipher suite
 //! TLS13_AES_128_GCM_SHA256, through tokio-rustls (as tonic uses it). The
 //! receiver makes a self-signed certificate for "localhost" at start; the
@@ -59,6 +63,7 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+mod checks;
 #[path = "../floor/mod.rs"]
 mod floor;
 mod http2;
@@ -70,6 +75,14 @@ mod tls;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const MIB: u64 = 1 << 20;
+
+/// How frames travel: bare on the stream or inside HTTP/2 (with the
+/// receiver's largest HTTP/2 frame), with or without their checksums.
+#[derive(Clone, Copy)]
+struct Wire {
+    http2: Option<u32>,
+    checksums: bool,
+}
 /// Longest file name a frame may carry.
 const MAX_NAME: usize = 4096;
 /// Largest payload a frame may carry (the receiver's buffer grows to it).
@@ -112,6 +125,9 @@ enum Command {
         /// (16 KiB to 16 MiB - 1; the sink's is 1 MiB).
         #[arg(long, default_value_t = 1 << 20)]
         h2_max_frame: u32,
+        /// Verify each frame's checksums (the sender must send them).
+        #[arg(long)]
+        checksums: bool,
     },
     /// Send FILEs over N connections and wait until every byte is durable.
     Send {
@@ -131,6 +147,9 @@ enum Command {
         /// Send the frames in one HTTP/2 stream per connection.
         #[arg(long)]
         http2: bool,
+        /// Send each frame's checksums (the receiver must verify them).
+        #[arg(long)]
+        checksums: bool,
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -149,6 +168,7 @@ fn main() -> Result<()> {
             connections,
             http2,
             h2_max_frame,
+            checksums,
         } => {
             ensure!(ack_every > 0, "--ack-every must be positive");
             ensure!(
@@ -163,7 +183,10 @@ fn main() -> Result<()> {
                 ack_every,
                 direct,
                 connections,
-                http2.then_some(h2_max_frame),
+                Wire {
+                    http2: http2.then_some(h2_max_frame),
+                    checksums,
+                },
             ))?;
             ("receive", bytes, seconds)
         }
@@ -174,6 +197,7 @@ fn main() -> Result<()> {
             window,
             chunk,
             http2,
+            checksums,
             files,
         } => {
             ensure!(window > 0, "--window must be positive");
@@ -188,7 +212,10 @@ fn main() -> Result<()> {
                 tls_dir.as_deref(),
                 window,
                 chunk,
-                http2,
+                Wire {
+                    http2: http2.then_some(0),
+                    checksums,
+                },
                 &files,
             ))?;
             ("send", bytes, seconds)
@@ -280,7 +307,7 @@ async fn receive(
     ack_every: u64,
     direct: bool,
     connections: usize,
-    http2: Option<u32>,
+    wire: Wire,
 ) -> Result<(u64, f64)> {
     std::fs::create_dir_all(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
     let acceptor = tls_dir.map(tls::acceptor).transpose()?;
@@ -308,13 +335,13 @@ async fn receive(
         let acceptor = acceptor.clone();
         tasks.push(tokio::spawn(async move {
             match acceptor {
-                None => receive_on(tcp, peer, &dest, ack_every, http2).await,
+                None => receive_on(tcp, peer, &dest, ack_every, wire).await,
                 Some(acceptor) => {
                     let tls = acceptor
                         .accept(tcp)
                         .await
                         .with_context(|| format!("TLS handshake with {peer}"))?;
-                    receive_on(tls, peer, &dest, ack_every, http2).await
+                    receive_on(tls, peer, &dest, ack_every, wire).await
                 }
             }
         }));
@@ -384,18 +411,19 @@ async fn receive_on<S>(
     peer: SocketAddr,
     dest: &Dest,
     ack_every: u64,
-    http2: Option<u32>,
+    wire: Wire,
 ) -> Result<u64>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Some(max_frame) = http2 else {
+    let checksums = wire.checksums;
+    let Some(max_frame) = wire.http2 else {
         // Frames are read on while the files of the last ack are flushed.
         let (frames, out) = tokio::io::split(stream);
-        return receive_frames(frames, out, peer, dest, ack_every).await;
+        return receive_frames(frames, out, peer, dest, ack_every, checksums).await;
     };
     let (frames, out, driver) = http2::accept(stream, peer, max_frame).await?;
-    let total = receive_frames(frames, out, peer, dest, ack_every).await?;
+    let total = receive_frames(frames, out, peer, dest, ack_every, checksums).await?;
     // Done once the sender, with every ack read, closes the connection.
     driver
         .await
@@ -411,6 +439,7 @@ async fn receive_frames<R, W>(
     peer: SocketAddr,
     dest: &Dest,
     ack_every: u64,
+    checksums: bool,
 ) -> Result<u64>
 where
     R: AsyncRead + Unpin,
@@ -418,7 +447,9 @@ where
 {
     let (requests, pending) = tokio::sync::mpsc::channel::<AckRequest>(2);
     let acks = tokio::spawn(acker(out, peer, pending));
-    let mut head = Vec::with_capacity(MAX_NAME + 12);
+    let fields = if checksums { checks::FIELDS } else { 0 };
+    let mut head = Vec::with_capacity(MAX_NAME + 12 + fields);
+    let mut verifier = checks::Receiver::default();
     let mut payload: Vec<u8> = Vec::new();
     // This connection's own view of the cache, and the files it wrote
     // since its last ack.
@@ -439,14 +470,18 @@ where
             (1..=MAX_NAME).contains(&name_len),
             "{peer} sent a name of {name_len} bytes"
         );
-        head.resize(name_len + 12, 0);
+        head.resize(name_len + 12 + fields, 0);
         stream
             .read_exact(&mut head)
             .await
             .with_context(|| format!("frame header from {peer} after {total} bytes"))?;
         let (name, rest) = head.split_at(name_len);
         let offset = u64::from_le_bytes(rest[..8].try_into()?);
-        let len = u32::from_le_bytes(rest[8..].try_into()?) as usize;
+        let len = u32::from_le_bytes(rest[8..12].try_into()?) as usize;
+        let sent_checks: Option<&[u8; checks::FIELDS]> = match checksums {
+            true => Some(rest[12..].try_into()?),
+            false => None,
+        };
         let name = std::str::from_utf8(name)
             .with_context(|| format!("{peer} sent a file name that is not UTF-8"))?;
         ensure!(
@@ -476,8 +511,15 @@ where
             .read_exact(payload)
             .await
             .with_context(|| format!("{len} bytes of {name} at {offset} from {peer}"))?;
+        let what = || format!("{len} bytes of {name} at {offset} from {peer}");
+        if let Some(sent) = sent_checks {
+            checks::Receiver::arrived(payload, sent, what())?;
+        }
         file.write_at(payload, offset)
             .with_context(|| format!("pwrite of {len} bytes to {name} at {offset}"))?;
+        if let Some(sent) = sent_checks {
+            verifier.written(name, payload, sent, what())?;
+        }
         if !dirty.iter().any(|(_, f)| Arc::ptr_eq(f, &file)) {
             dirty.push((name.to_owned(), file));
         }
@@ -572,7 +614,7 @@ async fn send(
     tls_dir: Option<&Path>,
     window: u64,
     chunk: usize,
-    http2: bool,
+    wire: Wire,
     paths: &[PathBuf],
 ) -> Result<(u64, f64)> {
     let mut shares: Vec<Vec<Source>> = (0..connections).map(|_| Vec::new()).collect();
@@ -586,14 +628,15 @@ async fn send(
     // The receiver wrote its certificate before listening.
     let connector = tls_dir.map(tls::connector).transpose()?;
     let start = Instant::now();
+    let (http2, checksums) = (wire.http2.is_some(), wire.checksums);
     let mut tasks = Vec::with_capacity(connections);
     for (i, (tcp, sources)) in tcps.into_iter().zip(shares).enumerate() {
         let connector = connector.clone();
         let peer = format!("connection {i} to {to}");
         tasks.push(tokio::spawn(async move {
             match (connector, http2) {
-                (None, false) => send_stream(tcp, &peer, sources, window, chunk).await,
-                (None, true) => http2::send(tcp, &peer, sources, window, chunk).await,
+                (None, false) => send_stream(tcp, &peer, sources, window, chunk, checksums).await,
+                (None, true) => http2::send(tcp, &peer, sources, window, chunk, checksums).await,
                 (Some(connector), http2) => {
                     let server = ServerName::try_from("localhost")?;
                     let tls = connector
@@ -601,8 +644,8 @@ async fn send(
                         .await
                         .with_context(|| format!("TLS handshake on {peer}"))?;
                     match http2 {
-                        false => send_stream(tls, &peer, sources, window, chunk).await,
-                        true => http2::send(tls, &peer, sources, window, chunk).await,
+                        false => send_stream(tls, &peer, sources, window, chunk, checksums).await,
+                        true => http2::send(tls, &peer, sources, window, chunk, checksums).await,
                     }
                 }
             }
@@ -645,15 +688,18 @@ async fn send_stream<S: AsyncRead + AsyncWrite + Unpin>(
     sources: Vec<Source>,
     window: u64,
     chunk: usize,
+    checksums: bool,
 ) -> Result<u64> {
+    let fields = if checksums { checks::FIELDS } else { 0 };
     let longest = sources.iter().map(|s| s.name.len()).max().unwrap_or(0);
     // Header and payload of a frame, contiguous, so one write sends both.
-    let mut buf = vec![0u8; 4 + longest + 12 + chunk];
+    let mut buf = vec![0u8; 4 + longest + 12 + fields + chunk];
     let mut sent = 0u64;
     let mut acked = 0u64;
     for source in &sources {
         let name = source.name.as_bytes();
-        let head = 4 + name.len() + 12;
+        let head = 4 + name.len() + 12 + fields;
+        let mut file_crc = 0u64;
         buf[..4].copy_from_slice(&(name.len() as u32).to_le_bytes());
         buf[4..4 + name.len()].copy_from_slice(name);
         let mut offset = 0u64;
@@ -674,8 +720,9 @@ async fn send_stream<S: AsyncRead + AsyncWrite + Unpin>(
             }
             let len = remaining.min(chunk as u64).min(window - (sent - acked)) as usize;
             let frame = &mut buf[..head + len];
-            frame[head - 12..head - 4].copy_from_slice(&offset.to_le_bytes());
-            frame[head - 4..head].copy_from_slice(&(len as u32).to_le_bytes());
+            let lengths = head - fields;
+            frame[lengths - 12..lengths - 4].copy_from_slice(&offset.to_le_bytes());
+            frame[lengths - 4..lengths].copy_from_slice(&(len as u32).to_le_bytes());
             source
                 .file
                 .read_exact_at(&mut frame[head..], offset)
@@ -685,6 +732,11 @@ async fn send_stream<S: AsyncRead + AsyncWrite + Unpin>(
                         source.path.display()
                     )
                 })?;
+            if checksums {
+                let (head_part, payload) = frame.split_at_mut(head);
+                head_part[lengths..]
+                    .copy_from_slice(&checks::sender_fields(payload, &mut file_crc));
+            }
             stream
                 .write_all(frame)
                 .await

@@ -9,7 +9,10 @@ rotated each round, by the floors any mover pays for the same bytes:
   (for information); and the same frames inside one HTTP/2 stream per connection (`--http2`: the
   h2 crate as hyper and tonic use it, each frame handed to h2 without a copy, each payload copied
   once out of h2's read buffer), plaintext and TLS: the least a mover pays on Arrow Flight's
-  transport (for information, with the pipeline's ratio to it);
+  transport (for information, with the pipeline's ratio to it); and each of these four with
+  `--checksums` (for information): the checks the pipeline makes on every byte, a CRC-32C of
+  each payload made by the sender and verified on arrival, and each file's CRC-64/NVME kept on
+  both ends and compared, which is the floor of a copy with end-to-end integrity;
 - `iperf3 -P N -Z` (sendfile), memory to memory;
 - `fio`: the same bytes written with an fdatasync every 8 MiB by N jobs, on the sink's filesystem;
 - `tonic_floor` (flight-server's example): a tonic client-streaming call of `bytes` messages per
@@ -130,12 +133,13 @@ def process_cpu(*lines: dict) -> float:
 
 
 def run_copy_floor(b: Bench, src: Path, total: int, tls: bool, direct: bool, tag: str,
-                   http2: bool = False) -> dict:
+                   http2: bool = False, checksums: bool = False) -> dict:
     tool = example(b, "copy_floor")
     d = b.fresh("p1c", tag)
     dest = d / "dest"
     port = free_port()
-    tls_args = (["--tls-dir", d] if tls else []) + (["--http2"] if http2 else [])
+    tls_args = ((["--tls-dir", d] if tls else []) + (["--http2"] if http2 else [])
+                + (["--checksums"] if checksums else []))
     receiver = Proc("copy-receive", [tool, "receive", "--listen", f"127.0.0.1:{port}", "--dest", dest,
                                      "--connections", CONNECTIONS, *tls_args, *(["--direct"] if direct else [])], d)
     files = sorted(src.iterdir())
@@ -208,7 +212,15 @@ def movers(b: Bench, src: Path, total: int) -> list[tuple[str, callable]]:
                 ("copy floor TLS", lambda tag: run_copy_floor(b, src, total, True, True, tag)),
                 ("copy floor, page cache", lambda tag: run_copy_floor(b, src, total, False, False, tag)),
                 ("HTTP/2 copy floor", lambda tag: run_copy_floor(b, src, total, False, True, tag, http2=True)),
-                ("HTTP/2 copy floor TLS", lambda tag: run_copy_floor(b, src, total, True, True, tag, http2=True))]
+                ("HTTP/2 copy floor TLS", lambda tag: run_copy_floor(b, src, total, True, True, tag, http2=True)),
+                ("copy floor, checksummed",
+                 lambda tag: run_copy_floor(b, src, total, False, True, tag, checksums=True)),
+                ("copy floor TLS, checksummed",
+                 lambda tag: run_copy_floor(b, src, total, True, True, tag, checksums=True)),
+                ("HTTP/2 copy floor, checksummed",
+                 lambda tag: run_copy_floor(b, src, total, False, True, tag, http2=True, checksums=True)),
+                ("HTTP/2 copy floor TLS, checksummed",
+                 lambda tag: run_copy_floor(b, src, total, True, True, tag, http2=True, checksums=True))]
     else:
         b.notes.append("P1c: flight-server's copy_floor example is not built (ops/bench/run.sh builds it): "
                        "no ratio to the floor in this run.")
@@ -280,6 +292,22 @@ def scenario_p1c(b: Bench):
             mine, theirs = summary[floor]["process_cpu_s_per_gb"], summary[bare]["process_cpu_s_per_gb"]
             b.row(id="P1c", scenario=f"CPU per GB (processes): the {floor} vs the {bare} (what HTTP/2 "
                   f"alone adds)", figure=f"{fmt(mine, '.2f')} s/GB", peer=f"{fmt(theirs, '.2f')} s/GB",
+                  ratio=ratio(mine, theirs), target="(info)", met="—")
+    for ours, floor in (("pipeline", "copy floor, checksummed"), ("pipeline TLS", "copy floor TLS, checksummed"),
+                        ("pipeline", "HTTP/2 copy floor, checksummed"),
+                        ("pipeline TLS", "HTTP/2 copy floor TLS, checksummed")):
+        if floor not in summary:
+            continue
+        mine, theirs = summary[ours]["process_cpu_s_per_gb"], summary[floor]["process_cpu_s_per_gb"]
+        b.row(id="P1c", scenario=f"CPU per GB (processes): {ours} vs the {floor} (with the pipeline's "
+              f"checksums on every byte, made and verified)", figure=f"{fmt(mine, '.2f')} s/GB",
+              peer=f"{fmt(theirs, '.2f')} s/GB", ratio=ratio(mine, theirs), target="(info)", met="—")
+    for floor in ("copy floor", "copy floor TLS", "HTTP/2 copy floor", "HTTP/2 copy floor TLS"):
+        checked = f"{floor}, checksummed"
+        if floor in summary and checked in summary:
+            mine, theirs = summary[checked]["process_cpu_s_per_gb"], summary[floor]["process_cpu_s_per_gb"]
+            b.row(id="P1c", scenario=f"CPU per GB (processes): the {checked} vs the {floor} (what the "
+                  f"checksums alone add)", figure=f"{fmt(mine, '.2f')} s/GB", peer=f"{fmt(theirs, '.2f')} s/GB",
                   ratio=ratio(mine, theirs), target="(info)", met="—")
     b.notes.append("P1c CPU s/GB (processes / machine), MB/s: " + "; ".join(
         f"{name} {fmt(s['process_cpu_s_per_gb'], '.2f')} / {fmt(s['machine_cpu_s_per_gb'], '.2f')}, "
