@@ -21,6 +21,13 @@ use flight_server::checksum;
 /// this scattered has its file read back at the seal instead.
 const MAX_RUNS: usize = 64;
 
+/// The bytes taken in, or their checksum when it is known already.
+#[derive(Clone, Copy)]
+enum Checksum<'a> {
+    Of(&'a [u8]),
+    Known(u64),
+}
+
 #[derive(Debug)]
 pub(crate) enum WrittenCrc {
     /// Contiguous runs of written bytes by start offset: (end, checksum).
@@ -41,13 +48,22 @@ impl WrittenCrc {
 
     /// Takes in `bytes`, written at `offset`.
     pub fn add(&mut self, offset: u64, bytes: &[u8]) {
+        self.take_in(offset, bytes.len() as u64, Checksum::Of(bytes));
+    }
+
+    /// Takes in `len` bytes written at `offset` whose CRC-64/NVME is `crc`.
+    pub fn add_checksummed(&mut self, offset: u64, len: u64, crc: u64) {
+        self.take_in(offset, len, Checksum::Known(crc));
+    }
+
+    fn take_in(&mut self, offset: u64, len: u64, checksum: Checksum<'_>) {
         let Self::Tracking(runs) = self else {
             return;
         };
-        if bytes.is_empty() {
+        if len == 0 {
             return;
         }
-        let end = offset + bytes.len() as u64;
+        let end = offset + len;
         let before = runs.range(..=offset).next_back().map(|(&s, &r)| (s, r));
         let after = runs.range(offset..).next().map(|(&s, &r)| (s, r));
         let overlaps = before.is_some_and(|(_, (run_end, _))| run_end > offset)
@@ -58,11 +74,15 @@ impl WrittenCrc {
             *self = Self::Unknown;
             return;
         }
-        let (start, crc) = match before {
-            Some((start, (run_end, crc))) if run_end == offset => {
+        let (start, crc) = match (before, checksum) {
+            (Some((start, (run_end, crc))), Checksum::Of(bytes)) if run_end == offset => {
                 (start, checksum::crc64nvme_append(crc, bytes))
             }
-            _ => (offset, checksum::crc64nvme(bytes)),
+            (Some((start, (run_end, crc))), Checksum::Known(known)) if run_end == offset => {
+                (start, checksum::crc64nvme_combine(crc, known, len))
+            }
+            (_, Checksum::Of(bytes)) => (offset, checksum::crc64nvme(bytes)),
+            (_, Checksum::Known(known)) => (offset, known),
         };
         let (end, crc) = match after {
             Some((next, (next_end, next_crc))) if next == end => {
@@ -129,6 +149,31 @@ mod tests {
             assert_eq!(crc.of_whole(50_000).is_some(), done, "after {i}");
         }
         assert_eq!(crc.of_whole(50_000), Some(checksum::crc64nvme(&bytes)));
+    }
+
+    #[test]
+    fn ranges_whose_checksums_are_known_join_like_the_others() {
+        let bytes = data(300_000);
+        let pieces = [
+            (0, 70_000),
+            (140_000, 300_000),
+            (70_000, 100_000),
+            (100_000, 140_000),
+        ];
+        let mut crc = WrittenCrc::new(true);
+        for (i, &(s, e)) in pieces.iter().enumerate() {
+            let piece = &bytes[s..e];
+            match i % 2 {
+                0 => crc.add_checksummed(s as u64, piece.len() as u64, checksum::crc64nvme(piece)),
+                _ => crc.add(s as u64, piece),
+            }
+        }
+        assert_eq!(crc.of_whole(300_000), Some(checksum::crc64nvme(&bytes)));
+
+        let mut overlapping = WrittenCrc::new(true);
+        overlapping.add(0, &bytes[..10]);
+        overlapping.add_checksummed(5, 10, checksum::crc64nvme(&bytes[5..15]));
+        assert!(matches!(overlapping, WrittenCrc::Unknown));
     }
 
     #[test]

@@ -43,16 +43,22 @@ fn writable_at(state: &SlotState, start: u64) -> bool {
 /// its CRC-32C when it is known already (a whole row's, checked on arrival).
 #[derive(Clone, Copy)]
 enum Write {
-    InPlace,
+    InPlace { crc64nvme: Option<u64> },
     Journaled { crc32c: Option<u32> },
 }
 
 impl Write {
-    fn how(journal: bool, crc32c: Option<u32>) -> Self {
+    /// How a part is written, with the checksums of its row when the part
+    /// is the whole row (`None` for a part).
+    fn how(journal: bool, row: Option<&Row<'_>>) -> Self {
         if journal {
-            Self::Journaled { crc32c }
+            Self::Journaled {
+                crc32c: row.map(|row| row.crc32c),
+            }
         } else {
-            Self::InPlace
+            Self::InPlace {
+                crc64nvme: row.and_then(|row| row.crc64nvme),
+            }
         }
     }
 }
@@ -115,11 +121,11 @@ impl Placer {
         let mut placed = Vec::with_capacity(to_write.len());
         for &(s, e) in &to_write {
             let bytes = &data[(s - start) as usize..(e - start) as usize];
-            let crc = ((s, e) == (start, end)).then_some(row.crc32c);
+            let whole_row = ((s, e) == (start, end)).then_some(row);
             let outcome = if self.holds.enabled() && !writable_at(&state, s) {
                 self.hold(&slot, &mut state, s, bytes, work)
             } else {
-                let how = Write::how(journal, crc);
+                let how = Write::how(journal, whole_row);
                 self.put_part(&slot, &mut state, &file, s, bytes, how, work)
                     .map(|()| placed.push((s, e)))
                     .and_then(|()| {
@@ -232,7 +238,14 @@ impl Placer {
         work: &mut BatchWork<'_>,
     ) {
         let end = start + bytes.len() as u64;
-        state.written_crc.add(start, bytes);
+        match how {
+            Write::InPlace {
+                crc64nvme: Some(crc),
+            } => state
+                .written_crc
+                .add_checksummed(start, bytes.len() as u64, crc),
+            _ => state.written_crc.add(start, bytes),
+        }
         state.file_end = state.file_end.max(end);
         let known = state.disk_len.unwrap_or(0);
         if start < known {
