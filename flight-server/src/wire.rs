@@ -28,10 +28,10 @@ pub struct Row<'a> {
     /// checked it (0 for control rows).
     pub crc32c: u32,
     /// The CRC-64/NVME of `data` (a seal's digest is made of these), for
-    /// data rows of at least [`CRC64_AT_VALIDATION_MIN`] bytes: computed
-    /// by validation right after it checked their CRC-32C, while their
-    /// bytes were still in the CPU's cache, so that whoever writes them
-    /// need not read them again for it.
+    /// data rows longer than [`CRC64_AT_VALIDATION_ABOVE`]: computed by
+    /// validation right after its CRC-32C pass over the same bytes, which
+    /// has brought as much of them into the CPU's cache as it holds, so
+    /// that whoever writes them need not read them again, later, for it.
     pub crc64nvme: Option<u64>,
     pub path: Option<&'a str>,
     pub digest: Option<&'a str>,
@@ -42,10 +42,14 @@ pub struct Row<'a> {
 /// 4096 bytes.
 pub const MAX_FILE_KEY_BYTES: usize = 4096;
 
-/// Data rows from this size on have their CRC-64/NVME computed at
-/// validation ([`Row::crc64nvme`]). A smaller row's is cheaper to continue
-/// from the checksum of the bytes before it than to combine with it.
-pub const CRC64_AT_VALIDATION_MIN: usize = 64 << 10;
+/// Data rows longer than this have their CRC-64/NVME computed at
+/// validation ([`Row::crc64nvme`]). A shorter row's is cheaper to continue
+/// from the checksum of the bytes before it than to combine with it, and
+/// a sink journals rows up to this size by default (`journal_max_range`),
+/// which takes them that way. The pass is made for every longer row, also
+/// for one the sink turns out not to write whole or not to need it for (a
+/// duplicate, a file resumed after a restart, whose seal reads it back).
+pub const CRC64_AT_VALIDATION_ABOVE: usize = 64 << 10;
 
 /// A batch whose schema and checksums have been validated.
 pub struct RangeBatch {
@@ -64,7 +68,8 @@ pub struct RangeBatch {
 
 impl RangeBatch {
     /// Checks the schema (exactly, nullability included), each row's kind and the
-    /// crc32c of each data row.
+    /// crc32c of each data row; computes the CRC-64/NVME of each data row
+    /// longer than [`CRC64_AT_VALIDATION_ABOVE`].
     pub fn validate(batch: RecordBatch) -> Result<Self, WireError> {
         if batch.schema().fields() != range_schema().fields() {
             return Err(WireError::Schema(format!(
@@ -141,7 +146,7 @@ impl RangeBatch {
                         detail: "offset + length overflows u64".into(),
                     });
                 }
-                if data.len() >= CRC64_AT_VALIDATION_MIN {
+                if data.len() > CRC64_AT_VALIDATION_ABOVE {
                     view.crc64.resize(row, None);
                     view.crc64.push(Some(crate::checksum::crc64nvme(data)));
                 }
@@ -703,15 +708,16 @@ mod tests {
     }
 
     #[test]
-    fn large_rows_carry_their_crc64_from_validation() {
-        let large: Vec<u8> = (0..CRC64_AT_VALIDATION_MIN as u32)
+    fn long_rows_carry_their_crc64_from_validation() {
+        let large: Vec<u8> = (0..=CRC64_AT_VALIDATION_ABOVE as u32)
             .map(|i| (i * 7) as u8)
             .collect();
-        let mut b = BatchBuilder::with_capacity(4, large.len() + 64);
+        let small = &large[..CRC64_AT_VALIDATION_ABOVE];
+        let mut b = BatchBuilder::with_capacity(4, 2 * large.len() + 64);
         b.push_data("a", 1, 0, b"small");
         b.push_seal("a", 1, 5, "00ff");
         b.push_data("b", 1, 0, &large);
-        b.push_data("c", 1, 0, b"small again");
+        b.push_data("c", 1, 0, small);
         let batch = RangeBatch::validate(b.finish()).unwrap();
         let crcs: Vec<_> = batch.rows().map(|row| row.crc64nvme).collect();
         assert_eq!(

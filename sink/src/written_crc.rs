@@ -132,48 +132,34 @@ mod tests {
         assert_eq!(crc.of_whole(99_999), None);
     }
 
+    /// Out-of-order ranges join as the gaps between them fill, whether
+    /// their checksums come with them (rows checksummed at validation) or
+    /// are computed here.
     #[test]
     fn out_of_order_ranges_join_when_the_gaps_fill() {
-        let bytes = data(50_000);
-        let pieces = [
-            (30_000, 50_000),
-            (0, 10),
-            (10_000, 20_000),
-            (10, 10_000),
-            (20_000, 30_000),
-        ];
-        let mut crc = WrittenCrc::new(true);
-        for (i, &(s, e)) in pieces.iter().enumerate() {
-            crc.add(s as u64, &bytes[s..e]);
-            let done = i == pieces.len() - 1;
-            assert_eq!(crc.of_whole(50_000).is_some(), done, "after {i}");
-        }
-        assert_eq!(crc.of_whole(50_000), Some(checksum::crc64nvme(&bytes)));
-    }
-
-    #[test]
-    fn ranges_whose_checksums_are_known_join_like_the_others() {
         let bytes = data(300_000);
         let pieces = [
-            (0, 70_000),
-            (140_000, 300_000),
+            (150_000, 300_000),
+            (0, 10),
             (70_000, 100_000),
-            (100_000, 140_000),
+            (10, 70_000),
+            (100_000, 150_000),
         ];
-        let mut crc = WrittenCrc::new(true);
-        for (i, &(s, e)) in pieces.iter().enumerate() {
-            let piece = &bytes[s..e];
-            match i % 2 {
-                0 => crc.add_checksummed(s as u64, piece.len() as u64, checksum::crc64nvme(piece)),
-                _ => crc.add(s as u64, piece),
+        let ways: [fn(usize) -> bool; 2] = [|_| false, |i| i % 2 == 0];
+        for known in ways {
+            let mut crc = WrittenCrc::new(true);
+            for (i, &(s, e)) in pieces.iter().enumerate() {
+                let piece = &bytes[s..e];
+                if known(i) {
+                    crc.add_checksummed(s as u64, piece.len() as u64, checksum::crc64nvme(piece));
+                } else {
+                    crc.add(s as u64, piece);
+                }
+                let done = i == pieces.len() - 1;
+                assert_eq!(crc.of_whole(300_000).is_some(), done, "after {i}");
             }
+            assert_eq!(crc.of_whole(300_000), Some(checksum::crc64nvme(&bytes)));
         }
-        assert_eq!(crc.of_whole(300_000), Some(checksum::crc64nvme(&bytes)));
-
-        let mut overlapping = WrittenCrc::new(true);
-        overlapping.add(0, &bytes[..10]);
-        overlapping.add_checksummed(5, 10, checksum::crc64nvme(&bytes[5..15]));
-        assert!(matches!(overlapping, WrittenCrc::Unknown));
     }
 
     #[test]
@@ -185,6 +171,11 @@ mod tests {
         assert!(matches!(crc, WrittenCrc::Unknown));
         crc.add(0, &bytes);
         assert_eq!(crc.of_whole(10_000), None);
+
+        let mut overlapping = WrittenCrc::new(true);
+        overlapping.add(0, &bytes[..10]);
+        overlapping.add_checksummed(5, 10, checksum::crc64nvme(&bytes[5..15]));
+        assert!(matches!(overlapping, WrittenCrc::Unknown));
 
         let mut scattered = WrittenCrc::new(true);
         for i in 0..=MAX_RUNS as u64 {

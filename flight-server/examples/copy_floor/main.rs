@@ -76,8 +76,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const MIB: u64 = 1 << 20;
 
-/// How frames travel: bare on the stream or inside HTTP/2 (with the
-/// receiver's largest HTTP/2 frame), with or without their checksums.
+/// How frames travel: bare on the stream or inside HTTP/2 (on the
+/// receiver, with the largest HTTP/2 frame it takes; the sender's value
+/// is unused), with or without their checksums. Both ends must be given
+/// the same: nothing in the stream says which.
 #[derive(Clone, Copy)]
 struct Wire {
     http2: Option<u32>,

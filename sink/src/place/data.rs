@@ -39,8 +39,9 @@ fn writable_at(state: &SlotState, start: u64) -> bool {
 }
 
 /// How a part is written: in place (large ranges directly, flushed with
-/// their file), or through the page cache and into the journal too, with
-/// its CRC-32C when it is known already (a whole row's, checked on arrival).
+/// their file), with its CRC-64/NVME when validation made it (a whole
+/// row's), or through the page cache and into the journal too, with its
+/// CRC-32C when it is known already (a whole row's, checked on arrival).
 #[derive(Clone, Copy)]
 enum Write {
     InPlace { crc64nvme: Option<u64> },

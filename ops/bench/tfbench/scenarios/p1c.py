@@ -9,8 +9,8 @@ rotated each round, by the floors any mover pays for the same bytes:
   (for information); and the same frames inside one HTTP/2 stream per connection (`--http2`: the
   h2 crate as hyper and tonic use it, each frame handed to h2 without a copy, each payload copied
   once out of h2's read buffer), plaintext and TLS: the least a mover pays on Arrow Flight's
-  transport (for information, with the pipeline's ratio to it); and each of these four with
-  `--checksums` (for information): the checks the pipeline makes on every byte, a CRC-32C of
+  transport (for information, with the pipeline's ratio to it); and the bare and the HTTP/2 copy,
+  plaintext and TLS, each with `--checksums` (for information): the checks the pipeline makes on every byte, a CRC-32C of
   each payload made by the sender and verified on arrival, and each file's CRC-64/NVME kept on
   both ends and compared, which is the floor of a copy with end-to-end integrity;
 - `iperf3 -P N -Z` (sendfile), memory to memory;
