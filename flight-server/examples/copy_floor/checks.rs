@@ -17,14 +17,21 @@ use flight_server::checksum::{crc32c, crc64nvme_append};
 /// and its file's CRC-64/NVME through the payload (`u64`), little-endian.
 pub const FIELDS: usize = 12;
 
-/// The header fields for `payload`, the next bytes of the file whose
-/// running CRC-64/NVME is `file_crc` (updated).
-pub fn sender_fields(payload: &[u8], file_crc: &mut u64) -> [u8; FIELDS] {
+/// Bytes the checks add to each frame's header when made (`checksums`).
+pub fn header_bytes(checksums: bool) -> usize {
+    if checksums { FIELDS } else { 0 }
+}
+
+/// Fills the checks into a frame read whole: its header, ending with
+/// [`FIELDS`] bytes for them, is `frame[..head]` and its payload the rest,
+/// the next bytes of the file whose running CRC-64/NVME is `file_crc`
+/// (updated).
+pub fn fill(frame: &mut [u8], head: usize, file_crc: &mut u64) {
+    let (header, payload) = frame.split_at_mut(head);
     *file_crc = crc64nvme_append(*file_crc, payload);
-    let mut fields = [0u8; FIELDS];
+    let fields = &mut header[head - FIELDS..];
     fields[..4].copy_from_slice(&crc32c(payload).to_le_bytes());
     fields[4..].copy_from_slice(&file_crc.to_le_bytes());
-    fields
 }
 
 /// A connection's view of the files it receives: each one's CRC-64/NVME of

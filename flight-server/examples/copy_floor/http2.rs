@@ -100,7 +100,7 @@ where
         let name = source.name.as_bytes();
         let mut offset = 0u64;
         let mut file_crc = 0u64;
-        let fields = if checksums { checks::FIELDS } else { 0 };
+        let fields = checks::header_bytes(checksums);
         // One frame even for an empty file, so that it is created.
         loop {
             let remaining = source.size - offset;
@@ -125,9 +125,7 @@ where
                 )
             })?;
             if checksums {
-                let (head_part, payload) = frame.split_at_mut(head);
-                head_part[head - fields..]
-                    .copy_from_slice(&checks::sender_fields(payload, &mut file_crc));
+                checks::fill(&mut frame, head, &mut file_crc);
             }
             body.send_data(Bytes::from(frame), false)
                 .with_context(|| format!("{len} bytes of {} at {offset} on {peer}", source.name))?;

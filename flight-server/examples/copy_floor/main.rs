@@ -449,7 +449,7 @@ where
 {
     let (requests, pending) = tokio::sync::mpsc::channel::<AckRequest>(2);
     let acks = tokio::spawn(acker(out, peer, pending));
-    let fields = if checksums { checks::FIELDS } else { 0 };
+    let fields = checks::header_bytes(checksums);
     let mut head = Vec::with_capacity(MAX_NAME + 12 + fields);
     let mut verifier = checks::Receiver::default();
     let mut payload: Vec<u8> = Vec::new();
@@ -692,7 +692,7 @@ async fn send_stream<S: AsyncRead + AsyncWrite + Unpin>(
     chunk: usize,
     checksums: bool,
 ) -> Result<u64> {
-    let fields = if checksums { checks::FIELDS } else { 0 };
+    let fields = checks::header_bytes(checksums);
     let longest = sources.iter().map(|s| s.name.len()).max().unwrap_or(0);
     // Header and payload of a frame, contiguous, so one write sends both.
     let mut buf = vec![0u8; 4 + longest + 12 + fields + chunk];
@@ -735,9 +735,7 @@ async fn send_stream<S: AsyncRead + AsyncWrite + Unpin>(
                     )
                 })?;
             if checksums {
-                let (head_part, payload) = frame.split_at_mut(head);
-                head_part[lengths..]
-                    .copy_from_slice(&checks::sender_fields(payload, &mut file_crc));
+                checks::fill(frame, head, &mut file_crc);
             }
             stream
                 .write_all(frame)
