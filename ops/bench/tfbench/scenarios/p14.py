@@ -62,6 +62,41 @@ def xrootd_available() -> bool:
     return shutil.which("xrootd") is not None and shutil.which("xrdcp") is not None
 
 
+XROOTD_STARTS = 3
+
+
+def start_xrootd(d: Path, dest: Path, admin: Path) -> tuple[int, Proc]:
+    """Starts xrootd serving dest on a free port: (the port, the server).
+
+    The port is free when chosen, but xrootd binds it on every address a moment later, and any
+    connection opened meanwhile on this busy machine may have taken it as its local port (xrootd then
+    exits with "address already in use"). A fresh port is tried then, a few times."""
+    errors = []
+    for attempt in range(1, XROOTD_STARTS + 1):
+        port = free_port()
+        cfg = d / "xrootd.cfg"
+        cfg.write_text(f"all.export /\noss.localroot {dest}\nall.adminpath {admin}\nall.pidpath {admin}\n"
+                       f"xrd.port {port}\n")
+        # xrootd refuses to run as root.
+        server = Proc("xrootd", ["xrootd", "-R", "nobody", "-c", cfg, "-l", d / "xrootd.log", "-n", "p14"], d)
+        try:
+            wait_port("127.0.0.1", port, 30, server)
+            return port, server
+        except BenchError as e:
+            server.stop()
+            errors.append(f"attempt {attempt} on port {port}: {e} {xrootd_log_tail(d)}")
+    raise BenchError("xrootd did not start: " + "; ".join(errors))
+
+
+def xrootd_log_tail(d: Path, lines: int = 3) -> str:
+    """The end of xrootd's own log: with -n NAME it writes <dir of -l>/NAME/<file of -l>."""
+    try:
+        text = (d / "p14" / "xrootd.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no xrootd log)"
+    return " | ".join(line.strip()[:300] for line in text[-lines:])
+
+
 def run_xrdcp(b: Bench, src: Path, round_no: int) -> dict:
     d = b.fresh("p14", f"xrdcp-{round_no}")
     dest, admin = d / "dest", d / "admin"
@@ -70,14 +105,8 @@ def run_xrdcp(b: Bench, src: Path, round_no: int) -> dict:
     nobody = pwd.getpwnam("nobody")
     for path in (d, dest, dest / "p14", admin):
         os.chown(path, nobody.pw_uid, nobody.pw_gid)
-    port = free_port()
-    cfg = d / "xrootd.cfg"
-    cfg.write_text(f"all.export /\noss.localroot {dest}\nall.adminpath {admin}\nall.pidpath {admin}\n"
-                   f"xrd.port {port}\n")
-    # xrootd refuses to run as root.
-    server = Proc("xrootd", ["xrootd", "-R", "nobody", "-c", cfg, "-l", d / "xrootd.log", "-n", "p14"], d)
+    port, server = start_xrootd(d, dest, admin)
     try:
-        wait_port("127.0.0.1", port, 30, server)
         server_cpu0 = server.cpu_seconds() or 0.0
         t0 = time.monotonic()
         seconds, client_cpu = timed(["xrdcp", "--parallel", 4, "-r", "--silent", f"{src}/",
