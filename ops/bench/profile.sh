@@ -102,16 +102,19 @@ faults_of() { awk '{print $10}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 watch_cpu=$(cpu_of "$watch_pid")
 sink_cpu=$(cpu_of "$sink_pid")
 faults="$(faults_of "$watch_pid") $(faults_of "$sink_pid")"
+peak_of() { awk '/^VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+peaks="$(peak_of "$watch_pid") $(peak_of "$sink_pid")"
 if [ -n "$recorder" ]; then kill -INT "$recorder"; wait "$recorder" 2>/dev/null || true; fi
 cleanup
 pids=()
 cmp "$src/f1" "$work/dest/profile/f1"
-python3 - "$mode" "$how" "$total" "$started" "$ended" "$watch_cpu" "$sink_cpu" "$(getconf CLK_TCK)" $faults <<'EOF'
+python3 - "$mode" "$how" "$total" "$started" "$ended" "$watch_cpu" "$sink_cpu" "$(getconf CLK_TCK)" $faults $peaks <<'EOF'
 import sys
-mode, how, total, t0, t1, watch, sink, tck, watch_faults, sink_faults = sys.argv[1:]
+mode, how, total, t0, t1, watch, sink, tck, watch_faults, sink_faults, watch_peak, sink_peak = sys.argv[1:]
 gb, tck = int(total) / 1e9, int(tck)
 watch, sink = int(float(watch)) / tck / gb, int(float(sink)) / tck / gb
 print(f"{mode} {how}: {int(total) / (float(t1) - float(t0)) / 1e6:.0f} MB/s; CPU s/GB watcher {watch:.2f}, "
-      f"sink {sink:.2f}, both {watch + sink:.2f}; minor faults watcher {watch_faults}, sink {sink_faults} "
+      f"sink {sink:.2f}, both {watch + sink:.2f}; minor faults watcher {watch_faults}, sink {sink_faults}; "
+      f"peak resident MiB watcher {int(watch_peak or 0) // 1024}, sink {int(sink_peak or 0) // 1024} "
       "(under strace or perf, slower and dearer)")
 EOF
