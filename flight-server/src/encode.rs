@@ -12,8 +12,6 @@ use arrow_array::Array;
 use arrow_data::ArrayData;
 use bytes::Bytes;
 
-use crate::body_pool::{BodyPool, POOLED_FROM};
-
 /// Buffers in an IPC body start at multiples of this (the format's minimum).
 const BODY_ALIGNMENT: usize = 8;
 
@@ -156,7 +154,7 @@ impl BodyWriter {
             .push(arrow_ipc::Buffer::new(start as i64, bytes.len() as i64));
     }
 
-    pub(crate) fn finish(mut self, rows: usize, pool: &BodyPool) -> EncodedBatch {
+    pub(crate) fn finish(mut self, rows: usize) -> EncodedBatch {
         let mut fbb = flatbuffers::FlatBufferBuilder::with_capacity(
             256 + 16 * (self.nodes.len() + self.buffers.len()),
         );
@@ -176,33 +174,18 @@ impl BodyWriter {
         fbb.finish(message, None);
         let header = Bytes::copy_from_slice(fbb.finished_data());
         // The builder reserves headroom (see `DataColumn`) that a batch
-        // mostly leaves untouched, and the batch counts against the window
-        // the memory it holds.
-        let header_len = header.len();
-        let (body, body_memory) = if self.body.capacity() < POOLED_FROM {
-            // Shrinking a block to at least half its size keeps it where it
-            // is (mimalloc), and a batch much smaller than the room it had is
-            // copied, small.
-            self.body.shrink_to_fit();
-            let memory = self.body.capacity();
-            (Bytes::from(self.body), memory)
-        } else if self.body.len() < self.body.capacity() / 2 {
-            // A trickle after a burst: its bytes are copied out small and
-            // the room goes back to the pool at once.
-            let small = self.body.to_vec();
-            pool.give_back(self.body);
-            let memory = small.capacity();
-            (Bytes::from(small), memory)
-        } else {
-            let memory = self.body.capacity();
-            (pool.lend(self.body), memory)
-        };
+        // mostly leaves untouched: it is given back here, and the batch
+        // counts against the window what it holds. Shrinking a block to
+        // at least half its size keeps it where it is (mimalloc), and a
+        // batch much smaller than the room it had is copied, small.
+        self.body.shrink_to_fit();
+        let memory = (self.body.capacity() + header.len()) as u64;
         EncodedBatch {
             header,
-            body,
+            body: Bytes::from(self.body),
             rows,
             data_bytes: self.row_bytes as u64,
-            memory: (body_memory + header_len) as u64,
+            memory,
         }
     }
 }
@@ -279,13 +262,11 @@ mod tests {
     }
 
     /// A body grown to fit the small columns behind a full payload would be
-    /// copied whole (and its capacity doubled): the builder keeps room. A
-    /// full batch's body, once dropped, is the next one's memory.
+    /// copied whole (and its capacity doubled): the builder keeps room.
     #[test]
-    fn full_batches_keep_room_for_the_small_columns_and_reuse_their_memory() {
+    fn full_batches_keep_room_for_the_small_columns() {
         let mut b = BatchBuilder::with_capacity(4, 4 << 20);
-        let mut second_body = None;
-        for round in 0..4 {
+        for round in 0..3 {
             for row in 0..4u64 {
                 let key = format!("run/stream-{row:02}/chunk-{round:03}.xtc2");
                 b.push_data_in_place::<()>(&key, 1, row << 20, 1 << 20, |room| {
@@ -297,57 +278,13 @@ mod tests {
             let batch = b.finish_encoded();
             let slack = batch.memory_size() - batch.body.len() as u64;
             assert!(
-                slack < (crate::wire::MAX_HEADROOM + crate::body_pool::GRANULE + 4096) as u64,
+                slack < 64 << 10,
                 "round {round}: {} bytes held for a body of {}",
                 batch.memory_size(),
                 batch.body.len()
             );
             assert_eq!(batch.decode().unwrap().num_rows(), 5);
-            // The builder takes the next body as it finishes one, so a
-            // body dropped at the end of its round is the one two rounds
-            // on. (The first, sized for the rows alone, is too small for
-            // the headroom the next ones reserve.)
-            match round {
-                1 => second_body = Some(batch.body.as_ptr()),
-                3 => assert_eq!(Some(batch.body.as_ptr()), second_body),
-                _ => {}
-            }
         }
-    }
-
-    /// After a burst, the builder still reserves megabytes for a while: a
-    /// small batch in such room is copied out, and the room is kept for the
-    /// next large one.
-    #[test]
-    fn a_small_batch_after_a_burst_holds_only_its_own_bytes() {
-        let mut b = BatchBuilder::with_capacity(4, 4 << 20);
-        b.push_data_in_place::<()>("burst", 1, 0, 4 << 20, |room| {
-            Ok(fill_with(room, &[1; 4 << 20]))
-        })
-        .unwrap();
-        let burst = b.finish_encoded();
-        let burst_at = burst.body.as_ptr();
-        drop(burst);
-        b.push_data("trickle", 1, 0, &[2; 1000]);
-        let trickle = b.finish_encoded();
-        assert!(trickle.memory_size() < 4 << 10, "{}", trickle.memory_size());
-        assert_ne!(trickle.body.as_ptr(), burst_at);
-        assert_eq!(
-            RangeBatch::validate(trickle.decode().unwrap())
-                .unwrap()
-                .row(0)
-                .data,
-            &[2; 1000]
-        );
-        b.push_data_in_place::<()>("burst", 1, 4 << 20, 4 << 20, |room| {
-            Ok(fill_with(room, &[3; 4 << 20]))
-        })
-        .unwrap();
-        assert_eq!(
-            b.finish_encoded().body.as_ptr(),
-            burst_at,
-            "the burst's room again"
-        );
     }
 
     #[test]

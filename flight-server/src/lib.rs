@@ -2,8 +2,7 @@
 //!
 //! - [`schema`]: the Arrow schema of byte-range batches;
 //! - [`wire`]: typed row access and the batch builder;
-//! - [`encode`]: IPC encoding of a batch without copying its payload, and
-//!   `body_pool`, which gives a builder its large bodies back once sent;
+//! - [`encode`]: IPC encoding of a batch without copying its payload;
 //! - [`checksum`]: CRC-32C of each row and the whole-file digest of a seal;
 //! - [`protocol`]: what travels beside the batches (stream hello, acks, actions);
 //! - [`service`]: the Flight service a sink plugs its [`Ingest`] into;
@@ -17,7 +16,6 @@
 //! - [`client`]: the multi-connection DoPut client with a bounded in-flight window;
 //! - [`tls`]: rustls configuration from PEM files.
 
-mod body_pool;
 pub mod calls;
 pub mod checksum;
 pub mod client;

@@ -13,7 +13,6 @@ pub use arrow_buffer::Buffer;
 use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 
 use crate::WireError;
-use crate::body_pool::BodyPool;
 use crate::encode::{BodyWriter, EncodedBatch};
 pub use crate::schema::{RowKind, range_schema};
 
@@ -227,7 +226,7 @@ const ROW_ALIGNMENT: usize = 4096;
 const MIN_ALIGNED_ROW: usize = 64 << 10;
 
 /// Most room a data column keeps beyond its size hint.
-pub(crate) const MAX_HEADROOM: usize = 256 << 10;
+const MAX_HEADROOM: usize = 256 << 10;
 
 /// The `data` column under construction: one contiguous values buffer that
 /// becomes the Arrow buffer, or the start of the IPC body, without a copy.
@@ -238,30 +237,24 @@ pub(crate) const MAX_HEADROOM: usize = 256 << 10;
 /// of files written in step, handed over in one batch or two, wherever the
 /// events split it) seldom do, where growing copies every row read so far;
 /// and a trickle after a burst stops reserving megabytes within a few tens
-/// of batches (a small batch in large room is copied out of it when
-/// encoded). Every reservation keeps room behind the payload for the small
-/// columns an encoded body appends (growing a full body to fit them would
-/// copy it). Reservations of a megabyte or more come from the builder's
-/// [`BodyPool`], and an encoded body goes back to it once dropped.
+/// of batches (room never written is never given pages). Every
+/// reservation keeps room behind the payload for the small columns an
+/// encoded body appends (growing a full body to fit them would copy it).
 struct DataColumn {
     offsets: Vec<i32>,
     values: Vec<u8>,
     /// The decaying high-water mark of the values' length.
     size_hint: usize,
-    /// Where large values come from, and go back to once their encoded
-    /// body is dropped.
-    pool: BodyPool,
 }
 
 impl DataColumn {
-    fn with_capacity(rows: usize, bytes: usize, pool: BodyPool) -> Self {
+    fn with_capacity(rows: usize, bytes: usize) -> Self {
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0);
         Self {
             offsets,
-            values: pool.take(bytes),
+            values: Vec::with_capacity(bytes),
             size_hint: 0,
-            pool,
         }
     }
 
@@ -355,7 +348,7 @@ impl DataColumn {
         let rows = self.offsets.len() - 1;
         let hint = self.values.len().max(self.size_hint - self.size_hint / 8);
         let headroom = (hint / 4).min(MAX_HEADROOM);
-        let mut next = Self::with_capacity(rows, hint + headroom + trailer, self.pool.clone());
+        let mut next = Self::with_capacity(rows, hint + headroom + trailer);
         next.size_hint = hint;
         let Self {
             offsets, values, ..
@@ -403,11 +396,7 @@ impl BatchBuilder {
             file_key: StringBuilder::with_capacity(rows, rows * 48),
             generation: UInt64Builder::with_capacity(rows),
             offset: UInt64Builder::with_capacity(rows),
-            data: DataColumn::with_capacity(
-                rows,
-                data_bytes + trailer_bound(rows, rows * 48),
-                BodyPool::default(),
-            ),
+            data: DataColumn::with_capacity(rows, data_bytes + trailer_bound(rows, rows * 48)),
             crc: UInt32Builder::with_capacity(rows),
             path: StringBuilder::with_capacity(rows, 0),
             digest: StringBuilder::with_capacity(rows, 0),
@@ -585,7 +574,7 @@ impl BatchBuilder {
         body.column(&self.crc.finish());
         body.column(&self.path.finish());
         body.column(&self.digest.finish());
-        body.finish(rows, &self.data.pool)
+        body.finish(rows)
     }
 }
 
