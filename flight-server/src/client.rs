@@ -238,11 +238,11 @@ impl FlightPool {
         endpoint: Option<(String, Endpoint)>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), ClientError> {
         let (deliveries, receiver) = mpsc::unbounded_channel();
-        let queue_space_kib = ((config
-            .window_bytes
-            .saturating_mul(config.connections.max(1) as u64))
-            >> 10)
-            .clamp(1024, u32::MAX as u64 >> 4) as u32;
+        // One window's worth queued for all the connections: each finds a
+        // batch ready as soon as an ack opens room in its window. More
+        // would only hold memory (and a first touch of it) while the
+        // windows are full.
+        let queue_space_kib = (config.window_bytes >> 10).clamp(1024, u32::MAX as u64 >> 4) as u32;
         let shared = Arc::new(Shared {
             name,
             target,
