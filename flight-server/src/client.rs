@@ -682,3 +682,47 @@ impl<F: FnMut()> Drop for ScopeGuard<F> {
 fn scopeguard<F: FnMut()>(f: F) -> ScopeGuard<F> {
     ScopeGuard(f)
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::wire::BatchBuilder;
+
+    fn batch_of(bytes: usize) -> EncodedBatch {
+        let mut builder = BatchBuilder::with_capacity(1, bytes);
+        builder.push_data("f", 1, 0, &vec![7; bytes]);
+        builder.finish_encoded()
+    }
+
+    /// Batches wait before the connections' windows in a queue of one
+    /// window's worth for them all: with no connection up, the pool takes
+    /// that much and then makes its sender wait.
+    #[tokio::test]
+    async fn the_queue_before_the_connections_holds_one_window() {
+        let nothing_listens = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = nothing_listens.local_addr().unwrap();
+        drop(nothing_listens);
+        let window = 2u64 << 20;
+        let (pool, _deliveries) = FlightPool::start(ClientConfig {
+            endpoint: format!("http://{address}"),
+            connections: 4,
+            window_bytes: window,
+            ..ClientConfig::default()
+        })
+        .unwrap();
+        let mut queued = 0u64;
+        for token in 0..64 {
+            let batch = batch_of(500 << 10);
+            let bytes = batch_bytes(&batch);
+            match pool.send(Outgoing { token, batch }).now_or_never() {
+                Some(()) => queued += bytes,
+                None => break,
+            }
+        }
+        assert!(queued <= window, "{queued} bytes queued");
+        assert!(queued > window - (600 << 10), "{queued} bytes queued");
+        pool.close().await;
+    }
+}
