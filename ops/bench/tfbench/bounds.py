@@ -9,6 +9,7 @@ from .analysis import STAGES, median, ratio
 from .config import GB, TARGETS
 from .formatting import fmt, fmt_mb, fmt_ms
 from .harness import Bench
+from .scenarios.p1c import TARGET as P1C_TARGET
 
 
 def p6_ceiling_text(b: Bench, p6: dict) -> str:
@@ -52,6 +53,35 @@ def memory_text(b: Bench, sink_direct: bool) -> str:
             + (f" The disk itself takes {fmt_mb(c['disk_direct'])} with O_DIRECT (fio, no page cache), "
                f"{c['disk_direct'] / c['disk']:.1f}× what it takes through the page cache (the disk ceiling above)."
                if c.get("disk_direct") and c.get("disk") else ""))
+
+
+def p1c_goal_text(movers: dict, target: float) -> str:
+    """Whether P1c's goal (the pipeline's CPU per GB within `target` times the bare copy floor's) is
+    within reach of any mover that keeps the pipeline's transport and checks: the floor that copies on
+    Arrow Flight's transport (HTTP/2) and makes and verifies the pipeline's checksums is measured in
+    the same run, and when it alone costs more than `target` times the bare copy, so must the
+    pipeline. Empty when the run lacks those floors. `movers`: P1c's summary, by mover name."""
+    def cost(name: str):
+        return (movers.get(name) or {}).get("process_cpu_s_per_gb")
+
+    said = []
+    for mode, suffix in (("plaintext", ""), ("TLS", " TLS")):
+        bare, checked = cost(f"copy floor{suffix}"), cost(f"HTTP/2 copy floor{suffix}, checksummed")
+        ours = cost(f"pipeline{suffix}")
+        floor_ratio, ours_ratio = ratio(checked, bare), ratio(ours, checked)
+        if floor_ratio is None or ours_ratio is None:
+            continue
+        said.append((mode, floor_ratio, ours_ratio))
+    if not said:
+        return ""
+    beyond = [mode for mode, floor_ratio, _ in said if floor_ratio > target]
+    parts = "; ".join(f"{mode}: that floor {fr:.2f}× the bare copy, the pipeline {orr:.2f}× that floor"
+                      for mode, fr, orr in said)
+    verdict = (f"the goal of {target}× the bare copy is out of reach in {' and '.join(beyond)} for any mover "
+               f"that keeps Arrow Flight's transport and checks every byte, as the pipeline must"
+               if beyond else f"the goal of {target}× the bare copy is within what such a floor costs here")
+    return (f"- **P1c**: the copy on Arrow Flight's transport (HTTP/2) that makes and verifies the pipeline's "
+            f"checksums, measured in this run ({parts}): {verdict}.")
 
 
 def bounds_analysis(b: Bench) -> list[str]:
@@ -288,6 +318,10 @@ def bounds_analysis(b: Bench) -> list[str]:
                        + (f" The disk took {median([r.get('disk_write_bytes') for r in runs]) / (n * b.p['p6_size']):.2f} "
                           f"bytes per file byte while the files arrived (everything written to the disk meanwhile: the files, RocksDB, the sink's journal, logs and metadata)."
                           if median([r.get("disk_write_bytes") for r in runs]) else ""))
+    if "P1c" in sc:
+        text = p1c_goal_text(sc["P1c"].get("movers") or {}, P1C_TARGET)
+        if text:
+            out.append(text)
     if "P4" in sc and sc["P4"].get("medians"):
         p4 = sc["P4"]
         lo, hi = min(p4["rtts"]), max(p4["rtts"])
