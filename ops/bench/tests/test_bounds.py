@@ -32,7 +32,7 @@ class P1cGoal(unittest.TestCase):
     def test_a_floor_within_the_target_says_so(self):
         text = bounds.p1c_goal_text(self.summary(**{"HTTP/2 copy floor, checksummed": 0.6,
                                                     "HTTP/2 copy floor TLS, checksummed": 1.1}), 1.3)
-        self.assertIn("within what such a floor costs here", text)
+        self.assertIn("that floor is within the goal's 1.3× of the bare copy here", text)
 
     def test_nothing_without_the_floors(self):
         self.assertEqual(bounds.p1c_goal_text({}, 1.3), "")

@@ -79,7 +79,8 @@ def p1c_goal_text(movers: dict, target: float) -> str:
                       for mode, fr, orr in said)
     verdict = (f"the goal of {target}× the bare copy is out of reach in {' and '.join(beyond)} for any mover "
                f"that keeps Arrow Flight's transport and checks every byte, as the pipeline must"
-               if beyond else f"the goal of {target}× the bare copy is within what such a floor costs here")
+               if beyond else f"that floor is within the goal's {target}× of the bare copy here: the goal is within "
+               f"reach of such a mover")
     return (f"- **P1c**: the copy on Arrow Flight's transport (HTTP/2) that makes and verifies the pipeline's "
             f"checksums, measured in this run ({parts}): {verdict}.")
 
