@@ -30,7 +30,7 @@ for round in $(seq 1 "$rounds"); do
         line=$(
             IFS=';' read -ra assignments <<< "$settings"
             for assignment in "${assignments[@]}"; do
-                [ -n "$assignment" ] && export "${assignment?}"
+                [ -n "$assignment" ] && export "$assignment"
             done
             OUT="$out/$name-$round" timeout 300 bash "$here/profile.sh" "$mode" cpu "$binary" 2>&1 | tail -1
         ) || true
