@@ -135,7 +135,9 @@ impl Outbound {
             return;
         }
         let encoded = batch.builder.finish_encoded();
-        let rows = std::mem::take(&mut batch.rows);
+        // The next batch likely holds as many rows: no regrowing from empty.
+        let next_rows = Vec::with_capacity(batch.rows.len());
+        let rows = std::mem::replace(&mut batch.rows, next_rows);
         batch.started = None;
         let token = self.next_token;
         self.next_token += 1;

@@ -8,6 +8,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flight_server::{FileHasher, FileWatermark};
@@ -19,7 +20,7 @@ use crate::lag::LagHistory;
 /// Bytes at the head of a file used as its fingerprint.
 pub(super) const FINGERPRINT_LEN: u64 = 4096;
 
-pub(super) type FileKey = (String, u64);
+pub(super) type FileKey = (Arc<str>, u64);
 
 /// The tailer looks its files up several times per append. With SipHash
 /// over their (path, generation) keys, hashing was a large share of the
@@ -47,7 +48,9 @@ pub(super) enum Control {
 }
 
 pub(super) struct Tracked {
-    pub(super) key: String,
+    /// Shared with every [`FileKey`] of it: the tailer clones keys several
+    /// times per event (queues, sets, rows in flight).
+    pub(super) key: Arc<str>,
     pub(super) generation: u64,
     pub(super) path: String,
     pub(super) dev: u64,
@@ -121,7 +124,7 @@ impl Tracked {
 
     pub(super) fn record(&self) -> WatchedFile {
         WatchedFile {
-            key: self.key.clone(),
+            key: self.key.to_string(),
             // The path the sink knows: a rename not yet acknowledged must be
             // sent again after a restart, so it is not recorded before.
             path: self.sink_path.clone(),
@@ -152,7 +155,7 @@ pub(super) struct Finished {
 impl Finished {
     pub(super) fn of(t: &Tracked, mtime_ns: i64) -> Self {
         Self {
-            key: t.key.clone(),
+            key: t.key.to_string(),
             generation: t.generation,
             path: t.path.clone(),
             size: t.read_offset,
@@ -345,7 +348,7 @@ impl FileTable {
     pub(super) fn finish_tracked(&mut self, done: Finished) {
         let inode = self
             .tracked
-            .get(&(done.key.clone(), done.generation))
+            .get(&(Arc::from(done.key.as_str()), done.generation))
             .map(|t| (t.dev, t.ino));
         if let Some(inode) = inode {
             self.finish_on(inode, done);

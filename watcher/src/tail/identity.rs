@@ -348,7 +348,7 @@ impl Tailer {
         // through an event waits for its close event.
         let closed = self.walking;
         Tracked {
-            key: key.to_owned(),
+            key: key.into(),
             generation,
             path: found.path.clone(),
             dev: found.dev,

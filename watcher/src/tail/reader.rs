@@ -155,10 +155,7 @@ impl Tailer {
             if t.deleted {
                 return Ok(None);
             }
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(self.root.join(&t.path))?;
+            let file = open_source(&self.root.join(&t.path))?;
             let meta = file.metadata()?;
             if !t.is(&meta) {
                 // The path now holds another file; a walk will sort it out.
@@ -264,7 +261,68 @@ impl Tailer {
     }
 }
 
+/// Opens a source file for tailing, never through a link, and without
+/// moving its access time where the kernel lets us (the owner, or
+/// CAP_FOWNER), as backup tools read: the tailer reads a file once per
+/// append, and the kernel's atime check was a visible share of each read.
+fn open_source(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let open = |flags| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(path)
+    };
+    match open(libc::O_NOFOLLOW | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(libc::O_NOFOLLOW),
+        opened => opened,
+    }
+}
+
 /// The directory of a path relative to the root ("" for the root).
 pub(super) fn directory_of(path: &str) -> &str {
     path.rsplit_once('/').map_or("", |(dir, _)| dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+    use crate::testkit::Scratch;
+
+    /// Tailing reads a file once per append; it leaves the file's access
+    /// time where the writer's tools last put it.
+    #[test]
+    fn tailing_a_file_leaves_its_access_time_alone() {
+        let scratch = Scratch::new("noatime");
+        let path = scratch.path().join("run.xtc2");
+        std::fs::write(&path, b"appended bytes").expect("write the source");
+        // Older than its change: a read would move it under relatime too.
+        let long_ago = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec {
+                tv_sec: 1_000_000,
+                tv_nsec: 0,
+            },
+            last_modification: rustix::fs::Timespec {
+                tv_sec: 2_000_000,
+                tv_nsec: 0,
+            },
+        };
+        rustix::fs::utimensat(
+            rustix::fs::CWD,
+            &path,
+            &long_ago,
+            rustix::fs::AtFlags::empty(),
+        )
+        .expect("set the times");
+        let mut read = Vec::new();
+        open_source(&path)
+            .expect("open the source")
+            .read_to_end(&mut read)
+            .expect("read the source");
+        assert_eq!(read, b"appended bytes");
+        let atime = std::fs::metadata(&path).expect("stat").atime();
+        assert_eq!(atime, 1_000_000, "the tailer's read moved the access time");
+    }
 }
