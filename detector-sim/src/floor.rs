@@ -26,6 +26,12 @@
 //! bytes only once its files are flushed. That is the floor of what
 //! tailflight's sink does after a batch arrives, without its manifest,
 //! checksums and acknowledgements.
+//!
+//! Given [`Transport::Http2`], both ends carry the same messages over one
+//! HTTP/2 stream instead (see `http2`), each range with its CRC32C, which
+//! the shipper computes and the lander checks, and the lander acks each
+//! round: the floor of a tool that ships over Arrow Flight's transport and
+//! checks its bytes, still without Arrow, a manifest or a window.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -38,20 +44,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use bytes::Bytes;
 use inotify::{EventMask, Inotify, WatchMask};
-
-/// Most bytes read from one file for one message: a file far behind is
-/// caught up over several messages instead of one unbounded one.
-const MAX_READ_PER_FILE: u64 = 4 << 20;
-
-/// A message stops taking files past this size; the rest go in the next.
-const MESSAGE_TARGET: usize = 8 << 20;
-
-/// Largest message [`land`] accepts: any message fits its ring.
-const MAX_MESSAGE: usize = MESSAGE_TARGET + MAX_READ_PER_FILE as usize + (64 << 10);
 
 /// Size of the ring file the `land` subcommand writes into.
 pub const RING_BYTES: u64 = 64 << 20;
@@ -65,15 +62,70 @@ const QUEUED_MESSAGES: usize = 64;
 /// (64 MiB) comes round in about four of these.
 pub const FLUSH_PLACED_EVERY: Duration = Duration::from_millis(400);
 
+mod http2;
+mod message;
+
+use message::{Arrived, MAX_MESSAGE, MAX_READ_PER_FILE, MESSAGE_TARGET, parse, unix_nanos};
+
+/// How the floor's two ends talk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Length-prefixed messages on a bare TCP connection, nothing checked,
+    /// nothing acknowledged.
+    Tcp,
+    /// The same messages in one HTTP/2 stream, a CRC32C per range checked
+    /// on landing, and an ack per round back (see `http2`).
+    Http2,
+}
+
+/// Where the shipper's messages go.
+enum Outlet {
+    Tcp(TcpStream),
+    Http2(http2::Shipper),
+}
+
+impl Outlet {
+    /// Sends `message` whole; leaves `message` empty, with room for the next.
+    fn send(&mut self, message: &mut Vec<u8>, to: SocketAddr) -> Result<()> {
+        match self {
+            Outlet::Tcp(stream) => {
+                stream
+                    .write_all(message)
+                    .with_context(|| format!("sending a message to {to}"))?;
+                message.clear();
+            }
+            Outlet::Http2(shipper) => {
+                // The body goes to HTTP/2 as it is; the next message gets a
+                // buffer of its own.
+                let next = Vec::with_capacity(message.capacity());
+                shipper.send(Bytes::from(std::mem::replace(message, next)))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<()> {
+        match self {
+            Outlet::Tcp(_) => Ok(()),
+            Outlet::Http2(shipper) => shipper.finish(),
+        }
+    }
+}
+
 /// Tails every file in `src` (not its subdirectories) and sends what is
 /// appended to `to`, until `limit` has passed.
-pub fn ship(src: &Path, to: SocketAddr, limit: Duration) -> Result<()> {
+pub fn ship(src: &Path, to: SocketAddr, transport: Transport, limit: Duration) -> Result<()> {
     let started = Instant::now();
-    ship_while(src, to, || started.elapsed() < limit)
+    ship_while(src, to, transport, || started.elapsed() < limit)
 }
 
 /// [`ship`], for as long as `going` says so (asked at least every 200 ms).
-pub fn ship_while(src: &Path, to: SocketAddr, going: impl Fn() -> bool) -> Result<()> {
+pub fn ship_while(
+    src: &Path,
+    to: SocketAddr,
+    transport: Transport,
+    going: impl Fn() -> bool,
+) -> Result<()> {
     let mut inotify = Inotify::init().context("initialising inotify")?;
     inotify
         .watches()
@@ -82,8 +134,13 @@ pub fn ship_while(src: &Path, to: SocketAddr, going: impl Fn() -> bool) -> Resul
             WatchMask::MODIFY | WatchMask::CREATE | WatchMask::MOVED_FROM | WatchMask::MOVED_TO,
         )
         .with_context(|| format!("watching {}", src.display()))?;
-    let mut stream = connect(to, Duration::from_secs(10))?;
+    let stream = connect(to, Duration::from_secs(10))?;
     stream.set_nodelay(true).context("setting TCP_NODELAY")?;
+    let checked = transport == Transport::Http2;
+    let mut outlet = match transport {
+        Transport::Tcp => Outlet::Tcp(stream),
+        Transport::Http2 => Outlet::Http2(http2::Shipper::connect(stream, to)?),
+    };
     // Per file: its descriptor, where its unread bytes start, and the name
     // its ranges are sent under.
     let mut tails: HashMap<OsString, Tail> = HashMap::new();
@@ -193,6 +250,9 @@ pub fn ship_while(src: &Path, to: SocketAddr, going: impl Fn() -> bool) -> Resul
             message.extend_from_slice(&offset.to_le_bytes());
             let len_at = message.len();
             message.extend_from_slice(&[0u8; 4]);
+            if checked {
+                message.extend_from_slice(&[0u8; 4]);
+            }
             let data_at = message.len();
             message.resize(data_at + want as usize, 0);
             let got = file
@@ -200,7 +260,11 @@ pub fn ship_while(src: &Path, to: SocketAddr, going: impl Fn() -> bool) -> Resul
                 .with_context(|| format!("reading {key:?} at offset {offset}"))?;
             message.truncate(data_at + got);
             // `got` is at most MAX_READ_PER_FILE.
-            message[len_at..data_at].copy_from_slice(&(got as u32).to_le_bytes());
+            message[len_at..len_at + 4].copy_from_slice(&(got as u32).to_le_bytes());
+            if checked {
+                let crc = crc_fast::crc32_iscsi(&message[data_at..]);
+                message[len_at + 4..data_at].copy_from_slice(&crc.to_le_bytes());
+            }
             *offset += got as u64;
             ranges += 1;
             if *offset < len {
@@ -214,11 +278,11 @@ pub fn ship_while(src: &Path, to: SocketAddr, going: impl Fn() -> bool) -> Resul
         // At most MESSAGE_TARGET plus one file's read and its header.
         let body = u32::try_from(message.len() - 4).context("a message over 4 GiB")?;
         message[..4].copy_from_slice(&body.to_le_bytes());
-        stream
-            .write_all(&message)
-            .with_context(|| format!("sending {ranges} ranges to {to}"))?;
+        outlet
+            .send(&mut message, to)
+            .with_context(|| format!("sending {ranges} ranges"))?;
     }
-    Ok(())
+    outlet.finish()
 }
 
 /// A file being tailed.
@@ -265,20 +329,6 @@ fn readable(inotify: &Inotify, wait: Duration) -> Result<bool> {
     Ok(ready > 0)
 }
 
-/// One range of a received message: where its bytes are in the message.
-struct Range {
-    name: String,
-    offset: u64,
-    data: std::ops::Range<usize>,
-}
-
-/// A message as received, with when it was.
-struct Arrived {
-    bytes: Vec<u8>,
-    ranges: Vec<Range>,
-    received_ns: u128,
-}
-
 /// Accepts one connection on `listener` and makes what it sends durable in
 /// `ring`, logging each range's commit to `commit_log`, until the peer
 /// closes or `limit` has passed. With `place`, each range is also written
@@ -289,6 +339,7 @@ pub fn land(
     ring_bytes: u64,
     commit_log: &Path,
     place: Option<&Path>,
+    transport: Transport,
     limit: Duration,
 ) -> Result<()> {
     ensure!(
@@ -303,15 +354,24 @@ pub fn land(
     );
     let (stream, peer) = listener.accept().context("accepting the shipper")?;
     let (arrivals, arrived) = mpsc::sync_channel::<Arrived>(QUEUED_MESSAGES);
+    let (acks, to_ack) = tokio::sync::mpsc::unbounded_channel();
     let reader = std::thread::Builder::new()
         .name("floor-receive".into())
-        .spawn(move || receive(stream, arrivals))
+        .spawn(move || match transport {
+            Transport::Tcp => receive(stream, arrivals),
+            Transport::Http2 => http2::receive(stream, arrivals, to_ack),
+        })
         .context("starting the receiving thread")?;
     let placer = place.map(Placer::start).transpose()?;
-    let landed = land_rounds(&mut ring, &arrived, &mut log, placer.as_ref(), || {
-        started.elapsed() < limit
-    });
-    drop(arrived);
+    let landed = land_rounds(
+        &mut ring,
+        &arrived,
+        &mut log,
+        placer.as_ref(),
+        &acks,
+        || started.elapsed() < limit,
+    );
+    drop((arrived, acks));
     // A placer that stopped says why itself (a failed flush, say); the
     // rounds only saw that it stopped.
     if let Some(placer) = placer {
@@ -331,6 +391,7 @@ fn land_rounds(
     arrived: &mpsc::Receiver<Arrived>,
     log: &mut impl Write,
     placer: Option<&Placer>,
+    acks: &tokio::sync::mpsc::UnboundedSender<u64>,
     going: impl Fn() -> bool,
 ) -> Result<()> {
     // A message that did not fit the last round starts the next.
@@ -361,7 +422,7 @@ fn land_rounds(
             placer.wait_for_flush(end.saturating_sub(ring.capacity))?;
             placer.place(round.clone(), end)?;
         }
-        let pieces: Vec<&[u8]> = round.iter().map(|a| a.bytes.as_slice()).collect();
+        let pieces: Vec<&[u8]> = round.iter().map(|a| &a.bytes[..]).collect();
         ring.write_durably(&pieces)?;
         if let Some(placer) = placer {
             placer.placed()?;
@@ -382,6 +443,8 @@ fn land_rounds(
             }
         }
         log.flush().context("writing the commit log")?;
+        // Only an HTTP/2 shipper reads acks; nobody listening is no error.
+        let _ = acks.send(round.len() as u64);
     }
     Ok(())
 }
@@ -601,9 +664,9 @@ fn receive(stream: TcpStream, arrivals: mpsc::SyncSender<Arrived>) -> Result<()>
             .read_exact(&mut bytes)
             .with_context(|| format!("reading a message of {len} bytes"))?;
         let received_ns = unix_nanos();
-        let ranges = parse(&bytes)?;
+        let ranges = parse(&bytes, false)?;
         let arrival = Arrived {
-            bytes,
+            bytes: Bytes::from(bytes),
             ranges,
             received_ns,
         };
@@ -611,33 +674,6 @@ fn receive(stream: TcpStream, arrivals: mpsc::SyncSender<Arrived>) -> Result<()>
             return Ok(());
         }
     }
-}
-
-/// The ranges of one message: name length (u16 LE), name, offset (u64 LE),
-/// length (u32 LE), bytes; repeated.
-fn parse(bytes: &[u8]) -> Result<Vec<Range>> {
-    let mut ranges = Vec::new();
-    let mut at = 0usize;
-    let mut take = |n: usize| -> Result<std::ops::Range<usize>> {
-        ensure!(
-            bytes.len() - at >= n,
-            "a message ends inside a range (at byte {at} of {})",
-            bytes.len()
-        );
-        at += n;
-        Ok(at - n..at)
-    };
-    let mut rest = bytes.len();
-    while rest > 0 {
-        let name_len = u16::from_le_bytes(bytes[take(2)?].try_into()?) as usize;
-        let name = String::from_utf8_lossy(&bytes[take(name_len)?]).into_owned();
-        let offset = u64::from_le_bytes(bytes[take(8)?].try_into()?);
-        let len = u32::from_le_bytes(bytes[take(4)?].try_into()?) as usize;
-        let data = take(len)?;
-        rest = bytes.len() - data.end;
-        ranges.push(Range { name, offset, data });
-    }
-    Ok(ranges)
 }
 
 /// A preallocated file written round after round from its start again.
@@ -711,12 +747,6 @@ impl Ring {
     }
 }
 
-fn unix_nanos() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -750,15 +780,35 @@ mod tests {
 
     #[test]
     fn appends_arrive_durable_and_logged() {
-        land_appends("plain", false);
+        land_appends("plain", false, Transport::Tcp);
     }
 
     #[test]
     fn a_placing_floor_writes_each_file_whole() {
-        land_appends("placing", true);
+        land_appends("placing", true, Transport::Tcp);
     }
 
-    fn land_appends(name: &str, placing: bool) {
+    #[test]
+    fn over_http2_appends_arrive_checked_and_whole() {
+        land_appends("http2", true, Transport::Http2);
+    }
+
+    #[test]
+    fn a_range_whose_bytes_changed_on_the_way_is_refused() {
+        let mut message = Vec::new();
+        message.extend_from_slice(&1u16.to_le_bytes());
+        message.extend_from_slice(b"a");
+        message.extend_from_slice(&0u64.to_le_bytes());
+        message.extend_from_slice(&3u32.to_le_bytes());
+        message.extend_from_slice(&crc_fast::crc32_iscsi(b"abc").to_le_bytes());
+        message.extend_from_slice(b"abc");
+        assert_eq!(parse(&message, true).unwrap()[0].data, 19..22);
+        *message.last_mut().unwrap() = b'd';
+        let refused = parse(&message, true).unwrap_err().to_string();
+        assert!(refused.contains("fails its CRC32C"), "{refused}");
+    }
+
+    fn land_appends(name: &str, placing: bool, transport: Transport) {
         let dir =
             std::env::temp_dir().join(format!("tailflight-floor-{name}-{}", std::process::id()));
         let src = dir.join("src");
@@ -777,13 +827,14 @@ mod tests {
                 ring_bytes,
                 &log_c,
                 placing.then_some(placed_c.as_path()),
+                transport,
                 Duration::from_secs(60),
             )
         });
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (src_c, stop_c) = (src.clone(), stop.clone());
         let shipping = std::thread::spawn(move || {
-            ship_while(&src_c, addr, || {
+            ship_while(&src_c, addr, transport, || {
                 !stop_c.load(std::sync::atomic::Ordering::Relaxed)
             })
         });

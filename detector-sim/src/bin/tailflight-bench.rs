@@ -48,6 +48,10 @@ enum FloorCommand {
         /// Address of `tailflight-bench floor land`.
         #[arg(long)]
         to: SocketAddr,
+        /// Ship over one HTTP/2 stream, each range with its CRC32C (the
+        /// lander must be given `--http2` too).
+        #[arg(long)]
+        http2: bool,
         /// Stop after this long.
         #[arg(long, value_parser = parse_duration, default_value = "10m")]
         limit: Duration,
@@ -67,10 +71,21 @@ enum FloorCommand {
         /// the ring's write and fdatasync (the floor of placement).
         #[arg(long)]
         place: Option<PathBuf>,
+        /// Take one HTTP/2 stream, check each range's CRC32C and ack each
+        /// round (the shipper must be given `--http2` too).
+        #[arg(long)]
+        http2: bool,
         /// Stop after this long.
         #[arg(long, value_parser = parse_duration, default_value = "10m")]
         limit: Duration,
     },
+}
+
+fn transport(http2: bool) -> detector_sim::floor::Transport {
+    match http2 {
+        true => detector_sim::floor::Transport::Http2,
+        false => detector_sim::floor::Transport::Tcp,
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -79,14 +94,20 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Floor(FloorCommand::Ship { src, to, limit }) => {
-            detector_sim::floor::ship(&src, to, limit)?;
+        Command::Floor(FloorCommand::Ship {
+            src,
+            to,
+            http2,
+            limit,
+        }) => {
+            detector_sim::floor::ship(&src, to, transport(http2), limit)?;
         }
         Command::Floor(FloorCommand::Land {
             listen,
             ring,
             commit_log,
             place,
+            http2,
             limit,
         }) => {
             let listener = std::net::TcpListener::bind(listen)
@@ -97,6 +118,7 @@ fn main() -> anyhow::Result<()> {
                 detector_sim::floor::RING_BYTES,
                 &commit_log,
                 place.as_deref(),
+                transport(http2),
                 limit,
             )?;
         }

@@ -169,6 +169,12 @@ def bounds_analysis(b: Bench) -> list[str]:
                      f"(`floor land --place`), the floor's p50 is {fmt_ms(gm['p50_ms'])} "
                      f"({fmt(ratio(gm['p50_ms'], fm['p50_ms']), '.2f')}× the floor): placement written beside "
                      f"the durable write costs that much, where the sink places a batch before its round. ")
+        hm = p3.get("h2_floor_medians")
+        if hm and hm.get("p50_ms") and fm and fm.get("p50_ms"):
+            text += (f"The placing floor over one HTTP/2 stream, with a CRC32C per range checked on landing and an "
+                     f"ack per round (`floor --http2 --place`: Arrow Flight's transport without Arrow), has p50 "
+                     f"{fmt_ms(hm['p50_ms'])} ({fmt(ratio(hm['p50_ms'], fm['p50_ms']), '.2f')}× the floor), and "
+                     f"tailflight's p50 is {fmt(ratio(p3['p50_ms'], hm['p50_ms']), '.2f')}× it. ")
         paired = sorted((r["sink_cpu_s"], r["p50_ms"]) for r in runs
                         if r.get("sink_cpu_s") is not None and r.get("p50_ms") is not None)
         if len(paired) > 1:

@@ -165,7 +165,10 @@ METHOD = """\
   **placing floor** (`floor land --place`) then does the same and also writes each range into its own file,
   on a thread beside the ring's write + fdatasync (a range counts once both are done), those files flushed
   every 400 ms in the background (the ring reuses a round's space only once they are): the least a mover
-  that delivers files does.
+  that delivers files does. The **floor over HTTP/2** (`floor --http2 --place`) carries the placing floor's
+  messages in one HTTP/2 stream (h2 as tonic uses it, the sink's windows and frame size, tokio on both ends),
+  each range with a CRC32C checked before its round, and acks each round: the least a mover on Arrow
+  Flight's transport that checks its bytes does.
 - **WAN** (P4): watcher → `tailflight-bench delay-line` on the host (holds each chunk RTT/2 per direction,
   unbounded buffer, so TCP windows do not see the delay; HTTP/2 and tailflight windows and acks do) →
   veth pair with `tbf rate {rate} burst 2mb latency 100ms` on both ends → sink in a network namespace.

@@ -100,13 +100,15 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     return m
 
 
-def p3_floor(b: Bench, i: int, place: bool = False) -> dict:
+def p3_floor(b: Bench, i: int, place: bool = False, http2: bool = False) -> dict:
     """The same workload through `tailflight-bench floor`: inotify, one read per named file, one TCP message,
     one write + fdatasync of a preallocated ring file per round. No destination files, manifest, acks,
     checksums or window: what this machine allows any tail-and-ship tool, not a peer. With `place`, the lander
     also writes each range into its own file (`floor land --place`), on a thread of its own beside the ring's
-    write and fdatasync, and flushes those files in the background: the floor of placement."""
-    name = f"floor-placing-{i}" if place else f"floor-{i}"
+    write and fdatasync, and flushes those files in the background: the floor of placement. With `http2`, the
+    messages go over one HTTP/2 stream (h2, the sink's windows and frame size, tokio on both ends), each range
+    with a CRC32C the lander checks, and an ack per round back: the floor on Arrow Flight's transport."""
+    name = ("floor-h2" if http2 else "floor-placing" if place else "floor") + f"-{i}"
     d = b.fresh("p3", name)
     src = b.fresh_src("p3", name)
     logs = b.fresh_src("p3-logs", name) if int(b.p["p3_logs_tmpfs"]) else d  # as for tailflight
@@ -117,10 +119,11 @@ def p3_floor(b: Bench, i: int, place: bool = False) -> dict:
     land = ship = None
     try:
         placing = ["--place", d / "placed"] if place else []
+        h2 = ["--http2"] if http2 else []
         land = Proc("land", [b.bench_bin, "floor", "land", "--listen", f"127.0.0.1:{port}", "--ring", d / "ring",
-                             "--commit-log", cl.path, "--limit", limit, *placing], logs, env=b.env)
+                             "--commit-log", cl.path, "--limit", limit, *placing, *h2], logs, env=b.env)
         ship = Proc("ship", [b.bench_bin, "floor", "ship", "--src", src, "--to", f"127.0.0.1:{port}",
-                             "--limit", limit], logs, env=b.env)
+                             "--limit", limit, *h2], logs, env=b.env)
         time.sleep(1.0)
         sim = b.sim(logs, "sim", src, *p3_sim_args(b), "--write-log", logs / "writes.log")
         if sim.wait(b.p["p3_seconds"] + 60) != 0:
@@ -144,7 +147,7 @@ def p3_floor(b: Bench, i: int, place: bool = False) -> dict:
     (d / "ring").unlink(missing_ok=True)
     summ.update({"disk_settle": settled, "cdf": cdf_points(lat)})
     wt = summ["way_there"] or {}
-    what = "placing floor" if place else "floor"
+    what = "floor over HTTP/2" if http2 else "placing floor" if place else "floor"
     say(f"  {what} run {i}: p50 {fmt(summ['p50_ms'], '.2f')} ms, p90 {fmt(summ['p90_ms'], '.2f')}, "
         f"p99 {fmt(summ['p99_ms'], '.2f')}, max {fmt(summ['max_ms'], '.1f')} ms; missing {missing}; "
         f"write -> landed p50 {fmt(wt.get('p50_ms'), '.2f')} ms")
@@ -184,6 +187,7 @@ def scenario_p3(b: Bench):
     tf_runs: list[dict] = []
     floors: list[dict] = []
     placing_floors: list[dict] = []
+    h2_floors: list[dict] = []
     peers: dict[str, list[dict]] = {label: [] for label, _, _ in peer_kinds}
     # Interleaved, a tailflight run then one of each peer: the machine's load
     # drifts over minutes, and the runs of tailflight and of each peer should
@@ -191,12 +195,14 @@ def scenario_p3(b: Bench):
     for i in range(max(b.p["runs"], b.p["peer_runs"])):
         if i < b.p["runs"]:
             tf_runs.append(p3_tailflight(b, i + 1, extra, sink_extra=sink_extra))
-            for setting, place, runs, what in (("p3_floor", False, floors, "floor"),
-                                               ("p3_floor_place", True, placing_floors, "placing floor")):
+            for setting, place, http2, runs, what in (
+                    ("p3_floor", False, False, floors, "floor"),
+                    ("p3_floor_place", True, False, placing_floors, "placing floor"),
+                    ("p3_floor_h2", True, True, h2_floors, "floor over HTTP/2")):
                 if not int(b.p.get(setting, 0)):
                     continue
                 try:
-                    runs.append(p3_floor(b, i + 1, place=place))
+                    runs.append(p3_floor(b, i + 1, place=place, http2=http2))
                 except Exception as e:  # the floor failing must not lose the scenario's results
                     say(f"  {what} FAILED: {e}")
                     b.results["errors"][f"P3 {what} run {i + 1}"] = str(e)
@@ -247,6 +253,7 @@ def scenario_p3(b: Bench):
     p99 = median([r["p99_ms"] for r in tf_runs])
     res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "two_writers": two_writers,
            "rotating": rotating, "peers": peers, "floor": floors, "placing_floor": placing_floors,
+           "h2_floor": h2_floors,
            "p50_ms": p50, "p99_ms": p99,
            "p90_ms": median([r["p90_ms"] for r in tf_runs]),
            "p999_ms": median([r["p999_ms"] for r in tf_runs]),
@@ -276,6 +283,21 @@ def scenario_p3(b: Bench):
         if floors:
             row_beside(b, "… what placement alone adds to the floor: the placing floor against the floor, p50 (p99)",
                        (g50, g99), (f50, f99), "")
+    if h2_floors:
+        h50, h99 = floor_medians(res, "h2_floor_medians", h2_floors, (p50, p99),
+                                 "floor over HTTP/2 (the placing floor over one h2 stream, a CRC32C per range, "
+                                 "an ack per round)")
+        row_beside(b, "… the placing floor over Arrow Flight's transport (`floor --http2 --place`: one HTTP/2 "
+                      "stream with the sink's windows and frame size, tokio on both ends, a CRC32C per range "
+                      "checked on landing, an ack per round): p50 (p99)",
+                   (p50, p99), (h50, h99), " the floor over HTTP/2")
+        if floors:
+            row_beside(b, "… the floor over HTTP/2 against the floor: what placement, HTTP/2, the checksums and the "
+                          "acks add together, p50 (p99)", (h50, h99), (f50, f99), "")
+        if placing_floors:
+            pm = res["placing_floor_medians"]
+            row_beside(b, "… the floor over HTTP/2 against the placing floor: what HTTP/2, the checksums and the "
+                          "acks add, p50 (p99)", (h50, h99), (pm["p50_ms"], pm["p99_ms"]), "")
     for runs, what in ((linger0, "watcher `--linger 0ms`"),
                        (journal, "sink `--journal-max-range 0` (no journal file)"),
                        (two_writers, "the simulator's writes made by 2 threads")):
