@@ -411,10 +411,18 @@ impl Rounds {
                     _ => Ok(JournalRound::default()),
                 },
             );
+        let reserved_after = times.started.elapsed();
         let Some((round, result)) = self.record(round, journal, times.stages(synced_after)) else {
             return;
         };
-        trace_round(&round, &times, flushed, synced_after, &result);
+        let recorded_after = times.started.elapsed();
+        trace_round(
+            &round,
+            &times,
+            flushed,
+            [synced_after, reserved_after, recorded_after],
+            &result,
+        );
         match result {
             Ok(recorded) => self.settle(round, recorded),
             Err(error) => {
@@ -528,7 +536,7 @@ fn trace_round(
     round: &[Queued],
     times: &RoundTimes,
     flushed: usize,
-    synced_after: Duration,
+    [synced_after, reserved_after, recorded_after]: [Duration; 3],
     result: &Result<Recorded, SinkError>,
 ) {
     tracing::debug!(
@@ -540,6 +548,9 @@ fn trace_round(
         flushed,
         journaled = round.iter().map(|q| q.request.journal_bytes).sum::<u64>(),
         sync_us = synced_after.as_micros() as u64,
+        reserve_us = (reserved_after - synced_after).as_micros() as u64,
+        record_us = (recorded_after - reserved_after).as_micros() as u64,
+        told_us = result.as_ref().map_or(0, |r| r.told_us),
         journal_us = result.as_ref().map_or(0, |r| r.journal_us),
         fold_us = result.as_ref().map_or(0, |r| r.fold_us),
         prepare_us = result.as_ref().map_or(0, |r| r.prepare_us),

@@ -99,6 +99,11 @@ pub(super) struct Recorded {
     /// ends in the journal), and its bytes.
     pub(super) journal_round: Option<(u64, u64, u64)>,
     pub(super) journal_bytes: u64,
+    /// When the round became durable (its journal write ended, or its
+    /// manifest write without one), and from then until the feed was told
+    /// (µs).
+    pub(super) durable_at: Option<Instant>,
+    pub(super) told_us: u64,
 }
 
 /// What a round records into, and whom it tells of a failure.
@@ -217,6 +222,9 @@ pub(super) fn record_round(
             if let (Some(outbox), Some((last, bytes))) = (sink.outbox, recorded.outbox) {
                 outbox.recorded(last, bytes);
             }
+            recorded.told_us = recorded
+                .durable_at
+                .map_or(0, |at| at.elapsed().as_micros() as u64);
             recorded.gate_us = gate_us;
             Ok(recorded)
         }
@@ -275,6 +283,7 @@ pub(super) fn record_round_under_gate(
     } = write_manifest(sink.manifest, &commit, journal_write)?;
     let manifest_us = writing.elapsed().as_micros() as u64;
     let (journal_us, journal_end) = journal_written.map_or(Ok((0, None)), wait_for_journal)?;
+    let durable_at = Some(Instant::now());
     for ((slot, sealed), (_, record)) in written.into_iter().zip(&commit.records) {
         let mut state = lock(&slot.state);
         let path = path_on_disk(record);
@@ -297,6 +306,8 @@ pub(super) fn record_round_under_gate(
         gate_us: 0,
         journal_round: journal_end.map(|end| (commit.journal_round, commit.journal_start, end)),
         journal_bytes: journaled_bytes(&commit),
+        durable_at,
+        told_us: 0,
     })
 }
 
