@@ -267,37 +267,37 @@ def scenario_p3(b: Bench):
           met=met_le(p50, TARGETS["P3_p50_ms"]))
     b.row(id="P3", scenario="… p99 (p99.9 / max in the details)", figure=fmt_ms(p99), peer="—", ratio=None,
           target=f"≤{TARGETS['P3_p99_ms']} ms", met=met_le(p99, TARGETS["P3_p99_ms"]))
-    if floors:
-        f50, f99 = floor_medians(res, "floor_medians", floors, (p50, p99),
-                                 "floor (inotify → TCP → ring write + fdatasync, nothing else)")
-        row_beside(b, "… the machine's floor on the same workload (`tailflight-bench floor`: inotify → one TCP "
-                      "connection → ring-file write + fdatasync; no placement, manifest or acks): p50 (p99)",
-                   (p50, p99), (f50, f99), " the floor")
-    if placing_floors:
-        g50, g99 = floor_medians(res, "placing_floor_medians", placing_floors, (p50, p99),
-                                 "placing floor (the floor, each range also written into its own file)")
-        row_beside(b, "… the floor with placement (`floor land --place`: each range also written into its own "
-                      "file, on a thread beside the ring's write + fdatasync; those files flushed every 400 ms): "
-                      "p50 (p99)",
-                   (p50, p99), (g50, g99), " the placing floor")
-        if floors:
-            row_beside(b, "… what placement alone adds to the floor: the placing floor against the floor, p50 (p99)",
-                       (g50, g99), (f50, f99), "")
-    if h2_floors:
-        h50, h99 = floor_medians(res, "h2_floor_medians", h2_floors, (p50, p99),
-                                 "floor over HTTP/2 (the placing floor over one h2 stream, a CRC32C per range, "
-                                 "an ack per round)")
-        row_beside(b, "… the placing floor over Arrow Flight's transport (`floor --http2 --place`: one HTTP/2 "
-                      "stream with the sink's windows and frame size, tokio on both ends, a CRC32C per range "
-                      "checked on landing, an ack per round): p50 (p99)",
-                   (p50, p99), (h50, h99), " the floor over HTTP/2")
-        if floors:
-            row_beside(b, "… the floor over HTTP/2 against the floor: what placement, HTTP/2, the checksums and the "
-                          "acks add together, p50 (p99)", (h50, h99), (f50, f99), "")
-        if placing_floors:
-            pm = res["placing_floor_medians"]
-            row_beside(b, "… the floor over HTTP/2 against the placing floor: what HTTP/2, the checksums and the "
-                          "acks add, p50 (p99)", (h50, h99), (pm["p50_ms"], pm["p99_ms"]), "")
+    # Each floor beside tailflight, then against the floors before it:
+    # (its key, its runs, how the log names it, its row, the ratio's
+    # suffix, and (earlier floor, row) comparisons).
+    floor_rows = (
+        ("floor", floors, "floor (inotify → TCP → ring write + fdatasync, nothing else)",
+         "… the machine's floor on the same workload (`tailflight-bench floor`: inotify → one TCP connection → "
+         "ring-file write + fdatasync; no placement, manifest or acks): p50 (p99)", " the floor", ()),
+        ("placing_floor", placing_floors, "placing floor (the floor, each range also written into its own file)",
+         "… the floor with placement (`floor land --place`: each range also written into its own file, on a "
+         "thread beside the ring's write + fdatasync; those files flushed every 400 ms): p50 (p99)",
+         " the placing floor",
+         (("floor", "… what placement alone adds to the floor: the placing floor against the floor, p50 (p99)"),)),
+        ("h2_floor", h2_floors,
+         "floor over HTTP/2 (the placing floor over one h2 stream, a CRC32C per range, an ack per round)",
+         "… the placing floor over Arrow Flight's transport (`floor --http2 --place`: one HTTP/2 stream with the "
+         "sink's windows and frame size, tokio on both ends, a CRC32C per range checked on landing, an ack per "
+         "round): p50 (p99)", " the floor over HTTP/2",
+         (("floor", "… the floor over HTTP/2 against the floor: what placement, HTTP/2, the checksums and the "
+                    "acks add together, p50 (p99)"),
+          ("placing_floor", "… the floor over HTTP/2 against the placing floor: what HTTP/2, the checksums and "
+                            "the acks add, p50 (p99)"))),
+    )
+    floor_p = {}
+    for key, runs, label, row, suffix, against in floor_rows:
+        if not runs:
+            continue
+        floor_p[key] = floor_medians(res, f"{key}_medians", runs, (p50, p99), label)
+        row_beside(b, row, (p50, p99), floor_p[key], suffix)
+        for earlier, text in against:
+            if earlier in floor_p:
+                row_beside(b, text, floor_p[key], floor_p[earlier], "")
     for runs, what in ((linger0, "watcher `--linger 0ms`"),
                        (journal, "sink `--journal-max-range 0` (no journal file)"),
                        (two_writers, "the simulator's writes made by 2 threads")):
