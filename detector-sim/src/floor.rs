@@ -31,7 +31,11 @@
 //! HTTP/2 stream instead (see `http2`), each range with its CRC32C, which
 //! the shipper computes and the lander checks, and the lander acks each
 //! round: the floor of a tool that ships over Arrow Flight's transport and
-//! checks its bytes, still without Arrow, a manifest or a window.
+//! checks its bytes, still without Arrow, a manifest or a window. Given
+//! [`Transport::Flight`], the ranges travel as Arrow record batches in one
+//! Arrow Flight DoPut call (see `flight`), checked and acked the same way:
+//! the floor of a tool on Arrow Flight's wire, still without a manifest or
+//! a window.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -62,10 +66,11 @@ const QUEUED_MESSAGES: usize = 64;
 /// (64 MiB) comes round in about four of these.
 pub const FLUSH_PLACED_EVERY: Duration = Duration::from_millis(400);
 
+mod flight;
 mod http2;
 mod message;
 
-use message::{Arrived, MAX_MESSAGE, MAX_READ_PER_FILE, MESSAGE_TARGET, parse, unix_nanos};
+use message::{Arrived, Crcs, MAX_MESSAGE, MAX_READ_PER_FILE, MESSAGE_TARGET, parse, unix_nanos};
 
 /// How the floor's two ends talk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,12 +81,17 @@ pub enum Transport {
     /// The same messages in one HTTP/2 stream, a CRC32C per range checked
     /// on landing, and an ack per round back (see `http2`).
     Http2,
+    /// The same ranges as Arrow record batches in one Arrow Flight DoPut
+    /// call, each CRC32C checked on landing, a `PutResult` per round back
+    /// (see `flight`).
+    Flight,
 }
 
 /// Where the shipper's messages go.
 enum Outlet {
     Tcp(TcpStream),
     Http2(http2::Shipper),
+    Flight(flight::Shipper),
 }
 
 impl Outlet {
@@ -100,6 +110,11 @@ impl Outlet {
                 let next = Vec::with_capacity(message.capacity());
                 shipper.send(Bytes::from(std::mem::replace(message, next)))?;
             }
+            Outlet::Flight(shipper) => {
+                // Past its length: the batch copies the ranges' bytes.
+                shipper.send(&message[4..])?;
+                message.clear();
+            }
         }
         Ok(())
     }
@@ -108,6 +123,7 @@ impl Outlet {
         match self {
             Outlet::Tcp(_) => Ok(()),
             Outlet::Http2(shipper) => shipper.finish(),
+            Outlet::Flight(shipper) => shipper.finish(),
         }
     }
 }
@@ -136,10 +152,11 @@ pub fn ship_while(
         .with_context(|| format!("watching {}", src.display()))?;
     let stream = connect(to, Duration::from_secs(10))?;
     stream.set_nodelay(true).context("setting TCP_NODELAY")?;
-    let checked = transport == Transport::Http2;
+    let checked = transport != Transport::Tcp;
     let mut outlet = match transport {
         Transport::Tcp => Outlet::Tcp(stream),
         Transport::Http2 => Outlet::Http2(http2::Shipper::connect(stream, to)?),
+        Transport::Flight => Outlet::Flight(flight::Shipper::connect(stream, to)?),
     };
     // Per file: its descriptor, where its unread bytes start, and the name
     // its ranges are sent under.
@@ -360,6 +377,7 @@ pub fn land(
         .spawn(move || match transport {
             Transport::Tcp => receive(stream, arrivals),
             Transport::Http2 => http2::receive(stream, arrivals, to_ack),
+            Transport::Flight => flight::receive(stream, arrivals, to_ack),
         })
         .context("starting the receiving thread")?;
     let placer = place.map(Placer::start).transpose()?;
@@ -443,7 +461,7 @@ fn land_rounds(
             }
         }
         log.flush().context("writing the commit log")?;
-        // Only an HTTP/2 shipper reads acks; nobody listening is no error.
+        // Only HTTP/2 and Flight shippers read acks; nobody listening is no error.
         let _ = acks.send(round.len() as u64);
     }
     Ok(())
@@ -664,7 +682,7 @@ fn receive(stream: TcpStream, arrivals: mpsc::SyncSender<Arrived>) -> Result<()>
             .read_exact(&mut bytes)
             .with_context(|| format!("reading a message of {len} bytes"))?;
         let received_ns = unix_nanos();
-        let ranges = parse(&bytes, false)?;
+        let ranges = parse(&bytes, Crcs::Absent)?;
         let arrival = Arrived {
             bytes: Bytes::from(bytes),
             ranges,
@@ -794,6 +812,11 @@ mod tests {
     }
 
     #[test]
+    fn over_arrow_flight_appends_arrive_checked_and_whole() {
+        land_appends("flight", true, Transport::Flight);
+    }
+
+    #[test]
     fn a_range_whose_bytes_changed_on_the_way_is_refused() {
         let mut message = Vec::new();
         message.extend_from_slice(&1u16.to_le_bytes());
@@ -802,9 +825,9 @@ mod tests {
         message.extend_from_slice(&3u32.to_le_bytes());
         message.extend_from_slice(&crc_fast::crc32_iscsi(b"abc").to_le_bytes());
         message.extend_from_slice(b"abc");
-        assert_eq!(parse(&message, true).unwrap()[0].data, 19..22);
+        assert_eq!(parse(&message, Crcs::Checked).unwrap()[0].data, 19..22);
         *message.last_mut().unwrap() = b'd';
-        let refused = parse(&message, true).unwrap_err().to_string();
+        let refused = parse(&message, Crcs::Checked).unwrap_err().to_string();
         assert!(refused.contains("fails its CRC32C"), "{refused}");
     }
 

@@ -50,8 +50,12 @@ enum FloorCommand {
         to: SocketAddr,
         /// Ship over one HTTP/2 stream, each range with its CRC32C (the
         /// lander must be given `--http2` too).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "flight")]
         http2: bool,
+        /// Ship as Arrow record batches in one Arrow Flight DoPut call,
+        /// each range with its CRC32C (the lander must be given `--flight` too).
+        #[arg(long)]
+        flight: bool,
         /// Stop after this long.
         #[arg(long, value_parser = parse_duration, default_value = "10m")]
         limit: Duration,
@@ -73,18 +77,24 @@ enum FloorCommand {
         place: Option<PathBuf>,
         /// Take one HTTP/2 stream, check each range's CRC32C and ack each
         /// round (the shipper must be given `--http2` too).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "flight")]
         http2: bool,
+        /// Take one Arrow Flight DoPut call of record batches, check each
+        /// range's CRC32C and ack each round (the shipper must be given
+        /// `--flight` too).
+        #[arg(long)]
+        flight: bool,
         /// Stop after this long.
         #[arg(long, value_parser = parse_duration, default_value = "10m")]
         limit: Duration,
     },
 }
 
-fn transport(http2: bool) -> detector_sim::floor::Transport {
-    match http2 {
-        true => detector_sim::floor::Transport::Http2,
-        false => detector_sim::floor::Transport::Tcp,
+fn transport(http2: bool, flight: bool) -> detector_sim::floor::Transport {
+    match (http2, flight) {
+        (true, _) => detector_sim::floor::Transport::Http2,
+        (_, true) => detector_sim::floor::Transport::Flight,
+        _ => detector_sim::floor::Transport::Tcp,
     }
 }
 
@@ -98,9 +108,10 @@ fn main() -> anyhow::Result<()> {
             src,
             to,
             http2,
+            flight,
             limit,
         }) => {
-            detector_sim::floor::ship(&src, to, transport(http2), limit)?;
+            detector_sim::floor::ship(&src, to, transport(http2, flight), limit)?;
         }
         Command::Floor(FloorCommand::Land {
             listen,
@@ -108,6 +119,7 @@ fn main() -> anyhow::Result<()> {
             commit_log,
             place,
             http2,
+            flight,
             limit,
         }) => {
             let listener = std::net::TcpListener::bind(listen)
@@ -118,7 +130,7 @@ fn main() -> anyhow::Result<()> {
                 detector_sim::floor::RING_BYTES,
                 &commit_log,
                 place.as_deref(),
-                transport(http2),
+                transport(http2, flight),
                 limit,
             )?;
         }

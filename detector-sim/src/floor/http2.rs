@@ -13,22 +13,22 @@ use anyhow::{Context, Result, bail, ensure};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::mpsc as async_mpsc;
 
-use super::message::{Arrived, MAX_MESSAGE, parse, unix_nanos};
+use super::message::{Arrived, Crcs, MAX_MESSAGE, parse, unix_nanos};
 
 /// HTTP/2 flow-control windows, stream and connection, both ways: the sink's.
-const H2_WINDOW: u32 = 64 << 20;
+pub(super) const H2_WINDOW: u32 = 64 << 20;
 
 /// The largest DATA frame the lander accepts: the sink's.
-const H2_MAX_FRAME: u32 = 1 << 20;
+pub(super) const H2_MAX_FRAME: u32 = 1 << 20;
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")
 }
 
-fn into_tokio(stream: TcpStream) -> Result<tokio::net::TcpStream> {
+pub(super) fn into_tokio(stream: TcpStream) -> Result<tokio::net::TcpStream> {
     stream.set_nodelay(true).context("setting TCP_NODELAY")?;
     stream
         .set_nonblocking(true)
@@ -184,7 +184,7 @@ pub(super) fn receive(
             buffer.extend_from_slice(&data);
             while let Some(message) = next_message(&mut buffer)? {
                 let received_ns = unix_nanos();
-                let ranges = parse(&message, true)?;
+                let ranges = parse(&message, Crcs::Checked)?;
                 let arrival = Arrived {
                     bytes: message,
                     ranges,

@@ -22,6 +22,19 @@ pub(super) struct Range {
     pub(super) name: String,
     pub(super) offset: u64,
     pub(super) data: std::ops::Range<usize>,
+    /// The CRC32C the shipper sent with it, if the message carries them.
+    pub(super) crc: Option<u32>,
+}
+
+/// Whether a message's ranges carry their CRC32C, and what to do with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Crcs {
+    /// None is carried (the bare TCP floor).
+    Absent,
+    /// Carried, and read as they are (the shipper, which made them).
+    Carried,
+    /// Carried, and each range's bytes checked against theirs.
+    Checked,
 }
 
 /// A message as received, with when it was.
@@ -32,9 +45,9 @@ pub(super) struct Arrived {
 }
 
 /// The ranges of one message: name length (u16 LE), name, offset (u64 LE),
-/// length (u32 LE), with `checked` the bytes' CRC32C (u32 LE, checked
-/// here), bytes; repeated.
-pub(super) fn parse(bytes: &[u8], checked: bool) -> Result<Vec<Range>> {
+/// length (u32 LE), unless `crcs` is absent the bytes' CRC32C (u32 LE),
+/// bytes; repeated.
+pub(super) fn parse(bytes: &[u8], crcs: Crcs) -> Result<Vec<Range>> {
     let mut ranges = Vec::new();
     let mut at = 0usize;
     let mut take = |n: usize| -> Result<std::ops::Range<usize>> {
@@ -52,19 +65,24 @@ pub(super) fn parse(bytes: &[u8], checked: bool) -> Result<Vec<Range>> {
         let name = String::from_utf8_lossy(&bytes[take(name_len)?]).into_owned();
         let offset = u64::from_le_bytes(bytes[take(8)?].try_into()?);
         let len = u32::from_le_bytes(bytes[take(4)?].try_into()?) as usize;
-        let crc = match checked {
-            true => Some(u32::from_le_bytes(bytes[take(4)?].try_into()?)),
-            false => None,
+        let crc = match crcs {
+            Crcs::Carried | Crcs::Checked => Some(u32::from_le_bytes(bytes[take(4)?].try_into()?)),
+            Crcs::Absent => None,
         };
         let data = take(len)?;
-        if let Some(crc) = crc {
+        if let (Some(crc), Crcs::Checked) = (crc, crcs) {
             ensure!(
                 crc_fast::crc32_iscsi(&bytes[data.clone()]) == crc,
                 "the shipper's range of {name} at offset {offset} ({len} bytes) fails its CRC32C"
             );
         }
         rest = bytes.len() - data.end;
-        ranges.push(Range { name, offset, data });
+        ranges.push(Range {
+            name,
+            offset,
+            data,
+            crc,
+        });
     }
     Ok(ranges)
 }

@@ -41,3 +41,22 @@ class P1cGoal(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class P3Goal(unittest.TestCase):
+    def p3(self, flight_p50):
+        return {"p50_ms": 2.4, "floor_medians": {"p50_ms": 1.0}, "flight_floor_medians": {"p50_ms": flight_p50}}
+
+    def test_a_flight_floor_past_the_goal_puts_it_out_of_reach(self):
+        text = bounds.p3_goal_text(self.p3(1.6), 1.5)
+        self.assertIn("(1.60× the floor), and tailflight's p50 is 1.50× it", text)
+        self.assertIn("past the 1.5× goal before it keeps a manifest", text)
+
+    def test_a_flight_floor_within_the_goal_says_so(self):
+        text = bounds.p3_goal_text(self.p3(1.2), 1.5)
+        self.assertIn("within the 1.5× goal of the floor", text)
+        self.assertNotIn("out of reach", text)
+
+    def test_nothing_without_the_floors(self):
+        self.assertEqual(bounds.p3_goal_text({"p50_ms": 2.4}, 1.5), "")
+        self.assertEqual(bounds.p3_goal_text({"floor_medians": {"p50_ms": 1.0}}, 1.5), "")

@@ -27,7 +27,7 @@ MODES = {
         p3_streams=20, p3_rate=100.0, p3_seconds=5, p3_peer_drain=40, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=0, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
         p3_rotate_chunk="1MiB", p3_rotate_src_disk=0, p3_logs_tmpfs=1, p3_settle=5, p3_floor=1, p3_floor_place=1,
-        p3_floor_h2=1,
+        p3_floor_h2=1, p3_floor_flight=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=64, p4_runs=1, p4_rate="2gbit",
         p5_files=1000, p5_seconds=5, p5_append=4096,
         p6_files=2000, p6_size=65536, p6_sink="", p6_settle_s=0, p6_peers=1,
@@ -43,7 +43,7 @@ MODES = {
         p3_streams=100, p3_rate=100.0, p3_seconds=60, p3_peer_drain=120, p3_peers="rsync,lsyncd,lsyncd0",
         p3_linger0=1, p3_journal=1, p3_watch="", p3_sink="", p3_writer_threads=0, p3_two_writers=1,
         p3_rotate_chunk="4MiB", p3_rotate_src_disk=1, p3_logs_tmpfs=1, p3_settle=90, p3_floor=1, p3_floor_place=1,
-        p3_floor_h2=1,
+        p3_floor_h2=1, p3_floor_flight=1,
         p4_rtts=[0, 20, 60, 120], p4_total_mib=1024, p4_runs=3, p4_rate="2gbit",
         p5_files=10000, p5_seconds=60, p5_append=4096,
         p6_files=100000, p6_size=65536, p6_sink="", p6_settle_s=40, p6_peers=1,
@@ -58,5 +58,7 @@ MODES = {
 TARGETS = {
     "P1_tcp": 0.7, "P1_disk": 0.9, "P2": 0.9,
     "P3_p50_ms": 2.0, "P3_p99_ms": 10.0, "P3_peer_factor": 100.0,
+    # Issue 43's goal: P3's p50 at most this many times its floor's.
+    "P3_p50_floor_factor": 1.5,
     "P4": 0.9, "P5_rss_mib": 256.0, "P6_factor": 10.0, "P7_resume_s": 1.0,
 }

@@ -168,7 +168,9 @@ METHOD = """\
   that delivers files does. The **floor over HTTP/2** (`floor --http2 --place`) carries the placing floor's
   messages in one HTTP/2 stream (h2 as tonic uses it, the sink's windows and frame size, tokio on both ends),
   each range with a CRC32C checked before its round, and acks each round: the least a mover on Arrow
-  Flight's transport that checks its bytes does.
+  Flight's transport that checks its bytes does. The **floor over Arrow Flight** (`floor --flight --place`)
+  sends the same ranges as Arrow record batches in one DoPut call (arrow-flight's encoder and decoder over
+  tonic, the same windows), checked and acked the same way: the least a mover on Arrow Flight's wire does.
 - **WAN** (P4): watcher → `tailflight-bench delay-line` on the host (holds each chunk RTT/2 per direction,
   unbounded buffer, so TCP windows do not see the delay; HTTP/2 and tailflight windows and acks do) →
   veth pair with `tbf rate {rate} burst 2mb latency 100ms` on both ends → sink in a network namespace.

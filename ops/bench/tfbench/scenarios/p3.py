@@ -100,15 +100,17 @@ def p3_tailflight(b: Bench, i: int, watch_extra=(), label="tailflight", sink_ext
     return m
 
 
-def p3_floor(b: Bench, i: int, place: bool = False, http2: bool = False) -> dict:
+def p3_floor(b: Bench, i: int, place: bool = False, http2: bool = False, flight: bool = False) -> dict:
     """The same workload through `tailflight-bench floor`: inotify, one read per named file, one TCP message,
     one write + fdatasync of a preallocated ring file per round. No destination files, manifest, acks,
     checksums or window: what this machine allows any tail-and-ship tool, not a peer. With `place`, the lander
     also writes each range into its own file (`floor land --place`), on a thread of its own beside the ring's
     write and fdatasync, and flushes those files in the background: the floor of placement. With `http2`, the
     messages go over one HTTP/2 stream (h2, the sink's windows and frame size, tokio on both ends), each range
-    with a CRC32C the lander checks, and an ack per round back: the floor on Arrow Flight's transport."""
-    name = ("floor-h2" if http2 else "floor-placing" if place else "floor") + f"-{i}"
+    with a CRC32C the lander checks, and an ack per round back: the floor on Arrow Flight's transport. With
+    `flight`, the same ranges go as Arrow record batches in one Arrow Flight DoPut call (arrow-flight's encoder
+    and decoder over tonic), checked and acked the same way: the floor on Arrow Flight's wire."""
+    name = ("floor-flight" if flight else "floor-h2" if http2 else "floor-placing" if place else "floor") + f"-{i}"
     d = b.fresh("p3", name)
     src = b.fresh_src("p3", name)
     logs = b.fresh_src("p3-logs", name) if int(b.p["p3_logs_tmpfs"]) else d  # as for tailflight
@@ -119,7 +121,7 @@ def p3_floor(b: Bench, i: int, place: bool = False, http2: bool = False) -> dict
     land = ship = None
     try:
         placing = ["--place", d / "placed"] if place else []
-        h2 = ["--http2"] if http2 else []
+        h2 = ["--flight"] if flight else ["--http2"] if http2 else []
         land = Proc("land", [b.bench_bin, "floor", "land", "--listen", f"127.0.0.1:{port}", "--ring", d / "ring",
                              "--commit-log", cl.path, "--limit", limit, *placing, *h2], logs, env=b.env)
         ship = Proc("ship", [b.bench_bin, "floor", "ship", "--src", src, "--to", f"127.0.0.1:{port}",
@@ -147,7 +149,8 @@ def p3_floor(b: Bench, i: int, place: bool = False, http2: bool = False) -> dict
     (d / "ring").unlink(missing_ok=True)
     summ.update({"disk_settle": settled, "cdf": cdf_points(lat)})
     wt = summ["way_there"] or {}
-    what = "floor over HTTP/2" if http2 else "placing floor" if place else "floor"
+    what = ("floor over Arrow Flight" if flight else "floor over HTTP/2" if http2 else "placing floor" if place
+            else "floor")
     say(f"  {what} run {i}: p50 {fmt(summ['p50_ms'], '.2f')} ms, p90 {fmt(summ['p90_ms'], '.2f')}, "
         f"p99 {fmt(summ['p99_ms'], '.2f')}, max {fmt(summ['max_ms'], '.1f')} ms; missing {missing}; "
         f"write -> landed p50 {fmt(wt.get('p50_ms'), '.2f')} ms")
@@ -188,6 +191,7 @@ def scenario_p3(b: Bench):
     floors: list[dict] = []
     placing_floors: list[dict] = []
     h2_floors: list[dict] = []
+    flight_floors: list[dict] = []
     peers: dict[str, list[dict]] = {label: [] for label, _, _ in peer_kinds}
     # Interleaved, a tailflight run then one of each peer: the machine's load
     # drifts over minutes, and the runs of tailflight and of each peer should
@@ -195,14 +199,15 @@ def scenario_p3(b: Bench):
     for i in range(max(b.p["runs"], b.p["peer_runs"])):
         if i < b.p["runs"]:
             tf_runs.append(p3_tailflight(b, i + 1, extra, sink_extra=sink_extra))
-            for setting, place, http2, runs, what in (
-                    ("p3_floor", False, False, floors, "floor"),
-                    ("p3_floor_place", True, False, placing_floors, "placing floor"),
-                    ("p3_floor_h2", True, True, h2_floors, "floor over HTTP/2")):
+            for setting, place, http2, flight, runs, what in (
+                    ("p3_floor", False, False, False, floors, "floor"),
+                    ("p3_floor_place", True, False, False, placing_floors, "placing floor"),
+                    ("p3_floor_h2", True, True, False, h2_floors, "floor over HTTP/2"),
+                    ("p3_floor_flight", True, False, True, flight_floors, "floor over Arrow Flight")):
                 if not int(b.p.get(setting, 0)):
                     continue
                 try:
-                    runs.append(p3_floor(b, i + 1, place=place, http2=http2))
+                    runs.append(p3_floor(b, i + 1, place=place, http2=http2, flight=flight))
                 except Exception as e:  # the floor failing must not lose the scenario's results
                     say(f"  {what} FAILED: {e}")
                     b.results["errors"][f"P3 {what} run {i + 1}"] = str(e)
@@ -253,7 +258,7 @@ def scenario_p3(b: Bench):
     p99 = median([r["p99_ms"] for r in tf_runs])
     res = {"tailflight": tf_runs, "linger0": linger0, "journal": journal, "two_writers": two_writers,
            "rotating": rotating, "peers": peers, "floor": floors, "placing_floor": placing_floors,
-           "h2_floor": h2_floors,
+           "h2_floor": h2_floors, "flight_floor": flight_floors,
            "p50_ms": p50, "p99_ms": p99,
            "p90_ms": median([r["p90_ms"] for r in tf_runs]),
            "p999_ms": median([r["p999_ms"] for r in tf_runs]),
@@ -288,6 +293,16 @@ def scenario_p3(b: Bench):
                     "acks add together, p50 (p99)"),
           ("placing_floor", "… the floor over HTTP/2 against the placing floor: what HTTP/2, the checksums and "
                             "the acks add, p50 (p99)"))),
+        ("flight_floor", flight_floors,
+         "floor over Arrow Flight (the floor over HTTP/2 as record batches in one DoPut call)",
+         "… the placing floor on Arrow Flight's wire (`floor --flight --place`: the ranges as Arrow record "
+         "batches in one DoPut call, arrow-flight's encoder and decoder over tonic, the sink's windows and frame "
+         "size, a CRC32C per range checked on landing, a PutResult per round): p50 (p99)",
+         " the floor over Arrow Flight",
+         (("floor", "… the floor over Arrow Flight against the floor: what placement, Arrow Flight, the checksums "
+                    "and the acks add together, p50 (p99)"),
+          ("h2_floor", "… the floor over Arrow Flight against the floor over HTTP/2: what Arrow's and gRPC's "
+                       "framing and tonic add, p50 (p99)"))),
     )
     floor_p = {}
     for key, runs, label, row, suffix, against in floor_rows:
