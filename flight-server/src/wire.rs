@@ -51,6 +51,11 @@ pub const MAX_FILE_KEY_BYTES: usize = 4096;
 /// duplicate, a file resumed after a restart, whose seal reads it back).
 pub const CRC64_AT_VALIDATION_ABOVE: usize = 64 << 10;
 
+/// Where the last byte any file can hold ends: file offsets are `off_t`,
+/// a signed 64-bit integer, so a range ending past this can never be
+/// written, and offsets past it do not even reach the filesystem intact.
+pub const MAX_FILE_END: u64 = i64::MAX as u64;
+
 /// A batch whose schema and checksums have been validated.
 pub struct RangeBatch {
     batch: RecordBatch,
@@ -135,15 +140,17 @@ impl RangeBatch {
                         ),
                     });
                 }
-                if view
-                    .offset
-                    .value(row)
+                let offset = view.offset.value(row);
+                if offset
                     .checked_add(data.len() as u64)
-                    .is_none()
+                    .is_none_or(|end| end > MAX_FILE_END)
                 {
                     return Err(WireError::Row {
                         row,
-                        detail: "offset + length overflows u64".into(),
+                        detail: format!(
+                            "{} bytes at offset {offset} end past the largest file offset ({MAX_FILE_END})",
+                            data.len()
+                        ),
                     });
                 }
                 if data.len() > CRC64_AT_VALIDATION_ABOVE {
@@ -705,6 +712,29 @@ mod tests {
             (batch.row(2).kind, batch.row(2).offset, batch.row(2).digest),
             (RowKind::Seal, 15, Some("00ff"))
         );
+    }
+
+    #[test]
+    fn a_range_past_the_largest_file_offset_is_refused() {
+        for (offset, len) in [
+            (u64::MAX - 4, 5),
+            (MAX_FILE_END - 4, 5),
+            (MAX_FILE_END + 1, 0),
+        ] {
+            let mut b = BatchBuilder::with_capacity(1, 8);
+            b.push_data("a", 1, offset, &b"hello"[..len]);
+            let refused = RangeBatch::validate(b.finish())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                refused.contains("end past the largest file offset"),
+                "{offset}+{len}: {refused}"
+            );
+        }
+        let mut b = BatchBuilder::with_capacity(1, 8);
+        b.push_data("a", 1, MAX_FILE_END - 5, b"hello");
+        assert!(RangeBatch::validate(b.finish()).is_ok());
     }
 
     #[test]

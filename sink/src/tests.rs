@@ -70,6 +70,40 @@ fn data_batch(key: &str, offset: u64, bytes: &[u8]) -> RangeBatch {
     RangeBatch::validate(builder.finish()).unwrap()
 }
 
+/// A range that ends at the largest offset a file can have, placed where
+/// it lands (no hold budget) through the journal: the room taken ahead of
+/// it would pass that offset. The sink answers the batch (placed, or the
+/// filesystem's refusal) and stays healthy. (The wire refuses ranges that
+/// end past it: one near `u64::MAX` once overflowed that room's end.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_at_the_largest_file_offset_is_answered_without_harm() {
+    let dir = test_support::scratch("largest-offset");
+    std::fs::create_dir_all(dir.join("root")).unwrap();
+    let sink = Sink::open(&SinkConfig {
+        root: dir.join("root"),
+        state_dir: dir.join("state"),
+        hold_limit: 0,
+        ..SinkConfig::default()
+    })
+    .unwrap();
+    let far = flight_server::wire::MAX_FILE_END - 87;
+    let answer = sink
+        .ingest_batch(Arc::from("far"), 1, data_batch("f", far, &[7u8; 87]))
+        .await;
+    assert!(
+        !matches!(answer, Err(SinkError::Internal(_))),
+        "not the sink's bug: {answer:?}"
+    );
+    assert!(sink.health().reason().is_none(), "{answer:?}");
+    let next = sink
+        .ingest_batch(Arc::from("far"), 2, data_batch("g", 0, b"after"))
+        .await;
+    assert!(next.is_ok(), "{next:?}");
+    sink.shutdown().await;
+    drop(sink);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Waits (bounded) until the sink reports itself poisoned.
 async fn poisoned_reason(sink: &Sink) -> String {
     tokio::time::timeout(std::time::Duration::from_secs(30), sink.health().poisoned())

@@ -325,7 +325,9 @@ impl Placer {
         start: u64,
         len: u64,
     ) -> Result<bool, RowError> {
-        let end = start + len;
+        // The wire keeps a range's end within a file's largest offset; the
+        // room ahead of it may pass that, and is then refused below.
+        let end = start.saturating_add(len);
         if state.room.refused {
             return Ok(false);
         }
@@ -347,9 +349,9 @@ impl Placer {
         // there already.
         let from = start.max(state.room.end);
         let keep = FallocateFlags::KEEP_SIZE;
-        let ahead = room_ahead(end);
-        let taken = match rustix::fs::fallocate(file, keep, from, end + ahead - from) {
-            Ok(()) => end + ahead,
+        let ahead_end = end.saturating_add(room_ahead(end));
+        let taken = match rustix::fs::fallocate(file, keep, from, ahead_end - from) {
+            Ok(()) => ahead_end,
             Err(Errno::NOSPC | Errno::DQUOT) => {
                 // Not the room ahead, at least the write's own.
                 match rustix::fs::fallocate(file, keep, from, end - from) {
