@@ -563,6 +563,8 @@ fn malformed_rows_are_refused_with_their_reason() {
         Arc::new(BinaryArray::from(vec![&b"xyz"[..]])),
     );
     let overflow = data_batch("rows/a.bin", u64::MAX - 1, b"abcd");
+    // Within u64, past any file: the sink once panicked taking room ahead of it.
+    let past_any_file = data_batch("rows/a.bin", u64::MAX - 87, &[7u8; 87]);
     let unopened = {
         builder.push_data("rows/a.bin", 5, 0, b"abc");
         builder.finish()
@@ -581,7 +583,12 @@ fn malformed_rows_are_refused_with_their_reason() {
         (
             "offset + length past u64",
             batch_message(&overflow, 0),
-            "overflows",
+            "end past the largest file offset",
+        ),
+        (
+            "a range ending past the largest file offset",
+            batch_message(&past_any_file, 0),
+            "end past the largest file offset",
         ),
         (
             "data of a generation never opened",
