@@ -69,8 +69,10 @@ pub const FLUSH_PLACED_EVERY: Duration = Duration::from_millis(400);
 mod flight;
 mod http2;
 mod message;
+mod outbound;
 
 use message::{Arrived, Crcs, MAX_MESSAGE, MAX_READ_PER_FILE, MESSAGE_TARGET, parse, unix_nanos};
+use outbound::Outbound;
 
 /// How the floor's two ends talk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +92,7 @@ pub enum Transport {
 /// Where the shipper's messages go.
 enum Outlet {
     Tcp(TcpStream),
-    Http2(http2::Shipper),
+    Http2(Outbound<Bytes>),
     Flight(flight::Shipper),
 }
 
@@ -155,7 +157,7 @@ pub fn ship_while(
     let checked = transport != Transport::Tcp;
     let mut outlet = match transport {
         Transport::Tcp => Outlet::Tcp(stream),
-        Transport::Http2 => Outlet::Http2(http2::Shipper::connect(stream, to)?),
+        Transport::Http2 => Outlet::Http2(http2::shipper(stream, to)?),
         Transport::Flight => Outlet::Flight(flight::Shipper::connect(stream, to)?),
     };
     // Per file: its descriptor, where its unread bytes start, and the name

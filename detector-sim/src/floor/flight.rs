@@ -31,8 +31,9 @@ use tokio::sync::{mpsc as async_mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::http2::{H2_MAX_FRAME, H2_WINDOW, into_tokio, runtime};
+use super::http2::{H2_MAX_FRAME, H2_WINDOW};
 use super::message::{Arrived, Crcs, MAX_MESSAGE, Range, parse, unix_nanos};
+use super::outbound::{Outbound, hand_over, into_tokio, runtime};
 
 /// How long the lander waits for the shipper's DoPut on its connection.
 const PUT_WAIT: Duration = Duration::from_secs(60);
@@ -51,21 +52,17 @@ fn schema() -> SchemaRef {
 /// thread to a thread of the runtime's, which encodes it into the call.
 pub(super) struct Shipper {
     schema: SchemaRef,
-    batches: async_mpsc::UnboundedSender<RecordBatch>,
-    thread: std::thread::JoinHandle<Result<()>>,
+    batches: Outbound<RecordBatch>,
 }
 
 impl Shipper {
     pub(super) fn connect(stream: TcpStream, to: SocketAddr) -> Result<Self> {
-        let (batches, queued) = async_mpsc::unbounded_channel::<RecordBatch>();
-        let thread = std::thread::Builder::new()
-            .name("floor-flight-send".into())
-            .spawn(move || runtime()?.block_on(send(stream, to, queued)))
-            .context("starting the Arrow Flight sending thread")?;
+        let batches = Outbound::start("floor-flight-send", "Arrow Flight", move |queued| {
+            send(stream, to, queued)
+        })?;
         Ok(Self {
             schema: schema(),
             batches,
-            thread,
         })
     }
 
@@ -91,20 +88,12 @@ impl Shipper {
             ],
         )
         .context("building a batch of the message's ranges")?;
-        if self.batches.send(batch).is_err() {
-            // The sender ended: it says why once joined.
-            bail!("the Arrow Flight sender stopped");
-        }
-        Ok(())
+        self.batches.send(batch)
     }
 
     /// Ends the call once every batch is sent, and waits for its last ack.
     pub(super) fn finish(self) -> Result<()> {
-        drop(self.batches);
-        match self.thread.join() {
-            Ok(result) => result,
-            Err(_) => bail!("the Arrow Flight sending thread panicked"),
-        }
+        self.batches.finish()
     }
 }
 
@@ -326,17 +315,7 @@ async fn land_batches(
         let received_ns = unix_nanos();
         let arrival =
             arrived(&batch, received_ns).with_context(|| format!("a batch from {peer}"))?;
-        // The rounds fell behind (64 messages queued): wait for them,
-        // telling the runtime this worker blocks.
-        let sent = match arrivals.try_send(arrival) {
-            Ok(()) => Ok(()),
-            Err(mpsc::TrySendError::Full(arrival)) => {
-                tokio::task::block_in_place(|| arrivals.send(arrival)).map_err(|_| ())
-            }
-            Err(mpsc::TrySendError::Disconnected(_)) => Err(()),
-        };
-        if sent.is_err() {
-            // The rounds ended (the lander's time is up).
+        if !hand_over(&arrivals, arrival) {
             return Ok(());
         }
     }

@@ -14,6 +14,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::mpsc as async_mpsc;
 
 use super::message::{Arrived, Crcs, MAX_MESSAGE, parse, unix_nanos};
+use super::outbound::{Outbound, hand_over, into_tokio, runtime};
 
 /// HTTP/2 flow-control windows, stream and connection, both ways: the sink's.
 pub(super) const H2_WINDOW: u32 = 64 << 20;
@@ -21,55 +22,12 @@ pub(super) const H2_WINDOW: u32 = 64 << 20;
 /// The largest DATA frame the lander accepts: the sink's.
 pub(super) const H2_MAX_FRAME: u32 = 1 << 20;
 
-pub(super) fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
-pub(super) fn into_tokio(stream: TcpStream) -> Result<tokio::net::TcpStream> {
-    stream.set_nodelay(true).context("setting TCP_NODELAY")?;
-    stream
-        .set_nonblocking(true)
-        .context("making the socket non-blocking")?;
-    tokio::net::TcpStream::from_std(stream).context("handing the socket to the runtime")
-}
-
 /// The shipping end: messages handed over from the tailing thread to a
 /// thread of the runtime's, which writes them as DATA frames of one request.
-pub(super) struct Shipper {
-    messages: async_mpsc::UnboundedSender<Bytes>,
-    thread: std::thread::JoinHandle<Result<()>>,
-}
-
-impl Shipper {
-    pub(super) fn connect(stream: TcpStream, to: SocketAddr) -> Result<Self> {
-        let (messages, queued) = async_mpsc::unbounded_channel::<Bytes>();
-        let thread = std::thread::Builder::new()
-            .name("floor-h2-send".into())
-            .spawn(move || runtime()?.block_on(send(stream, to, queued)))
-            .context("starting the HTTP/2 sending thread")?;
-        Ok(Self { messages, thread })
-    }
-
-    pub(super) fn send(&self, message: Bytes) -> Result<()> {
-        if self.messages.send(message).is_err() {
-            // The sender ended: it says why once joined.
-            bail!("the HTTP/2 sender stopped");
-        }
-        Ok(())
-    }
-
-    /// Ends the request once every message is written, and waits until the
-    /// lander has read it all.
-    pub(super) fn finish(self) -> Result<()> {
-        drop(self.messages);
-        match self.thread.join() {
-            Ok(result) => result,
-            Err(_) => bail!("the HTTP/2 sending thread panicked"),
-        }
-    }
+pub(super) fn shipper(stream: TcpStream, to: SocketAddr) -> Result<Outbound<Bytes>> {
+    Outbound::start("floor-h2-send", "HTTP/2", move |queued| {
+        send(stream, to, queued)
+    })
 }
 
 /// Writes each message `queued` as a DATA frame of one request to `to`,
@@ -190,16 +148,7 @@ pub(super) fn receive(
                     ranges,
                     received_ns,
                 };
-                // The rounds fell behind (64 messages queued): wait for them,
-                // telling the runtime this worker blocks.
-                let sent = match arrivals.try_send(arrival) {
-                    Ok(()) => Ok(()),
-                    Err(mpsc::TrySendError::Full(arrival)) => {
-                        tokio::task::block_in_place(|| arrivals.send(arrival)).map_err(|_| ())
-                    }
-                    Err(mpsc::TrySendError::Disconnected(_)) => Err(()),
-                };
-                if sent.is_err() {
+                if !hand_over(&arrivals, arrival) {
                     return Ok(());
                 }
             }
