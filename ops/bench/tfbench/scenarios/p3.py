@@ -168,12 +168,18 @@ def floor_medians(res: dict, key: str, runs: list[dict], ours: tuple[float, floa
     return m50, m99
 
 
-def row_beside(b: Bench, scenario: str, ours: tuple[float, float], theirs: tuple[float, float], of_what: str):
-    """An information row setting one p50 (p99) beside another, with their ratios."""
+def row_beside(b: Bench, scenario: str, ours: tuple[float, float], theirs: tuple[float, float], of_what: str,
+               goal: tuple[float, float] | None = None):
+    """A row setting one p50 (p99) beside another, with their ratios: information, unless `goal` gives the
+    most each ratio may be (p50's, p99's)."""
     (p50, p99), (m50, m99) = ours, theirs
+    r50, r99 = ratio(p50, m50), ratio(p99, m99)
+    target, met = "(info)", "—"
+    if goal is not None:
+        target = f"≤{goal[0]:g}× (≤{goal[1]:g}×)"
+        met = f"{met_le(r50, goal[0])} ({met_le(r99, goal[1])})"
     b.row(id="P3", scenario=scenario, figure=f"{fmt_ms(p50)} ({fmt_ms(p99)})", peer=f"{fmt_ms(m50)} ({fmt_ms(m99)})",
-          ratio_text=f"{fmt(ratio(p50, m50), '.2f')}× ({fmt(ratio(p99, m99), '.2f')}×){of_what}",
-          target="(info)", met="—")
+          ratio_text=f"{fmt(r50, '.2f')}× ({fmt(r99, '.2f')}×){of_what}", target=target, met=met)
 
 
 def scenario_p3(b: Bench):
@@ -309,7 +315,9 @@ def scenario_p3(b: Bench):
         if not runs:
             continue
         floor_p[key] = floor_medians(res, f"{key}_medians", runs, (p50, p99), label)
-        row_beside(b, row, (p50, p99), floor_p[key], suffix)
+        # Issue 43's goals are ratios to the floor itself.
+        goal = ((TARGETS["P3_p50_floor_factor"], TARGETS["P3_p99_floor_factor"]) if key == "floor" else None)
+        row_beside(b, row, (p50, p99), floor_p[key], suffix, goal)
         for earlier, text in against:
             if earlier in floor_p:
                 row_beside(b, text, floor_p[key], floor_p[earlier], "")
